@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Runs Apache Pulsar standalone from the Maven Central artifacts, without Docker.
+#
+#   scripts/pulsar.sh install          resolve the jars once into the cache
+#   scripts/pulsar.sh start DIR        start a broker with state in DIR, wait until ready,
+#                                      and write DIR/env (PULSAR_URL, PULSAR_ADMIN_URL, PULSAR_PID)
+#   scripts/pulsar.sh stop DIR         stop the broker started in DIR
+#
+# Ports are taken free from the OS; the broker binds and advertises 127.0.0.1 only.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+version=$(sed -n 's:.*<pulsar.version>\(.*\)</pulsar.version>.*:\1:p' "$here/pulsar/pom.xml")
+cache="${FIRSTSEEN_CACHE:-$HOME/.cache/firstseen}/pulsar-$version"
+
+install() {
+  if [ -f "$cache/.complete" ]; then return 0; fi
+  command -v mvn >/dev/null || { log "mvn is missing: apt-get install maven"; exit 1; }
+  log "resolving Apache Pulsar $version from Maven Central into $cache (first run only)"
+  rm -rf "$cache"; mkdir -p "$cache/lib"
+  mvn -q -B -s "$here/pulsar/settings.xml" -f "$here/pulsar/pom.xml" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache/lib"
+  touch "$cache/.complete"
+}
+
+start() {
+  local dir=$1
+  install
+  mkdir -p "$dir/data" "$dir/conf"
+  dir=$(cd "$dir" && pwd)
+  local broker_port web_port bk_port
+  broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
+  # Only the keys that differ from the broker's defaults. Broker deduplication
+  # is on so that the pulsar crate's own resends after a reconnect are dropped
+  # by the broker (docs/exactly-once.md explains why that matters).
+  cat > "$dir/conf/standalone.conf" <<CONF
+clusterName=standalone
+bindAddress=127.0.0.1
+advertisedAddress=127.0.0.1
+brokerServicePort=$broker_port
+webServicePort=$web_port
+brokerDeduplicationEnabled=true
+managedLedgerDefaultEnsembleSize=1
+managedLedgerDefaultWriteQuorum=1
+managedLedgerDefaultAckQuorum=1
+allowAutoTopicCreation=true
+allowAutoTopicCreationType=non-partitioned
+functionsWorkerEnabled=false
+transactionCoordinatorEnabled=false
+systemTopicEnabled=true
+topicLevelPoliciesEnabled=true
+webSocketServiceEnabled=false
+brokerShutdownTimeoutMs=3000
+CONF
+  cat > "$dir/conf/log4j2.xml" <<'LOG'
+<Configuration status="warn">
+  <Appenders><Console name="out" target="SYSTEM_OUT"><PatternLayout pattern="%d{HH:mm:ss.SSS} %-5level %c{1} - %msg%n"/></Console></Appenders>
+  <Loggers><Root level="warn"><AppenderRef ref="out"/></Root>
+    <Logger name="org.apache.pulsar.broker.PulsarService" level="info"/></Loggers>
+</Configuration>
+LOG
+  (
+    cd "$dir"
+    exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
+      -Dlog4j2.configurationFile="$dir/conf/log4j2.xml" \
+      -Dpulsar.log.dir="$dir/logs" \
+      -Djava.net.preferIPv4Stack=true \
+      --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/jdk.internal.misc=ALL-UNNAMED \
+      --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.net=ALL-UNNAMED \
+      -cp "$cache/lib/*" org.apache.pulsar.PulsarStandaloneStarter \
+      --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
+      --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
+      --metadata-dir "$dir/data/metadata" --advertised-address 127.0.0.1
+  ) > "$dir/pulsar.log" 2>&1 &
+  local pid=$!
+  echo "$pid" > "$dir/pid"
+  log "Pulsar standalone starting (pid $pid, broker 127.0.0.1:$broker_port, admin 127.0.0.1:$web_port); log: $dir/pulsar.log"
+  # Ready means the default namespace exists: the starter creates it last.
+  if ! wait_for "${PULSAR_START_TIMEOUT:-240}" ready "$web_port" "$pid"; then
+    log "Pulsar did not become ready; last log lines:"; tail -30 "$dir/pulsar.log" >&2
+    stop "$dir"; exit 1
+  fi
+  cat > "$dir/env" <<ENV
+export PULSAR_URL=pulsar://127.0.0.1:$broker_port
+export PULSAR_ADMIN_URL=http://127.0.0.1:$web_port
+export PULSAR_PID=$pid
+ENV
+  log "Pulsar ready: pulsar://127.0.0.1:$broker_port"
+}
+
+ready() {
+  kill -0 "$2" && curl -fsS "http://127.0.0.1:$1/admin/v2/namespaces/public" | grep -q 'public/default'
+}
+
+stop() {
+  local dir=$1 pid
+  [ -f "$dir/pid" ] || return 0
+  pid=$(cat "$dir/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    wait_for 30 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/pid"
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+  install) install ;;
+  start) start "${1:?usage: pulsar.sh start DIR}" ;;
+  stop) stop "${1:?usage: pulsar.sh stop DIR}" ;;
+  *) echo "usage: pulsar.sh install | start DIR | stop DIR" >&2; exit 2 ;;
+esac
