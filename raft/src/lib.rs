@@ -1,1 +1,110 @@
+//! firstseen's Raft group, on openraft 0.9 with sled underneath.
+//!
+//! - [`TypeConfig`]: every Raft type, declared once. Log entries carry a
+//!   [`firstseen_store::Command`]; applying one yields a
+//!   [`firstseen_store::Response`].
+//! - [`log_store`]: the Raft log and vote in sled. An append is flushed to disk
+//!   before openraft is told it is durable, because commit — and with it the
+//!   upstream PUBACK (G4) — is decided on that promise.
+//! - [`state_machine`]: adapts [`firstseen_store::StateStore`] to openraft:
+//!   applies committed entries in order, builds snapshots by streaming the
+//!   sled state into a file and installs them the same way.
+//! - [`network`]: the transport seam. A single-node group needs none; the
+//!   [`network::NoPeers`] factory reports every peer unreachable.
+//!
+//! [`open`] wires these to one sled database in the node's data directory.
 
+// openraft's StorageError is large by its design; boxing it at every call would
+// only add noise to the storage code.
+#![allow(clippy::result_large_err)]
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+pub use firstseen_store::{Command, NodeId, Response, StateStore};
+pub use log_store::LogStore;
+pub use state_machine::StateMachine;
+
+/// Where a cluster member lives. Stored in the membership config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Address peers use for Raft RPC and forwarding (host:port).
+    pub addr: String,
+    /// Availability zone, for coverage per zone and for operators.
+    pub zone: String,
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.zone, self.addr)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// The Raft types of firstseen.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = NodeId,
+        Node = Member,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = tokio::fs::File,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The Raft handle the rest of firstseen uses.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// Everything that can go wrong in this crate outside openraft's own errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Store(#[from] firstseen_store::StoreError),
+    #[error("I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding: {0}")]
+    Codec(String),
+}
+
+/// The storage of one node: log, state machine and the database they share.
+pub struct Storage {
+    pub db: sled::Db,
+    pub log: LogStore,
+    pub state_machine: StateMachine,
+    /// Direct read access to the replicated state, for the publisher and status.
+    pub state: StateStore,
+}
+
+/// Opens (or creates) a node's storage under `dir`.
+pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
+    std::fs::create_dir_all(dir).map_err(|source| RaftError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let db = sled::Config::new()
+        .path(dir.join("sled"))
+        // Durability is explicit (flush on append and at shutdown); the
+        // background flush only bounds how much a crash re-applies.
+        .flush_every_ms(Some(1_000))
+        .open()?;
+    let log = LogStore::open(&db)?;
+    let state = StateStore::open(&db)?;
+    let state_machine = StateMachine::open(state.clone(), dir.join("snapshots")).await?;
+    Ok(Storage {
+        db,
+        log,
+        state_machine,
+        state,
+    })
+}

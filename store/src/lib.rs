@@ -1,1 +1,45 @@
+//! firstseen's replicated state, in the order a message meets it:
+//!
+//! 1. [`model`]: the plain data in the Raft log — an [`model::Observation`] is
+//!    one copy of an upstream message, a [`model::Command`] one log entry.
+//! 2. [`window`]: the pure rules of the dedup window (leader-stamped clock,
+//!    cutoff) and the byte layouts of the sled keys.
+//! 3. [`state`]: the state machine on sled. Each committed entry is applied
+//!    in one sled transaction that records first-seen keys, the expiry index,
+//!    the per-topic outbox, coverage per node and the applied marker.
+//!
+//! This crate knows neither openraft nor the network: the Raft adapter in
+//! `firstseen-raft` feeds it committed commands in log order.
 
+pub mod model;
+pub mod state;
+pub mod window;
+
+pub use model::*;
+pub use state::StateStore;
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sled reported an I/O or internal error (disk full lands here).
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    /// A value could not be encoded or decoded.
+    #[error("encoding: {0}")]
+    Codec(String),
+    /// The data on disk is not what this version wrote.
+    #[error("corrupt state: {0}")]
+    Corrupt(String),
+    /// Reading or writing a snapshot stream failed.
+    #[error("snapshot I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<sled::transaction::TransactionError<StoreError>> for StoreError {
+    fn from(e: sled::transaction::TransactionError<StoreError>) -> Self {
+        match e {
+            sled::transaction::TransactionError::Abort(inner) => inner,
+            sled::transaction::TransactionError::Storage(s) => StoreError::Sled(s),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Plain data that crosses the Raft log and the state machine.
+//!
+//! Everything here is serialised into log entries, so a change of shape is a
+//! change of the on-disk and on-wire format.
+
+use serde::{Deserialize, Serialize};
+
+/// The dedup key of a message: a blake3 digest (32 bytes).
+pub type Key = [u8; 32];
+
+/// A raft node id, also used to attribute observations to zones.
+pub type NodeId = u64;
+
+/// One copy of an upstream message, as a bridge node received it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Dedup key, computed by the ingesting node from the route's key spec.
+    pub key: Key,
+    /// MQTT topic the message was published on; kept as a Pulsar property.
+    pub mqtt_topic: String,
+    /// Pulsar topic chosen by the route. Carried in the entry (rather than
+    /// recomputed on apply) so that nodes with different route tables can
+    /// never disagree on where a message goes.
+    pub pulsar_topic: String,
+    /// The MQTT payload, unchanged.
+    pub payload: Vec<u8>,
+    /// QoS the message arrived with; kept for audits.
+    pub qos: u8,
+    /// Whether the broker flagged it retained.
+    pub retain: bool,
+    /// Node that received this copy: coverage per zone is counted from it.
+    pub node: NodeId,
+    /// Local receive time at that node (ms since epoch). Informational only:
+    /// nothing in the state machine depends on a follower's clock.
+    pub received_ms: u64,
+}
+
+/// A command in the Raft log. One log entry holds exactly one command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A batch of observations from one node.
+    Observe {
+        /// Leader's clock when it proposed the batch (ms since epoch). The
+        /// state machine's window clock only moves forward from it, so expiry
+        /// is a function of the log alone (G5), whatever the node clocks do.
+        stamped_ms: u64,
+        /// Dedup window in force when the leader proposed the entry. Stamped
+        /// into the entry so that nodes whose configs differ still expire
+        /// identically.
+        window_ms: u64,
+        /// The copies, in the order the node received them.
+        observations: Vec<Observation>,
+    },
+    /// The publisher's receipt: everything up to `seq` on `pulsar_topic` is
+    /// in Pulsar, so every node may trim its outbox up to there.
+    Published { pulsar_topic: String, seq: u64 },
+}
+
+/// What applying one observation decided. A duplicate is an outcome, not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// First copy of this key in the window: stored in the outbox with this
+    /// gap-free per-topic sequence number.
+    FirstSeen { seq: u64 },
+    /// A copy of a key already committed (by any node). `seq` is the first
+    /// copy's sequence number.
+    Duplicate { seq: u64, first_node: NodeId },
+}
+
+/// The state machine's answer to one command.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// For non-command entries (blank, membership).
+    #[default]
+    None,
+    /// One outcome per observation, in order.
+    Observed(Vec<Outcome>),
+    /// The watermark after a `Published` command.
+    Published { watermark: u64 },
+}
+
+/// The record kept for each key in the window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstSeen {
+    /// Window clock when the first copy was applied.
+    pub ts_ms: u64,
+    /// Topic sequence of the first copy.
+    pub seq: u64,
+    /// Node whose copy came first.
+    pub node: NodeId,
+    /// Nodes that have delivered a copy, for coverage. Small: one per zone.
+    pub seen_by: Vec<NodeId>,
+}
+
+/// A message waiting in the outbox until Pulsar has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxMessage {
+    pub key: Key,
+    pub mqtt_topic: String,
+    pub payload: Vec<u8>,
+    pub node: NodeId,
+    /// Window clock when the first copy was applied; becomes the event time.
+    pub first_seen_ms: u64,
+}
+
+/// Per Pulsar topic counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicState {
+    /// Last sequence assigned (0 = none yet). Sequences start at 1.
+    pub last_seq: u64,
+    /// Highest sequence confirmed in Pulsar through a `Published` command.
+    pub published_seq: u64,
+}
+
+/// Per node coverage over the keys in the window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// Keys in the window this node delivered at least one copy of.
+    pub seen: u64,
+    /// Keys in the window whose first copy came from this node.
+    pub first: u64,
+}
+
+/// Totals over the whole state machine, kept in one record so that status
+/// reads are O(1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// The window clock: the largest leader stamp applied so far.
+    pub clock_ms: u64,
+    /// Keys currently in the window.
+    pub window_keys: u64,
+    /// Messages in the outbox, over all topics.
+    pub outbox_messages: u64,
+    /// Payload and topic bytes in the outbox, for the disk quota.
+    pub outbox_bytes: u64,
+    /// Observations applied since the cluster began.
+    pub observed: u64,
+    /// Of those, duplicates dropped.
+    pub duplicates: u64,
+    /// Keys expired from the window.
+    pub expired: u64,
+}
