@@ -1,1 +1,355 @@
-fn main() {}
+//! The `firstseen` command: parses arguments, sets up logging, and hands over
+//! to the library. Exit codes: 0 success, 1 a check found problems (invalid
+//! config, verify found duplicates or gaps), 2 the command could not run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use firstseen::config::{Config, PulsarConfig};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "firstseen",
+    version,
+    about = "Replicated MQTT → Pulsar bridge that keeps exactly the first copy of each message"
+)]
+struct Cli {
+    /// Log format for this process.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "FIRSTSEEN_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node until SIGINT or SIGTERM.
+    Run {
+        /// Node configuration (TOML; FIRSTSEEN__* variables override keys).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file without starting anything. Exit 1 and
+    /// list every problem, by key, if it is invalid.
+    CheckConfig {
+        /// The file to check.
+        file: PathBuf,
+    },
+    /// Read Pulsar topics back and report duplicate keys and gaps or repeats
+    /// in firstseen-seq. Exit 1 if any are found.
+    Verify {
+        /// Take the Pulsar URL and topics (all routes) from this config.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Pulsar service URL (instead of --config).
+        #[arg(long)]
+        pulsar_url: Option<String>,
+        /// Topic to audit; repeat for several. Default: every route's topic.
+        #[arg(long)]
+        topic: Vec<String>,
+        /// Also fail unless each topic holds exactly this many messages.
+        #[arg(long)]
+        expect: Option<u64>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Give up when no message arrives for this long before the end.
+        #[arg(long, default_value_t = 30)]
+        idle_secs: u64,
+    },
+    /// Show a node's view of the cluster, from its HTTP API.
+    Status {
+        /// Base URL of any node's HTTP API.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,pulsar=warn,openraft=warn,sled=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run { config } => run(config).await,
+            Command::CheckConfig { file } => check_config(file),
+            Command::Verify {
+                config,
+                pulsar_url,
+                topic,
+                expect,
+                json,
+                idle_secs,
+            } => verify(config, pulsar_url, topic, expect, json, idle_secs).await,
+            Command::Status { url, json } => status(url, json).await,
+        }
+    })
+}
+
+async fn run(path: PathBuf) -> ExitCode {
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let metrics = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed");
+            None
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signal.cancel();
+    });
+    match firstseen::node::run(config, metrics, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "node failed");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn check_config(path: PathBuf) -> ExitCode {
+    match Config::load(&path) {
+        Ok(c) => {
+            println!(
+                "{}: OK (node {} in zone {}, {} upstream(s), {} route(s))",
+                path.display(),
+                c.node.id,
+                c.node.zone,
+                c.upstreams.len(),
+                c.routes.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn verify(
+    config: Option<PathBuf>,
+    pulsar_url: Option<String>,
+    mut topics: Vec<String>,
+    expect: Option<u64>,
+    json: bool,
+    idle_secs: u64,
+) -> ExitCode {
+    let pulsar = match (config, pulsar_url) {
+        (Some(path), None) => match Config::load(&path) {
+            Ok(c) => {
+                if topics.is_empty() {
+                    topics = c.routes.iter().map(|r| r.pulsar_topic.clone()).collect();
+                    topics.dedup();
+                }
+                c.pulsar
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, Some(url)) => PulsarConfig {
+            url,
+            admin_url: None,
+            auth_token: None,
+            auth_token_file: None,
+            operation_timeout_ms: 30_000,
+            publish_batch: 1,
+        },
+        _ => {
+            eprintln!("error: give exactly one of --config or --pulsar-url");
+            return ExitCode::from(2);
+        }
+    };
+    if topics.is_empty() {
+        eprintln!("error: no topic to verify (use --topic)");
+        return ExitCode::from(2);
+    }
+    let mut clean = true;
+    let mut reports = Vec::new();
+    for topic in &topics {
+        let report = firstseen::verify::read::verify_topic(
+            &pulsar,
+            topic,
+            Duration::from_secs(idle_secs),
+            |n| {
+                eprintln!("verify: {topic}: {n} messages read");
+            },
+        )
+        .await;
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {topic}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        clean &= report.is_clean();
+        if let Some(n) = expect {
+            if report.messages != n {
+                eprintln!(
+                    "verify: {topic}: expected {n} messages, found {}",
+                    report.messages
+                );
+                clean = false;
+            }
+        }
+        reports.push(report);
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).unwrap_or_default()
+        );
+    } else {
+        for r in &reports {
+            println!("{r}\n");
+        }
+    }
+    if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+async fn status(url: String, json: bool) -> ExitCode {
+    let endpoint = format!("{}/status", url.trim_end_matches('/'));
+    let body = match reqwest::get(&endpoint).await {
+        Ok(r) => match r.error_for_status() {
+            Ok(r) => r.json::<serde_json::Value>().await,
+            Err(e) => {
+                eprintln!("error: {endpoint}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Err(e) => {
+            eprintln!("error: cannot reach {endpoint}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let s = match body {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {endpoint} did not return status JSON: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    let t = &s["totals"];
+    println!(
+        "node {} (zone {})  leader {}  term {}  applied {}",
+        s["node"],
+        s["zone"].as_str().unwrap_or("?"),
+        s["leader"],
+        s["term"],
+        s["last_applied"]
+    );
+    println!(
+        "observed {}  duplicates {}  window keys {}  outbox {} msgs / {} bytes",
+        t["observed"], t["duplicates"], t["window_keys"], t["outbox_messages"], t["outbox_bytes"]
+    );
+    println!(
+        "\n{:<24} {:>10} {:>10}  last error",
+        "upstream", "connected", "received"
+    );
+    for u in s["upstreams"].as_array().into_iter().flatten() {
+        println!(
+            "{:<24} {:>10} {:>10}  {}",
+            u["name"].as_str().unwrap_or("?"),
+            u["connected"],
+            u["received"],
+            u["last_error"].as_str().unwrap_or("-")
+        );
+    }
+    println!(
+        "\n{:<48} {:>10} {:>10} {:>8}",
+        "pulsar topic", "last seq", "published", "backlog"
+    );
+    for tp in s["topics"].as_array().into_iter().flatten() {
+        println!(
+            "{:<48} {:>10} {:>10} {:>8}",
+            tp["topic"].as_str().unwrap_or("?"),
+            tp["last_seq"],
+            tp["published_seq"],
+            tp["backlog"]
+        );
+    }
+    println!(
+        "\n{:<8} {:>10} {:>10} {:>9} {:>9}",
+        "node", "seen", "first", "seen %", "first %"
+    );
+    for c in s["coverage"].as_array().into_iter().flatten() {
+        println!(
+            "{:<8} {:>10} {:>10} {:>8.1}% {:>8.1}%",
+            c["node"],
+            c["seen"],
+            c["first"],
+            c["seen_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            c["first_ratio"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,127 @@
+//! Batching: many observations become one Raft entry.
+//!
+//! [`Pending`] is the pure decision of when a batch is complete (size, bytes,
+//! linger). [`run`] is the task around it: it proposes each batch, waits
+//! until the entry is committed, and only then acks its messages upstream.
+
+mod run;
+
+use std::time::{Duration, Instant};
+
+pub use run::{run, Batcher};
+
+use crate::ingest::Received;
+
+/// When a batch is complete.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchPolicy {
+    pub max_messages: usize,
+    pub max_bytes: usize,
+    pub linger: Duration,
+}
+
+/// Messages waiting to be proposed, in receive order.
+#[derive(Debug, Default)]
+pub struct Pending {
+    pub items: Vec<Received>,
+    bytes: usize,
+    started: Option<Instant>,
+}
+
+impl Pending {
+    /// Adds a message; the first one starts the linger clock.
+    pub fn push(&mut self, item: Received, now: Instant) {
+        if let Some(o) = &item.observation {
+            self.bytes += o.payload.len() + o.mqtt_topic.len();
+        }
+        self.started.get_or_insert(now);
+        self.items.push(item);
+    }
+
+    /// Whether the batch must be proposed now without waiting for more.
+    pub fn is_full(&self, policy: &BatchPolicy) -> bool {
+        self.items.len() >= policy.max_messages || self.bytes >= policy.max_bytes
+    }
+
+    /// When the batch must be proposed at the latest.
+    pub fn deadline(&self, policy: &BatchPolicy) -> Option<Instant> {
+        self.started.map(|s| s + policy.linger)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Payload and topic bytes in the batch.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Empties the batch, returning its messages.
+    pub fn take(&mut self) -> Vec<Received> {
+        self.bytes = 0;
+        self.started = None;
+        std::mem::take(&mut self.items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use firstseen_store::Observation;
+
+    fn item(bytes: usize) -> Received {
+        Received {
+            observation: Some(Observation {
+                key: [0; 32],
+                mqtt_topic: String::new(),
+                pulsar_topic: "t".into(),
+                payload: vec![0; bytes],
+                qos: 1,
+                retain: false,
+                node: 1,
+                received_ms: 0,
+            }),
+            ack: None,
+        }
+    }
+
+    #[test]
+    fn completes_on_count_bytes_or_linger() {
+        let policy = BatchPolicy {
+            max_messages: 3,
+            max_bytes: 100,
+            linger: Duration::from_millis(5),
+        };
+        let t0 = Instant::now();
+        let mut p = Pending::default();
+        assert_eq!(p.deadline(&policy), None);
+        p.push(item(10), t0);
+        p.push(item(10), t0 + Duration::from_millis(1));
+        assert!(!p.is_full(&policy));
+        assert_eq!(p.deadline(&policy), Some(t0 + Duration::from_millis(5)));
+        p.push(item(10), t0);
+        assert!(p.is_full(&policy));
+        assert_eq!(p.take().len(), 3);
+        assert!(p.is_empty());
+        p.push(item(150), t0);
+        assert!(
+            p.is_full(&policy),
+            "one large message fills a batch by bytes"
+        );
+    }
+
+    #[test]
+    fn set_aside_messages_keep_their_place_without_bytes() {
+        let mut p = Pending::default();
+        p.push(
+            Received {
+                observation: None,
+                ack: None,
+            },
+            Instant::now(),
+        );
+        assert_eq!(p.bytes(), 0);
+        assert_eq!(p.items.len(), 1);
+    }
+}

@@ -1,0 +1,142 @@
+//! The batcher task.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{BatchPolicy, Pending};
+use crate::ack::AckGate;
+use crate::cluster::Proposer;
+use crate::ingest::Received;
+use firstseen_store::{Outcome, StateStore};
+
+/// What the batcher needs besides its input.
+pub struct Batcher {
+    pub policy: BatchPolicy,
+    pub proposer: Proposer,
+    /// One gate per upstream, indexed like the config.
+    pub gates: Vec<Arc<AckGate>>,
+    pub state: StateStore,
+    pub quota_bytes: u64,
+    /// Cancelled when the node shuts down: a batch that cannot be committed
+    /// is then abandoned unacked (the broker redelivers it).
+    pub shutdown: CancellationToken,
+}
+
+/// Runs until every ingest task has dropped its sender and the last batch is
+/// committed and acked.
+pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
+    let mut pending = Pending::default();
+    loop {
+        let Some(first) = rx.recv().await else { break };
+        pending.push(first, Instant::now());
+        let mut closed = false;
+        while !pending.is_full(&b.policy) {
+            let deadline = pending
+                .deadline(&b.policy)
+                .expect("batch has a first message");
+            tokio::select! {
+                item = rx.recv() => match item {
+                    Some(item) => pending.push(item, Instant::now()),
+                    None => { closed = true; break }
+                },
+                _ = tokio::time::sleep_until(deadline.into()) => break,
+            }
+        }
+        if !flush(&mut b, pending.take()).await {
+            break;
+        }
+        if closed {
+            break;
+        }
+    }
+    tracing::info!("batcher stopped");
+}
+
+/// Commits one batch and acks it. Returns false when shutdown interrupted it.
+async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
+    let observations: Vec<_> = items.iter().filter_map(|i| i.observation.clone()).collect();
+    if !observations.is_empty() {
+        if !wait_for_quota(b).await {
+            return false;
+        }
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        let outcomes = loop {
+            match b.proposer.propose(observations.clone()).await {
+                Ok(outcomes) => break outcomes,
+                Err(e) => {
+                    metrics::counter!("firstseen_propose_errors_total").increment(1);
+                    tracing::warn!(error = %e, messages = observations.len(), retry_in_ms = delay.as_millis() as u64, "batch not committed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = b.shutdown.cancelled() => return false,
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        let first = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::FirstSeen { .. }))
+            .count() as u64;
+        let dups = outcomes.len() as u64 - first;
+        metrics::counter!("firstseen_first_seen_total").increment(first);
+        metrics::counter!("firstseen_duplicates_total").increment(dups);
+        metrics::counter!("firstseen_batches_total").increment(1);
+        metrics::histogram!("firstseen_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("firstseen_batch_messages").record(observations.len() as f64);
+    }
+    // G4: everything in `items` is now either committed (its entry, or an
+    // earlier copy's, is in the state machine) or set aside durably. Acks go
+    // out in receive order, per upstream.
+    for (index, gate) in b.gates.iter().enumerate() {
+        let stats = gate.ack(
+            items
+                .iter()
+                .filter_map(|i| i.ack.as_ref())
+                .filter(|a| a.upstream == index),
+        );
+        if stats.stale > 0 || stats.dropped > 0 {
+            tracing::debug!(
+                upstream = index,
+                stale = stats.stale,
+                dropped = stats.dropped,
+                "acks not sent; the broker redelivers those messages"
+            );
+        }
+        metrics::counter!("firstseen_acks_total").increment(stats.sent);
+    }
+    true
+}
+
+/// G5 backpressure: while the outbox is over its quota, nothing new is
+/// committed, so nothing is acked and the broker keeps the messages.
+async fn wait_for_quota(b: &Batcher) -> bool {
+    let mut warned = false;
+    loop {
+        let bytes = b.state.totals().map(|t| t.outbox_bytes).unwrap_or(0);
+        if bytes < b.quota_bytes {
+            if warned {
+                tracing::info!(outbox_bytes = bytes, "outbox below quota; accepting again");
+                metrics::gauge!("firstseen_backpressure").set(0.0);
+            }
+            return true;
+        }
+        if !warned {
+            tracing::warn!(
+                outbox_bytes = bytes,
+                quota_bytes = b.quota_bytes,
+                "outbox over quota; holding upstream acks"
+            );
+            metrics::gauge!("firstseen_backpressure").set(1.0);
+            warned = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = b.shutdown.cancelled() => return false,
+        }
+    }
+}

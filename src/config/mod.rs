@@ -1,0 +1,621 @@
+//! Configuration: TOML, overridable from the environment, validated into
+//! typed errors that name the key before anything starts.
+//!
+//! Environment overrides use the prefix `FIRSTSEEN__` and `__` between path
+//! segments; a number selects an array element. For example
+//! `FIRSTSEEN__PULSAR__URL=pulsar://10.0.0.5:6650` or
+//! `FIRSTSEEN__UPSTREAMS__0__PASSWORD=secret`. The value is read as a TOML
+//! scalar when it parses as one (`42`, `true`), otherwise as a string.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ingest::route::{filter_is_valid, KeySpec};
+
+mod env;
+
+/// Everything that is wrong with a config file, one entry per problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted path of the offending key, e.g. `upstreams[0].url`.
+    pub key: String,
+    /// What is wrong with it, in words an operator can act on.
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// The whole node configuration.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node: identity, storage and HTTP.
+    pub node: NodeConfig,
+    /// The Raft group. Optional for a group of one.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    /// Dedup window and input limits.
+    #[serde(default)]
+    pub dedup: DedupConfig,
+    /// How observations are grouped into Raft entries.
+    #[serde(default)]
+    pub batch: BatchConfig,
+    /// Outbox limits (G5 backpressure).
+    #[serde(default)]
+    pub outbox: OutboxConfig,
+    /// Where the deduplicated stream goes.
+    pub pulsar: PulsarConfig,
+    /// Upstream MQTT brokers this node subscribes to.
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+    /// MQTT topic filter → Pulsar topic, first match wins.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Raft node id, unique in the cluster, never reused for another machine.
+    pub id: u64,
+    /// Availability zone name, shown in status and coverage.
+    pub zone: String,
+    /// Directory for sled, snapshots and the dead-letter store.
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API (status, metrics, health).
+    #[serde(default = "default_http_listen")]
+    pub http_listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Initial members. Every node starts with the same list; bootstrap is
+    /// idempotent. Empty means a group of one made of this node.
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub id: u64,
+    pub zone: String,
+    /// Raft RPC address (host:port).
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupConfig {
+    /// How long a key is remembered, in seconds (default one hour).
+    #[serde(default = "default_window_secs")]
+    pub window_secs: u64,
+    /// Largest payload forwarded to Pulsar, in bytes.
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: usize,
+    /// What happens to a larger payload. See [`OversizePolicy`].
+    #[serde(default)]
+    pub oversize: OversizePolicy,
+}
+
+/// The documented policy for payloads above `dedup.max_payload_bytes`.
+/// Neither choice loses a message silently: both count it in
+/// `firstseen_oversize_total` and log its topic and size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OversizePolicy {
+    /// Write it to `<data_dir>/dead-letter/` (fsynced) and then ack it.
+    #[default]
+    DeadLetter,
+    /// Ack it without storing it, for feeds where such payloads are junk.
+    Drop,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Most observations in one Raft entry.
+    #[serde(default = "default_batch_messages")]
+    pub max_messages: usize,
+    /// Most payload bytes in one Raft entry.
+    #[serde(default = "default_batch_bytes")]
+    pub max_bytes: usize,
+    /// Longest wait for a batch to fill once its first message arrived.
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Outbox size (payload and topic bytes) at which this node stops acking
+    /// upstream until the publisher has drained it.
+    #[serde(default = "default_quota")]
+    pub quota_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PulsarConfig {
+    /// Broker service URL, `pulsar://host:6650` or `pulsar+ssl://…`.
+    pub url: String,
+    /// Admin REST URL, used only for the start-up deduplication check.
+    #[serde(default)]
+    pub admin_url: Option<String>,
+    /// JWT for token authentication, inline.
+    #[serde(default)]
+    pub auth_token: Option<String>,
+    /// JWT for token authentication, read from a file (preferred).
+    #[serde(default)]
+    pub auth_token_file: Option<PathBuf>,
+    /// Time a send or lookup may take before the producer is dropped.
+    #[serde(default = "default_operation_timeout_ms")]
+    pub operation_timeout_ms: u64,
+    /// Messages sent before awaiting all their receipts.
+    #[serde(default = "default_publish_batch")]
+    pub publish_batch: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Short name, used in logs, metrics and the default client id.
+    pub name: String,
+    /// `mqtt://host:port` (or `tcp://`), `mqtts://host:port` for TLS.
+    pub url: String,
+    /// MQTT client id. Must be stable per node and upstream: the persistent
+    /// session that holds unacked messages across restarts is keyed by it.
+    /// Default: `firstseen-<node id>-<name>`.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// MQTT keepalive, seconds.
+    #[serde(default = "default_keepalive")]
+    pub keepalive_secs: u64,
+    /// Topic filters to subscribe to.
+    pub subscriptions: Vec<SubscriptionConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionConfig {
+    pub filter: String,
+    /// 1 or 2 for the no-loss guarantee; 0 is accepted but never acked.
+    #[serde(default = "default_qos")]
+    pub qos: u8,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// MQTT topic filter (`+` and `#` wildcards).
+    pub filter: String,
+    /// Pulsar topic, e.g. `persistent://public/default/hfp`.
+    pub pulsar_topic: String,
+    /// What the dedup key hashes.
+    #[serde(default)]
+    pub key: KeySpec,
+}
+
+fn default_http_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_window_secs() -> u64 {
+    3_600
+}
+fn default_max_payload() -> usize {
+    1024 * 1024
+}
+fn default_batch_messages() -> usize {
+    1_000
+}
+fn default_batch_bytes() -> usize {
+    4 * 1024 * 1024
+}
+fn default_linger_ms() -> u64 {
+    2
+}
+fn default_quota() -> u64 {
+    1024 * 1024 * 1024
+}
+fn default_operation_timeout_ms() -> u64 {
+    5_000
+}
+fn default_publish_batch() -> usize {
+    500
+}
+fn default_keepalive() -> u64 {
+    30
+}
+fn default_qos() -> u8 {
+    1
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        Self {
+            window_secs: default_window_secs(),
+            max_payload_bytes: default_max_payload(),
+            oversize: OversizePolicy::default(),
+        }
+    }
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_messages: default_batch_messages(),
+            max_bytes: default_batch_bytes(),
+            linger_ms: default_linger_ms(),
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            quota_bytes: default_quota(),
+        }
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {0}", path = .1.display())]
+    Syntax(String, PathBuf),
+    #[error("{path}: invalid configuration:\n{list}", path = .path.display(), list = list(.problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Config {
+    /// Reads, overrides from the environment, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path, std::env::vars())
+    }
+
+    /// Parses config text with the given environment. Split out so tests can
+    /// pass an environment of their own.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut value: toml::Value = toml::from_str(text)
+            .map_err(|e| ConfigError::Syntax(e.to_string(), path.to_path_buf()))?;
+        env::apply_overrides(&mut value, vars).map_err(|problem| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems: vec![problem],
+        })?;
+        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems: vec![Problem {
+                    key: if key == "." {
+                        "(top level)".into()
+                    } else {
+                        key
+                    },
+                    message: e.into_inner().to_string(),
+                }],
+            }
+        })?;
+        let problems = config.problems();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    /// Every semantic problem, not just the first, so one run of
+    /// `check-config` shows all there is to fix.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut bad = |key: &str, message: String| {
+            out.push(Problem {
+                key: key.to_string(),
+                message,
+            })
+        };
+        if self.node.zone.trim().is_empty() {
+            bad("node.zone", "must not be empty".into());
+        }
+        if self.dedup.window_secs == 0 {
+            bad("dedup.window_secs", "must be at least 1".into());
+        }
+        if self.dedup.max_payload_bytes == 0 {
+            bad("dedup.max_payload_bytes", "must be at least 1".into());
+        }
+        if self.batch.max_messages == 0 {
+            bad("batch.max_messages", "must be at least 1".into());
+        }
+        if self.batch.max_bytes == 0 {
+            bad("batch.max_bytes", "must be at least 1".into());
+        }
+        if self.outbox.quota_bytes == 0 {
+            bad("outbox.quota_bytes", "must be at least 1".into());
+        }
+        if self.pulsar.publish_batch == 0 {
+            bad("pulsar.publish_batch", "must be at least 1".into());
+        }
+        if self.pulsar.operation_timeout_ms < 100 {
+            bad("pulsar.operation_timeout_ms", "must be at least 100".into());
+        }
+        if !(self.pulsar.url.starts_with("pulsar://")
+            || self.pulsar.url.starts_with("pulsar+ssl://"))
+        {
+            bad(
+                "pulsar.url",
+                format!(
+                    "`{}` is not a pulsar:// or pulsar+ssl:// URL",
+                    self.pulsar.url
+                ),
+            );
+        }
+        if self.pulsar.auth_token.is_some() && self.pulsar.auth_token_file.is_some() {
+            bad(
+                "pulsar.auth_token_file",
+                "set either auth_token or auth_token_file, not both".into(),
+            );
+        }
+        if let Some(admin) = &self.pulsar.admin_url {
+            if url::Url::parse(admin).is_err() {
+                bad("pulsar.admin_url", format!("`{admin}` is not a URL"));
+            }
+        }
+        if self.upstreams.is_empty() {
+            bad("upstreams", "at least one upstream is required".into());
+        }
+        let mut names = BTreeSet::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let at = |k: &str| format!("upstreams[{i}].{k}");
+            if u.name.trim().is_empty() {
+                bad(&at("name"), "must not be empty".into());
+            }
+            if !names.insert(u.name.clone()) {
+                bad(
+                    &at("name"),
+                    format!("`{}` is used by another upstream", u.name),
+                );
+            }
+            if let Err(e) = crate::ingest::UpstreamAddr::parse(&u.url) {
+                bad(&at("url"), e);
+            }
+            if u.password.is_some() && u.password_file.is_some() {
+                bad(
+                    &at("password_file"),
+                    "set either password or password_file, not both".into(),
+                );
+            }
+            if (u.password.is_some() || u.password_file.is_some()) && u.username.is_none() {
+                bad(&at("username"), "a password needs a username".into());
+            }
+            if u.keepalive_secs < 5 {
+                bad(&at("keepalive_secs"), "must be at least 5".into());
+            }
+            if u.subscriptions.is_empty() {
+                bad(
+                    &at("subscriptions"),
+                    "at least one subscription is required".into(),
+                );
+            }
+            for (j, s) in u.subscriptions.iter().enumerate() {
+                if !filter_is_valid(&s.filter) {
+                    bad(
+                        &format!("upstreams[{i}].subscriptions[{j}].filter"),
+                        format!("`{}` is not a valid MQTT topic filter", s.filter),
+                    );
+                }
+                if s.qos > 2 {
+                    bad(
+                        &format!("upstreams[{i}].subscriptions[{j}].qos"),
+                        format!("{} is not a QoS level (0, 1 or 2)", s.qos),
+                    );
+                }
+            }
+        }
+        if self.routes.is_empty() {
+            bad(
+                "routes",
+                "at least one route is required: nothing would reach Pulsar".into(),
+            );
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if !filter_is_valid(&r.filter) {
+                bad(
+                    &format!("routes[{i}].filter"),
+                    format!("`{}` is not a valid MQTT topic filter", r.filter),
+                );
+            }
+            if r.pulsar_topic.trim().is_empty() || r.pulsar_topic.contains('\0') {
+                bad(
+                    &format!("routes[{i}].pulsar_topic"),
+                    "must be a Pulsar topic name".into(),
+                );
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for (i, m) in self.cluster.members.iter().enumerate() {
+            if !ids.insert(m.id) {
+                bad(
+                    &format!("cluster.members[{i}].id"),
+                    format!("id {} appears twice", m.id),
+                );
+            }
+            if m.addr.parse::<SocketAddr>().is_err() && !m.addr.contains(':') {
+                bad(
+                    &format!("cluster.members[{i}].addr"),
+                    format!("`{}` is not host:port", m.addr),
+                );
+            }
+        }
+        if !self.cluster.members.is_empty() && !ids.contains(&self.node.id) {
+            bad(
+                "cluster.members",
+                format!("does not list this node (node.id = {})", self.node.id),
+            );
+        }
+        out
+    }
+
+    /// The client id an upstream connection uses.
+    pub fn client_id(&self, upstream: &UpstreamConfig) -> String {
+        upstream
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("firstseen-{}-{}", self.node.id, upstream.name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r##"
+[node]
+id = 1
+zone = "a"
+data_dir = "/tmp/x"
+
+[pulsar]
+url = "pulsar://127.0.0.1:6650"
+
+[[upstreams]]
+name = "hsl"
+url = "mqtt://127.0.0.1:1883"
+[[upstreams.subscriptions]]
+filter = "/hfp/v1/#"
+
+[[routes]]
+filter = "#"
+pulsar_topic = "persistent://public/default/hfp"
+"##;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"), Vec::new())
+    }
+
+    fn problems(text: &str) -> Vec<Problem> {
+        match parse(text) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_minimal_config_parses_with_defaults() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.dedup.window_secs, 3_600);
+        assert_eq!(c.upstreams[0].subscriptions[0].qos, 1);
+        assert_eq!(c.routes[0].key, KeySpec::TopicPayload);
+        assert_eq!(c.client_id(&c.upstreams[0]), "firstseen-1-hsl");
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let p = problems(&GOOD.replace("zone = \"a\"", "zone = \"a\"\nzoen = \"b\""));
+        assert_eq!(p[0].key, "node.zoen");
+        assert!(
+            p[0].message.contains("unknown field `zoen`"),
+            "{}",
+            p[0].message
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_is_named_with_its_path() {
+        let p = problems(&GOOD.replace(
+            "filter = \"/hfp/v1/#\"",
+            "filter = \"/hfp/v1/#\"\nqos = \"one\"",
+        ));
+        assert_eq!(p[0].key, "upstreams[0].subscriptions[0].qos");
+        assert!(p[0].message.contains("invalid type"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_missing_route_table_is_an_error() {
+        let text = GOOD.split("[[routes]]").next().unwrap().to_string();
+        let p = problems(&text);
+        assert!(p.iter().any(|p| p.key == "routes"), "{p:?}");
+    }
+
+    #[test]
+    fn semantic_problems_are_all_listed() {
+        let text = GOOD
+            .replace("url = \"mqtt://127.0.0.1:1883\"", "url = \"http://x\"")
+            .replace("filter = \"#\"", "filter = \"a/#/b\"");
+        let keys: Vec<String> = problems(&text).into_iter().map(|p| p.key).collect();
+        assert!(keys.contains(&"upstreams[0].url".to_string()), "{keys:?}");
+        assert!(keys.contains(&"routes[0].filter".to_string()), "{keys:?}");
+    }
+
+    #[test]
+    fn environment_overrides_apply_by_path() {
+        let vars = vec![
+            (
+                "FIRSTSEEN__PULSAR__URL".to_string(),
+                "pulsar://10.1.1.1:6650".to_string(),
+            ),
+            (
+                "FIRSTSEEN__UPSTREAMS__0__KEEPALIVE_SECS".to_string(),
+                "60".to_string(),
+            ),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = Config::parse(GOOD, Path::new("t"), vars).unwrap();
+        assert_eq!(c.pulsar.url, "pulsar://10.1.1.1:6650");
+        assert_eq!(c.upstreams[0].keepalive_secs, 60);
+    }
+
+    #[test]
+    fn an_override_of_an_unknown_key_is_still_refused() {
+        let vars = vec![("FIRSTSEEN__PULSAR__URLL".to_string(), "x".to_string())];
+        match Config::parse(GOOD, Path::new("t"), vars) {
+            Err(ConfigError::Invalid { problems, .. }) => {
+                assert!(
+                    problems[0].message.contains("unknown field `urll`"),
+                    "{problems:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The node's HTTP API: `/healthz`, `/readyz`, `/status` (JSON), `/metrics`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use axum::Router;
+use firstseen_raft::Raft;
+use firstseen_store::StateStore;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::ingest::UpstreamStatus;
+
+/// What the handlers read.
+pub struct AppState {
+    pub node_id: u64,
+    pub zone: String,
+    pub raft: Raft,
+    pub state: StateStore,
+    pub upstreams: Vec<(String, Arc<UpstreamStatus>)>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+#[derive(Serialize)]
+pub struct Status {
+    pub node: u64,
+    pub zone: String,
+    pub leader: Option<u64>,
+    pub is_leader: bool,
+    pub term: u64,
+    pub last_applied: Option<u64>,
+    pub members: Vec<MemberStatus>,
+    pub upstreams: Vec<UpstreamView>,
+    pub totals: firstseen_store::Totals,
+    pub topics: Vec<TopicView>,
+    pub coverage: Vec<CoverageView>,
+    pub disk_bytes: u64,
+}
+
+#[derive(Serialize)]
+pub struct MemberStatus {
+    pub id: u64,
+    pub zone: String,
+    pub addr: String,
+}
+
+#[derive(Serialize)]
+pub struct UpstreamView {
+    pub name: String,
+    pub connected: bool,
+    pub received: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct TopicView {
+    pub topic: String,
+    pub last_seq: u64,
+    pub published_seq: u64,
+    pub backlog: u64,
+}
+
+#[derive(Serialize)]
+pub struct CoverageView {
+    pub node: u64,
+    pub seen: u64,
+    pub first: u64,
+    /// Share of the window's keys this node delivered.
+    pub seen_ratio: f64,
+    /// Share of the window's keys this node delivered first.
+    pub first_ratio: f64,
+}
+
+impl AppState {
+    /// A consistent-enough picture of this node for status and tests.
+    pub fn status(&self) -> Result<Status, crate::Error> {
+        let m = self.raft.metrics().borrow().clone();
+        let totals = self.state.totals()?;
+        let window = totals.window_keys.max(1) as f64;
+        let members = m
+            .membership_config
+            .nodes()
+            .map(|(id, n)| MemberStatus {
+                id: *id,
+                zone: n.zone.clone(),
+                addr: n.addr.clone(),
+            })
+            .collect();
+        Ok(Status {
+            node: self.node_id,
+            zone: self.zone.clone(),
+            leader: m.current_leader,
+            is_leader: m.current_leader == Some(self.node_id),
+            term: m.current_term,
+            last_applied: m.last_applied.map(|l| l.index),
+            members,
+            upstreams: self
+                .upstreams
+                .iter()
+                .map(|(name, s)| UpstreamView {
+                    name: name.clone(),
+                    connected: s.connected.load(Ordering::Relaxed),
+                    received: s.received.load(Ordering::Relaxed),
+                    last_error: s.last_error.lock().expect("status poisoned").clone(),
+                })
+                .collect(),
+            totals,
+            topics: self
+                .state
+                .topics()?
+                .into_iter()
+                .map(|(topic, t)| TopicView {
+                    topic,
+                    last_seq: t.last_seq,
+                    published_seq: t.published_seq,
+                    backlog: t.last_seq - t.published_seq.min(t.last_seq),
+                })
+                .collect(),
+            coverage: self
+                .state
+                .coverage()?
+                .into_iter()
+                .map(|(node, c)| CoverageView {
+                    node,
+                    seen: c.seen,
+                    first: c.first,
+                    seen_ratio: c.seen as f64 / window,
+                    first_ratio: c.first as f64 / window,
+                })
+                .collect(),
+            disk_bytes: self.state.size_on_disk().unwrap_or(0),
+        })
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.current_leader.is_none() {
+            return Err("no Raft leader known".into());
+        }
+        for (name, s) in &self.upstreams {
+            if !s.connected.load(Ordering::Relaxed) {
+                return Err(format!("upstream {name} is not connected"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves the API on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    shutdown: CancellationToken,
+) {
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .with_state(app);
+    if let Err(e) = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+    {
+        tracing::error!(error = %e, "http server failed");
+    }
+}
+
+async fn readyz(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    match app.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}
+
+async fn status(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    match app.status() {
+        Ok(s) => Json(s).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    match &app.metrics {
+        Some(h) => (StatusCode::OK, h.render()),
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics recorder not installed\n".to_string(),
+        ),
+    }
+}
+
+/// Publishes state-derived gauges once a second (per interval, not per message).
+pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => break,
+        }
+        let Ok(s) = app.status() else { continue };
+        metrics::gauge!("firstseen_outbox_messages").set(s.totals.outbox_messages as f64);
+        metrics::gauge!("firstseen_outbox_bytes").set(s.totals.outbox_bytes as f64);
+        metrics::gauge!("firstseen_window_keys").set(s.totals.window_keys as f64);
+        metrics::gauge!("firstseen_raft_term").set(s.term as f64);
+        metrics::gauge!("firstseen_raft_is_leader").set(if s.is_leader { 1.0 } else { 0.0 });
+        metrics::gauge!("firstseen_raft_applied_index").set(s.last_applied.unwrap_or(0) as f64);
+        metrics::gauge!("firstseen_disk_bytes").set(s.disk_bytes as f64);
+        for c in &s.coverage {
+            let node = c.node.to_string();
+            metrics::gauge!("firstseen_coverage_seen_ratio", "node" => node.clone())
+                .set(c.seen_ratio);
+            metrics::gauge!("firstseen_coverage_first_ratio", "node" => node).set(c.first_ratio);
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Ingest: one task per upstream MQTT broker.
+//!
+//! Each task holds a persistent session (clean session off, a stable client
+//! id) with manual acks, turns every PUBLISH into an [`Observation`] keyed by
+//! its route, and hands it to the batcher together with an [`AckToken`]. It
+//! never acks anything itself: the batcher does, through the [`AckGate`],
+//! after commit (G4).
+
+pub mod deadletter;
+pub mod route;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use firstseen_store::{NodeId, Observation};
+use rumqttc::{
+    AsyncClient, Event, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode, Transport,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::ack::{AckGate, AckToken};
+use crate::config::{Config, OversizePolicy, UpstreamConfig};
+use crate::now_ms;
+use deadletter::DeadLetter;
+use route::Route;
+
+/// The largest MQTT packet rumqttc will read. Set to the protocol maximum so
+/// that an oversized payload reaches our documented policy instead of
+/// breaking the connection in a redelivery loop.
+const MAX_MQTT_PACKET: usize = 268_435_455;
+
+/// Requests rumqttc may queue. Above the 65,535 packet ids a broker can have
+/// in flight to us, so an ack never finds the queue full.
+const REQUEST_CAPACITY: usize = 70_000;
+
+/// One message on its way to the batcher.
+#[derive(Debug)]
+pub struct Received {
+    /// The copy to propose, or `None` for a message handled here (dead-letter
+    /// or drop) that still needs its ack in receive order.
+    pub observation: Option<Observation>,
+    /// `None` for QoS 0, which is never acked.
+    pub ack: Option<AckToken>,
+}
+
+/// A parsed upstream URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamAddr {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+}
+
+impl UpstreamAddr {
+    /// Parses `mqtt://host:port`, `tcp://host:port` or `mqtts://host:port`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let url = url::Url::parse(raw).map_err(|e| format!("`{raw}` is not a URL: {e}"))?;
+        let (tls, default_port) = match url.scheme() {
+            "mqtt" | "tcp" => (false, 1883),
+            "mqtts" | "ssl" => (true, 8883),
+            other => {
+                return Err(format!(
+                    "scheme `{other}` is not mqtt://, tcp:// or mqtts://"
+                ))
+            }
+        };
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("`{raw}` has no host"))?;
+        Ok(Self {
+            host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
+            port: url.port().unwrap_or(default_port),
+            tls,
+        })
+    }
+}
+
+/// Live state of one upstream, read by status and readiness.
+#[derive(Debug, Default)]
+pub struct UpstreamStatus {
+    pub connected: AtomicBool,
+    pub received: AtomicU64,
+    pub last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// Everything one upstream task needs.
+pub struct Upstream {
+    pub index: usize,
+    pub config: UpstreamConfig,
+    pub client_id: String,
+    pub node: NodeId,
+    pub routes: Arc<Vec<Route>>,
+    pub max_payload: usize,
+    pub oversize: OversizePolicy,
+    pub dead_letter: DeadLetter,
+    pub gate: Arc<AckGate>,
+    pub status: Arc<UpstreamStatus>,
+}
+
+impl Upstream {
+    /// Builds the upstream tasks' inputs from the config.
+    pub fn from_config(config: &Config, routes: Arc<Vec<Route>>) -> Vec<Upstream> {
+        let dead_letter = DeadLetter::new(config.node.data_dir.join("dead-letter"));
+        config
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(index, u)| Upstream {
+                index,
+                client_id: config.client_id(u),
+                config: u.clone(),
+                node: config.node.id,
+                routes: routes.clone(),
+                max_payload: config.dedup.max_payload_bytes,
+                oversize: config.dedup.oversize,
+                dead_letter: dead_letter.clone(),
+                gate: Arc::new(AckGate::new()),
+                status: Arc::new(UpstreamStatus::default()),
+            })
+            .collect()
+    }
+
+    fn options(&self) -> Result<MqttOptions, crate::Error> {
+        let addr = UpstreamAddr::parse(&self.config.url).map_err(crate::Error::Config)?;
+        let mut o = MqttOptions::new(self.client_id.clone(), addr.host, addr.port);
+        o.set_keep_alive(Duration::from_secs(self.config.keepalive_secs))
+            // The session (and the broker's queue of unacked messages) must
+            // outlive this process: that is what makes a crash lose nothing.
+            .set_clean_session(false)
+            .set_manual_acks(true)
+            .set_max_packet_size(MAX_MQTT_PACKET, MAX_MQTT_PACKET)
+            .set_request_channel_capacity(REQUEST_CAPACITY);
+        if addr.tls {
+            o.set_transport(Transport::tls_with_default_config());
+        }
+        if let Some(user) = &self.config.username {
+            let password = match (&self.config.password, &self.config.password_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => std::fs::read_to_string(f)
+                    .map_err(|e| {
+                        crate::Error::Config(format!(
+                            "upstreams[{}].password_file: {e}",
+                            self.index
+                        ))
+                    })?
+                    .trim_end()
+                    .to_string(),
+                (None, None) => String::new(),
+            };
+            o.set_credentials(user.clone(), password);
+        }
+        Ok(o)
+    }
+
+    /// Runs until `shutdown`, then keeps the connection up until `acks_done`
+    /// so that the batcher's last acks reach the broker.
+    pub async fn run(
+        self,
+        tx: mpsc::Sender<Received>,
+        shutdown: CancellationToken,
+        acks_done: CancellationToken,
+    ) -> Result<(), crate::Error> {
+        let options = self.options()?;
+        let (client, mut eventloop) = AsyncClient::new(options, REQUEST_CAPACITY);
+        self.gate.attach(client.clone());
+        let filters: Vec<SubscribeFilter> = self
+            .config
+            .subscriptions
+            .iter()
+            .map(|s| SubscribeFilter::new(s.filter.clone(), qos(s.qos)))
+            .collect();
+        let name = self.config.name.clone();
+        let mut backoff = Duration::from_millis(100);
+        let mut tx = Some(tx);
+        loop {
+            let event = tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if tx.is_some() => {
+                    // Stop feeding the batcher; it flushes and acks what it has.
+                    tx = None;
+                    continue;
+                }
+                _ = acks_done.cancelled(), if tx.is_none() => break,
+                event = eventloop.poll() => event,
+            };
+            match event {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                    backoff = Duration::from_millis(100);
+                    self.status.connected.store(true, Ordering::Relaxed);
+                    metrics::gauge!("firstseen_upstream_connected", "upstream" => name.clone())
+                        .set(1.0);
+                    tracing::info!(upstream = %name, session_present = ack.session_present, "upstream connected");
+                    if !ack.session_present {
+                        // A new session has no subscriptions; an existing one
+                        // keeps them and its queued messages.
+                        if let Err(e) = client.try_subscribe_many(filters.clone()) {
+                            tracing::error!(upstream = %name, error = %e, "could not queue subscribe");
+                        }
+                    }
+                }
+                Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                    for (i, code) in ack.return_codes.iter().enumerate() {
+                        if matches!(code, SubscribeReasonCode::Failure) {
+                            let f = filters.get(i).map(|f| f.path.as_str()).unwrap_or("?");
+                            tracing::error!(upstream = %name, filter = f, "broker refused subscription");
+                            self.note_error(format!("broker refused subscription to `{f}`"));
+                        }
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let Some(sender) = &tx else {
+                        // Shutting down: leave it unacked, the broker redelivers it.
+                        continue;
+                    };
+                    let received = self.receive(p).await;
+                    if sender.send(received).await.is_err() {
+                        tracing::warn!(upstream = %name, "batcher stopped; leaving upstream");
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.status.connected.store(false, Ordering::Relaxed);
+                    metrics::gauge!("firstseen_upstream_connected", "upstream" => name.clone())
+                        .set(0.0);
+                    metrics::counter!("firstseen_upstream_disconnects_total", "upstream" => name.clone()).increment(1);
+                    self.gate.next_epoch(&mut eventloop);
+                    let reason = describe(&e, &self.config.url);
+                    tracing::warn!(upstream = %name, error = %reason, retry_in_ms = backoff.as_millis() as u64, "upstream connection failed");
+                    self.note_error(reason);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = acks_done.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        let _ = client.try_disconnect();
+        // Give the DISCONNECT (and any last acks) a moment to be written.
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            while let Ok(ev) = eventloop.poll().await {
+                if matches!(ev, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
+                    break;
+                }
+            }
+        })
+        .await;
+        self.status.connected.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn note_error(&self, e: String) {
+        *self.status.last_error.lock().expect("status poisoned") = Some(e);
+    }
+
+    /// Turns one PUBLISH into what the batcher needs.
+    async fn receive(&self, p: rumqttc::Publish) -> Received {
+        let now = now_ms();
+        self.status.received.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("firstseen_messages_received_total", "upstream" => self.config.name.clone()).increment(1);
+        let ack = (p.qos != QoS::AtMostOnce).then(|| AckToken {
+            upstream: self.index,
+            epoch: self.gate.epoch(),
+            pkid: p.pkid,
+            qos: p.qos,
+        });
+        let qos_level = p.qos as u8;
+        let Some(route) = route::route_for(&self.routes, &p.topic) else {
+            self.set_aside("unrouted", &p, now).await;
+            return Received {
+                observation: None,
+                ack,
+            };
+        };
+        if p.payload.len() > self.max_payload {
+            metrics::counter!("firstseen_oversize_total", "upstream" => self.config.name.clone())
+                .increment(1);
+            match self.oversize {
+                OversizePolicy::Drop => {
+                    tracing::warn!(upstream = %self.config.name, topic = %p.topic, bytes = p.payload.len(), limit = self.max_payload, "oversized payload dropped by policy");
+                }
+                OversizePolicy::DeadLetter => self.set_aside("oversize", &p, now).await,
+            }
+            return Received {
+                observation: None,
+                ack,
+            };
+        }
+        let observation = Observation {
+            key: crate::key::key(route.key, &p.topic, &p.payload),
+            mqtt_topic: p.topic,
+            pulsar_topic: route.pulsar_topic.clone(),
+            payload: p.payload.to_vec(),
+            qos: qos_level,
+            retain: p.retain,
+            node: self.node,
+            received_ms: now,
+        };
+        Received {
+            observation: Some(observation),
+            ack,
+        }
+    }
+
+    /// Stores a message in the dead-letter directory. If even that fails
+    /// (disk full), the task waits and retries rather than ack a message it
+    /// has not kept: the broker holds it meanwhile.
+    async fn set_aside(&self, reason: &str, p: &rumqttc::Publish, now: u64) {
+        metrics::counter!("firstseen_dead_letter_total", "reason" => reason.to_string())
+            .increment(1);
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match self
+                .dead_letter
+                .store(reason, &p.topic, p.qos as u8, p.retain, &p.payload, now)
+                .await
+            {
+                Ok(path) => {
+                    tracing::warn!(upstream = %self.config.name, topic = %p.topic, bytes = p.payload.len(), reason, path = %path.display(), "message set aside in dead-letter store");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(upstream = %self.config.name, error = %e, "cannot write dead-letter file; holding the message unacked");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+}
+
+fn qos(level: u8) -> QoS {
+    match level {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    }
+}
+
+/// An operator-readable reason for a connection failure; a name that does not
+/// resolve says so and names the host.
+fn describe(e: &rumqttc::ConnectionError, url: &str) -> String {
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    if lower.contains("failed to lookup")
+        || lower.contains("name or service not known")
+        || lower.contains("dns")
+    {
+        format!("cannot resolve the host of {url}: {text}")
+    } else if lower.contains("refused") {
+        format!("connection to {url} refused: {text}")
+    } else {
+        format!("{url}: {text}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls_parse() {
+        assert_eq!(
+            UpstreamAddr::parse("mqtt://broker.example:1884").unwrap(),
+            UpstreamAddr {
+                host: "broker.example".into(),
+                port: 1884,
+                tls: false
+            }
+        );
+        assert_eq!(UpstreamAddr::parse("mqtts://b").unwrap().port, 8883);
+        assert!(UpstreamAddr::parse("http://b").is_err());
+        assert!(UpstreamAddr::parse("nonsense").is_err());
+    }
+}

@@ -1,0 +1,350 @@
+//! Publish: the leader moves outbox messages into Pulsar, exactly once.
+//!
+//! The protocol (docs/exactly-once.md has the argument):
+//! 1. Only the Raft leader publishes, and it confirms its lease with a quorum
+//!    (`ensure_linearizable`) before every batch.
+//! 2. Each topic gets a producer in `Exclusive` access mode, named after this
+//!    node and term. A second exclusive producer is refused by the broker.
+//! 3. After acquiring it, the publisher reads the topic's last
+//!    `firstseen-seq` and resumes after max(tail, Raft watermark).
+//! 4. One batch is in flight at a time: send, await every receipt, then the
+//!    next. On any error the producer — and the crate's queue of pending
+//!    messages with it — is dropped, and step 3 runs again. The crate's own
+//!    retries are capped at zero.
+//! 5. After each batch it commits `Published{topic, seq}` through Raft so
+//!    every node trims its outbox.
+
+pub mod props;
+pub mod tail;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use firstseen_raft::{Command, Raft};
+use firstseen_store::{OutboxMessage, StateStore};
+use pulsar::producer::ProducerOptions;
+use pulsar::{
+    Authentication, ConnectionRetryOptions, OperationRetryOptions, Producer, Pulsar, TokioExecutor,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::PulsarConfig;
+use crate::Error;
+
+/// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
+/// `ExclusiveWithFencing`, because a paused old leader's automatic
+/// re-creation would then fence the true leader.
+const ACCESS_EXCLUSIVE: i32 = 1;
+
+/// The leader-only publisher task.
+pub struct Publisher {
+    pub raft: Raft,
+    pub state: StateStore,
+    pub node_id: u64,
+    pub config: PulsarConfig,
+    pub shutdown: CancellationToken,
+}
+
+/// Builds a Pulsar client whose own retries cannot resend behind our back.
+pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Error> {
+    let timeout = Duration::from_millis(config.operation_timeout_ms);
+    let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
+        .with_operation_retry_options(OperationRetryOptions {
+            operation_timeout: timeout,
+            retry_delay: Duration::from_millis(100),
+            // Zero: producer (re-)creation is retried in our loop, where the
+            // lease is checked, never inside the crate.
+            max_retries: Some(0),
+        })
+        .with_connection_retry_options(ConnectionRetryOptions {
+            min_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
+            max_retries: 1,
+            connection_timeout: timeout,
+            ..Default::default()
+        });
+    if let Some(token) = token(config)? {
+        builder = builder.with_auth(Authentication {
+            name: "token".into(),
+            data: token.into_bytes(),
+        });
+    }
+    Ok(builder.build().await?)
+}
+
+fn token(config: &PulsarConfig) -> Result<Option<String>, Error> {
+    if let Some(t) = &config.auth_token {
+        return Ok(Some(t.clone()));
+    }
+    if let Some(f) = &config.auth_token_file {
+        let t = std::fs::read_to_string(f)
+            .map_err(|e| Error::Config(format!("pulsar.auth_token_file {}: {e}", f.display())))?;
+        return Ok(Some(t.trim().to_string()));
+    }
+    Ok(None)
+}
+
+/// Why a leadership term's publishing ended.
+enum TermEnd {
+    /// Not (or no longer) the leader, or the lease could not be confirmed.
+    LostLease,
+    Shutdown,
+}
+
+/// Publishing state of one topic within a term.
+struct TopicPublisher {
+    topic: String,
+    producer: Option<Producer<TokioExecutor>>,
+    /// Next sequence to send; valid only while `producer` is `Some`.
+    next_seq: u64,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl TopicPublisher {
+    fn new(topic: String) -> Self {
+        Self {
+            topic,
+            producer: None,
+            next_seq: 0,
+            retry_at: None,
+            backoff: Duration::from_millis(200),
+        }
+    }
+
+    /// Drops the producer and its pending queue; the next attempt re-reads the tail.
+    fn fail(&mut self, error: &Error) {
+        metrics::counter!("firstseen_publish_errors_total").increment(1);
+        tracing::warn!(topic = %self.topic, error = %error, retry_in_ms = self.backoff.as_millis() as u64, "publisher dropped its producer");
+        self.producer = None;
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+impl Publisher {
+    /// Runs until shutdown, publishing whenever this node leads.
+    pub async fn run(self) {
+        let mut metrics_rx = self.raft.metrics();
+        loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            let (term, leader) = {
+                let m = metrics_rx.borrow_and_update();
+                (m.current_term, m.current_leader)
+            };
+            if leader != Some(self.node_id) {
+                tokio::select! {
+                    _ = metrics_rx.changed() => {}
+                    _ = self.shutdown.cancelled() => break,
+                }
+                continue;
+            }
+            tracing::info!(term, "leading: publisher starting");
+            match self.lead(term, &mut metrics_rx).await {
+                Ok(TermEnd::Shutdown) => break,
+                Ok(TermEnd::LostLease) => {
+                    tracing::info!(term, "publisher stopped: leadership lease not confirmed")
+                }
+                Err(e) => {
+                    tracing::warn!(term, error = %e, "publisher could not start; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+        tracing::info!("publisher stopped");
+    }
+
+    /// Publishes for one leadership term. Everything it holds (client,
+    /// producers and their pending queues) is dropped when it returns.
+    async fn lead(
+        &self,
+        term: u64,
+        metrics_rx: &mut tokio::sync::watch::Receiver<
+            openraft::RaftMetrics<u64, firstseen_raft::Member>,
+        >,
+    ) -> Result<TermEnd, Error> {
+        let pulsar = connect(&self.config).await?;
+        self.check_broker_dedup().await;
+        let mut topics: BTreeMap<String, TopicPublisher> = BTreeMap::new();
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Ok(TermEnd::Shutdown);
+            }
+            {
+                let m = metrics_rx.borrow_and_update();
+                if m.current_term != term || m.current_leader != Some(self.node_id) {
+                    return Ok(TermEnd::LostLease);
+                }
+            }
+            let mut worked = false;
+            for (name, st) in self.state.topics()? {
+                if st.published_seq >= st.last_seq {
+                    continue;
+                }
+                let tp = topics
+                    .entry(name.clone())
+                    .or_insert_with(|| TopicPublisher::new(name));
+                if tp.retry_at.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
+                // The lease, confirmed with a quorum before every batch: a
+                // leader that was paused or cut off stops here.
+                if self.raft.ensure_linearizable().await.is_err() {
+                    return Ok(TermEnd::LostLease);
+                }
+                match self.publish_batch(&pulsar, tp, term).await {
+                    Ok(Some(upto)) => {
+                        worked = true;
+                        tp.backoff = Duration::from_millis(200);
+                        let cmd = Command::Published {
+                            pulsar_topic: tp.topic.clone(),
+                            seq: upto,
+                        };
+                        if self.raft.client_write(cmd).await.is_err() {
+                            return Ok(TermEnd::LostLease);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => tp.fail(&e),
+                }
+            }
+            if !worked {
+                tokio::select! {
+                    _ = metrics_rx.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
+                }
+            }
+        }
+    }
+
+    /// Sends the next batch of one topic and awaits every receipt. Returns the
+    /// last sequence now in Pulsar, or `None` if there was nothing to send.
+    async fn publish_batch(
+        &self,
+        pulsar: &Pulsar<TokioExecutor>,
+        tp: &mut TopicPublisher,
+        term: u64,
+    ) -> Result<Option<u64>, Error> {
+        if tp.producer.is_none() {
+            let name = format!(
+                "firstseen-{}-t{}-{}",
+                self.node_id,
+                term,
+                tail::scratch_subscription("p")
+            );
+            let producer = pulsar
+                .producer()
+                .with_topic(tp.topic.clone())
+                .with_name(name.clone())
+                .with_options(ProducerOptions {
+                    access_mode: Some(ACCESS_EXCLUSIVE),
+                    block_queue_if_full: true,
+                    ..Default::default()
+                })
+                .build()
+                .await?;
+            // Only now, holding exclusive access, is the tail stable.
+            let wait = Duration::from_millis(self.config.operation_timeout_ms);
+            let tail_seq = tail::last_seq(pulsar, &tp.topic, wait).await?;
+            let watermark = self.state.topic_state(&tp.topic)?.published_seq;
+            tp.next_seq = tail_seq.unwrap_or(0).max(watermark) + 1;
+            tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
+            tp.producer = Some(producer);
+        }
+        let batch = self
+            .state
+            .outbox_from(&tp.topic, tp.next_seq, self.config.publish_batch)?;
+        let Some((first, _)) = batch.first() else {
+            return Ok(None);
+        };
+        if *first != tp.next_seq {
+            return Err(Error::Publish(format!(
+                "{}: outbox starts at {first} but the next sequence is {}",
+                tp.topic, tp.next_seq
+            )));
+        }
+        let producer = tp.producer.as_mut().expect("producer set above");
+        let started = Instant::now();
+        let mut receipts = Vec::with_capacity(batch.len());
+        let mut last = tp.next_seq;
+        for (seq, m) in batch {
+            receipts.push(send(producer, seq, m).await?);
+            last = seq;
+        }
+        for r in receipts {
+            r.await?;
+        }
+        let n = last + 1 - tp.next_seq;
+        tp.next_seq = last + 1;
+        metrics::counter!("firstseen_published_total").increment(n);
+        metrics::histogram!("firstseen_publish_batch_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(Some(last))
+    }
+
+    /// Warns once per term when the namespace does not deduplicate: without
+    /// it, a resend by the crate after a reconnect can duplicate a message.
+    async fn check_broker_dedup(&self) {
+        let Some(admin) = &self.config.admin_url else {
+            return;
+        };
+        let topics = self.state.topics().unwrap_or_default();
+        for (topic, _) in topics.iter().take(8) {
+            match admin_dedup_enabled(admin, topic).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(topic = %topic, "broker deduplication is off for this topic; see docs/exactly-once.md")
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %topic, error = %e, "could not check broker deduplication")
+                }
+            }
+        }
+    }
+}
+
+async fn send(
+    producer: &mut Producer<TokioExecutor>,
+    seq: u64,
+    m: OutboxMessage,
+) -> Result<pulsar::producer::SendFuture, Error> {
+    let key = hex::encode(m.key);
+    Ok(producer
+        .create_message()
+        .with_content(m.payload)
+        .with_key(key.clone())
+        .with_property(props::SEQ, seq.to_string())
+        .with_property(props::KEY, key)
+        .with_property(props::MQTT_TOPIC, m.mqtt_topic)
+        .with_property(props::NODE, m.node.to_string())
+        .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
+        .event_time(m.first_seen_ms)
+        .send_non_blocking()
+        .await?)
+}
+
+/// Asks the admin API whether deduplication applies to `topic`.
+pub async fn admin_dedup_enabled(admin_url: &str, topic: &str) -> Result<bool, Error> {
+    let path = topic
+        .strip_prefix("persistent://")
+        .ok_or_else(|| Error::Publish(format!("{topic}: not a persistent:// topic")))?;
+    let url = format!(
+        "{}/admin/v2/persistent/{path}/deduplicationEnabled?applied=true",
+        admin_url.trim_end_matches('/')
+    );
+    let body = reqwest::get(&url)
+        .await
+        .map_err(|e| Error::Publish(e.to_string()))?
+        .error_for_status()
+        .map_err(|e| Error::Publish(e.to_string()))?
+        .text()
+        .await
+        .map_err(|e| Error::Publish(e.to_string()))?;
+    Ok(body.trim() == "true")
+}

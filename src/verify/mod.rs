@@ -1,0 +1,207 @@
+//! `firstseen verify`: read a topic back and audit it.
+//!
+//! [`Audit`] is the pure part: fed messages in topic order, it reports
+//! duplicate keys and gaps, repeats or reordering in `firstseen-seq`. The
+//! reader in [`read`] feeds it from Pulsar.
+
+pub mod read;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+/// One message as the audit sees it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub key: Option<String>,
+    pub seq: Option<u64>,
+}
+
+/// What the audit found. Lists are capped so a badly broken topic still
+/// gives a readable report; the counts are exact.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Report {
+    pub topic: String,
+    pub messages: u64,
+    pub distinct_keys: u64,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    /// Messages whose key was already seen.
+    pub duplicate_messages: u64,
+    pub duplicate_keys: Vec<String>,
+    /// Sequence numbers missing between the first and the last.
+    pub missing_seqs: u64,
+    pub gaps: Vec<(u64, u64)>,
+    /// Messages whose sequence was not above the previous one.
+    pub out_of_order: u64,
+    pub repeats: Vec<u64>,
+    /// Messages without `firstseen-seq` or `firstseen-key`.
+    pub unlabelled: u64,
+}
+
+impl Report {
+    /// Whether the topic holds exactly one copy per key, numbered without gaps.
+    pub fn is_clean(&self) -> bool {
+        self.duplicate_messages == 0
+            && self.missing_seqs == 0
+            && self.out_of_order == 0
+            && self.unlabelled == 0
+    }
+}
+
+const LIST_CAP: usize = 50;
+
+/// Streaming audit of one topic.
+#[derive(Debug, Default)]
+pub struct Audit {
+    report: Report,
+    keys: HashMap<String, u32>,
+    prev_seq: Option<u64>,
+}
+
+impl Audit {
+    pub fn new(topic: &str) -> Self {
+        Self {
+            report: Report {
+                topic: topic.to_string(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Feeds the next message in topic order.
+    pub fn push(&mut self, m: Seen) {
+        let r = &mut self.report;
+        r.messages += 1;
+        let (Some(key), Some(seq)) = (m.key, m.seq) else {
+            r.unlabelled += 1;
+            return;
+        };
+        let count = self.keys.entry(key.clone()).or_insert(0);
+        *count += 1;
+        if *count == 2 && r.duplicate_keys.len() < LIST_CAP {
+            r.duplicate_keys.push(key);
+        }
+        if *count > 1 {
+            r.duplicate_messages += 1;
+        }
+        r.first_seq.get_or_insert(seq);
+        match self.prev_seq {
+            Some(prev) if seq <= prev => {
+                r.out_of_order += 1;
+                if r.repeats.len() < LIST_CAP {
+                    r.repeats.push(seq);
+                }
+            }
+            Some(prev) => {
+                if seq > prev + 1 {
+                    r.missing_seqs += seq - prev - 1;
+                    if r.gaps.len() < LIST_CAP {
+                        r.gaps.push((prev + 1, seq - 1));
+                    }
+                }
+                self.prev_seq = Some(seq);
+            }
+            None => self.prev_seq = Some(seq),
+        }
+        r.last_seq = self.prev_seq;
+    }
+
+    pub fn finish(mut self) -> Report {
+        self.report.distinct_keys = self.keys.len() as u64;
+        self.report
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "topic           {}", self.topic)?;
+        writeln!(f, "messages        {}", self.messages)?;
+        writeln!(f, "distinct keys   {}", self.distinct_keys)?;
+        let range = match (self.first_seq, self.last_seq) {
+            (Some(a), Some(b)) => format!("{a}..={b}"),
+            _ => "-".into(),
+        };
+        writeln!(f, "firstseen-seq   {range}")?;
+        writeln!(
+            f,
+            "duplicates      {} messages over {} keys",
+            self.duplicate_messages,
+            self.duplicate_keys.len()
+        )?;
+        writeln!(
+            f,
+            "gaps            {} missing in {} gaps",
+            self.missing_seqs,
+            self.gaps.len()
+        )?;
+        writeln!(f, "out of order    {}", self.out_of_order)?;
+        writeln!(f, "unlabelled      {}", self.unlabelled)?;
+        for k in &self.duplicate_keys {
+            writeln!(f, "  duplicate key {k}")?;
+        }
+        for (a, b) in &self.gaps {
+            writeln!(f, "  gap {a}..={b}")?;
+        }
+        for s in &self.repeats {
+            writeln!(f, "  seq {s} not above its predecessor")?;
+        }
+        write!(
+            f,
+            "verdict         {}",
+            if self.is_clean() {
+                "OK"
+            } else {
+                "PROBLEMS FOUND"
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(key: &str, seq: u64) -> Seen {
+        Seen {
+            key: Some(key.into()),
+            seq: Some(seq),
+        }
+    }
+
+    #[test]
+    fn a_clean_topic_is_clean() {
+        let mut a = Audit::new("t");
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            a.push(seen(k, i as u64 + 1));
+        }
+        let r = a.finish();
+        assert!(r.is_clean(), "{r}");
+        assert_eq!(
+            (r.messages, r.distinct_keys, r.first_seq, r.last_seq),
+            (3, 3, Some(1), Some(3))
+        );
+    }
+
+    #[test]
+    fn duplicates_gaps_and_reordering_are_reported() {
+        let mut a = Audit::new("t");
+        a.push(seen("a", 1));
+        a.push(seen("b", 2));
+        a.push(seen("a", 5));
+        a.push(seen("c", 4));
+        a.push(Seen {
+            key: None,
+            seq: Some(6),
+        });
+        let r = a.finish();
+        assert!(!r.is_clean());
+        assert_eq!(r.duplicate_messages, 1);
+        assert_eq!(r.duplicate_keys, vec!["a".to_string()]);
+        assert_eq!(r.gaps, vec![(3, 4)]);
+        assert_eq!(r.missing_seqs, 2);
+        assert_eq!(r.out_of_order, 1);
+        assert_eq!(r.unlabelled, 1);
+    }
+}

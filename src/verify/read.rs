@@ -1,0 +1,66 @@
+//! Reads a whole topic into an [`Audit`], from the first message to the
+//! last one that existed when the read began.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use super::{Audit, Report, Seen};
+use crate::config::PulsarConfig;
+use crate::publish::{props, tail};
+use crate::Error;
+
+/// Reads `topic` and audits it. `progress` is called every `every` messages.
+pub async fn verify_topic(
+    config: &PulsarConfig,
+    topic: &str,
+    idle: Duration,
+    mut progress: impl FnMut(u64),
+) -> Result<Report, Error> {
+    let pulsar = crate::publish::connect(config).await?;
+    let mut consumer = tail::reader(&pulsar, topic, None, "verify").await?;
+    let last = consumer
+        .get_last_message_id()
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Publish(format!("{topic}: broker returned no last message id")))?;
+    let mut audit = Audit::new(topic);
+    if tail::is_empty_marker(&last) {
+        let _ = consumer.close().await;
+        return Ok(audit.finish());
+    }
+    let end = (last.ledger_id, last.entry_id);
+    let mut last_progress = Instant::now();
+    let mut count = 0u64;
+    loop {
+        let next = tokio::time::timeout(idle, consumer.next()).await;
+        let msg = match next {
+            Ok(Some(m)) => m?,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(Error::Publish(format!(
+                    "{topic}: no message for {idle:?} before reaching the last one ({}:{}); read {count}",
+                    end.0, end.1
+                )))
+            }
+        };
+        let id = msg.message_id();
+        let at = (id.ledger_id, id.entry_id);
+        let meta = msg.metadata();
+        audit.push(Seen {
+            key: props::get(meta, props::KEY).map(str::to_string),
+            seq: props::get(meta, props::SEQ).and_then(|s| s.parse().ok()),
+        });
+        count += 1;
+        if last_progress.elapsed() > Duration::from_secs(1) {
+            progress(count);
+            last_progress = Instant::now();
+        }
+        if at >= end {
+            break;
+        }
+    }
+    let _ = consumer.close().await;
+    Ok(audit.finish())
+}
