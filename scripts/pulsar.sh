@@ -30,7 +30,14 @@ start() {
   mkdir -p "$dir/data" "$dir/conf"
   dir=$(cd "$dir" && pwd)
   local broker_port web_port bk_port
-  broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
+  # A restart of the same DIR keeps its ports, so clients can reconnect to
+  # the address they knew (the outage test relies on it).
+  if [ -f "$dir/ports" ]; then
+    read -r broker_port web_port bk_port < "$dir/ports"
+  else
+    broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
+    echo "$broker_port $web_port $bk_port" > "$dir/ports"
+  fi
   # Only the keys that differ from the broker's defaults. Broker deduplication
   # is on so that the pulsar crate's own resends after a reconnect are dropped
   # by the broker (docs/exactly-once.md explains why that matters).
@@ -41,6 +48,12 @@ advertisedAddress=127.0.0.1
 brokerServicePort=$broker_port
 webServicePort=$web_port
 brokerDeduplicationEnabled=true
+# Keep messages that no subscription has read yet. With Pulsar's defaults
+# (retention 0, inactive topics deleted) a closed ledger without subscribers
+# is trimmed, which would look like loss to anyone reading the topic later.
+defaultRetentionTimeInMinutes=-1
+defaultRetentionSizeInMB=-1
+brokerDeleteInactiveTopicsEnabled=false
 managedLedgerDefaultEnsembleSize=1
 managedLedgerDefaultWriteQuorum=1
 managedLedgerDefaultAckQuorum=1
@@ -72,7 +85,7 @@ LOG
       --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
       --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
       --metadata-dir "$dir/data/metadata" --advertised-address 127.0.0.1
-  ) > "$dir/pulsar.log" 2>&1 &
+  ) >> "$dir/pulsar.log" 2>&1 &
   local pid=$!
   echo "$pid" > "$dir/pid"
   log "Pulsar standalone starting (pid $pid, broker 127.0.0.1:$broker_port, admin 127.0.0.1:$web_port); log: $dir/pulsar.log"

@@ -301,15 +301,19 @@ async fn status(url: String, json: bool) -> ExitCode {
     let t = &s["totals"];
     println!(
         "node {} (zone {})  leader {}  term {}  applied {}",
-        s["node"],
-        s["zone"].as_str().unwrap_or("?"),
-        s["leader"],
-        s["term"],
-        s["last_applied"]
+        v(&s["node"]),
+        v(&s["zone"]),
+        v(&s["leader"]),
+        v(&s["term"]),
+        v(&s["last_applied"])
     );
     println!(
         "observed {}  duplicates {}  window keys {}  outbox {} msgs / {} bytes",
-        t["observed"], t["duplicates"], t["window_keys"], t["outbox_messages"], t["outbox_bytes"]
+        v(&t["observed"]),
+        v(&t["duplicates"]),
+        v(&t["window_keys"]),
+        v(&t["outbox_messages"]),
+        v(&t["outbox_bytes"])
     );
     println!(
         "\n{:<24} {:>10} {:>10}  last error",
@@ -318,10 +322,10 @@ async fn status(url: String, json: bool) -> ExitCode {
     for u in s["upstreams"].as_array().into_iter().flatten() {
         println!(
             "{:<24} {:>10} {:>10}  {}",
-            u["name"].as_str().unwrap_or("?"),
-            u["connected"],
-            u["received"],
-            u["last_error"].as_str().unwrap_or("-")
+            v(&u["name"]),
+            v(&u["connected"]),
+            v(&u["received"]),
+            v(&u["last_error"])
         );
     }
     println!(
@@ -331,10 +335,10 @@ async fn status(url: String, json: bool) -> ExitCode {
     for tp in s["topics"].as_array().into_iter().flatten() {
         println!(
             "{:<48} {:>10} {:>10} {:>8}",
-            tp["topic"].as_str().unwrap_or("?"),
-            tp["last_seq"],
-            tp["published_seq"],
-            tp["backlog"]
+            v(&tp["topic"]),
+            v(&tp["last_seq"]),
+            v(&tp["published_seq"]),
+            v(&tp["backlog"])
         );
     }
     println!(
@@ -344,12 +348,21 @@ async fn status(url: String, json: bool) -> ExitCode {
     for c in s["coverage"].as_array().into_iter().flatten() {
         println!(
             "{:<8} {:>10} {:>10} {:>8.1}% {:>8.1}%",
-            c["node"],
-            c["seen"],
-            c["first"],
+            v(&c["node"]),
+            v(&c["seen"]),
+            v(&c["first"]),
             c["seen_ratio"].as_f64().unwrap_or(0.0) * 100.0,
             c["first_ratio"].as_f64().unwrap_or(0.0) * 100.0
         );
     }
     ExitCode::SUCCESS
+}
+
+/// A JSON value as table text: strings without quotes, null as "-".
+fn v(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    }
 }

@@ -1,0 +1,247 @@
+//! Bad input gets a clear error and loses nothing.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const BASE: &str = r##"
+[node]
+id = 1
+zone = "a"
+data_dir = "/tmp/firstseen-never-used"
+
+[pulsar]
+url = "pulsar://127.0.0.1:6650"
+
+[[upstreams]]
+name = "hsl"
+url = "mqtt://127.0.0.1:1883"
+[[upstreams.subscriptions]]
+filter = "/hfp/#"
+
+[[routes]]
+filter = "/hfp/#"
+pulsar_topic = "persistent://public/default/hfp"
+"##;
+
+fn check_config(text: &str) -> (i32, String) {
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn check_config_accepts_a_good_file_and_names_the_key_of_a_bad_one() {
+    let (code, out) = check_config(BASE);
+    assert_eq!(code, 0, "{out}");
+
+    let (code, out) = check_config(&BASE.replace("zone = \"a\"", "zone = \"a\"\nwindow = 5"));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("node.window") && out.contains("unknown field"),
+        "{out}"
+    );
+
+    let (code, out) = check_config(&BASE.replace("id = 1", "id = \"one\""));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("node.id") && out.contains("invalid type"),
+        "{out}"
+    );
+
+    let no_routes = BASE.split("[[routes]]").next().unwrap();
+    let (code, out) = check_config(no_routes);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("routes: at least one route is required"),
+        "{out}"
+    );
+
+    let (code, out) = check_config(&BASE.replace("mqtt://127.0.0.1:1883", "ftp://x"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("upstreams[0].url"), "{out}");
+
+    let (code, out) = check_config("[node\nid=1");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("c.toml"),
+        "a syntax error names the file: {out}"
+    );
+}
+
+/// An upstream whose host does not resolve: the node runs, says why it is
+/// not ready, and keeps retrying.
+#[test]
+fn an_unresolvable_upstream_is_reported_by_name() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let port = free_port();
+    let text = BASE
+        .replace("mqtt://127.0.0.1:1883", "mqtt://no-such-host.invalid:1883")
+        .replace(
+            "/tmp/firstseen-never-used",
+            &dir.path().join("data").display().to_string(),
+        )
+        .replace(
+            "zone = \"a\"",
+            &format!("zone = \"a\"\nhttp_listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "pulsar://127.0.0.1:6650",
+            &format!("pulsar://127.0.0.1:{}", free_port()),
+        );
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).unwrap();
+    let mut child = Command::new(bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = || -> Option<serde_json::Value> {
+        let out = Command::new(bin())
+            .args([
+                "status",
+                "--json",
+                "--url",
+                &format!("http://127.0.0.1:{port}"),
+            ])
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    let mut last = None;
+    wait_until(
+        Duration::from_secs(30),
+        "the upstream error in /status",
+        || {
+            last = status();
+            last.as_ref()
+                .and_then(|s| {
+                    s["upstreams"][0]["last_error"]
+                        .as_str()
+                        .map(|e| e.contains("cannot resolve"))
+                })
+                .unwrap_or(false)
+        },
+    );
+    let err = last.unwrap()["upstreams"][0]["last_error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("no-such-host.invalid"),
+        "the error names the host: {err}"
+    );
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://127.0.0.1:{port}/readyz"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "503");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// An empty payload is a message like any other; an oversized one goes to
+/// the dead-letter store by the documented policy, is counted, and is never
+/// published; neither disturbs the messages around it.
+#[test]
+fn empty_and_oversized_payloads_follow_the_policy() {
+    let Some(pulsar) = shared_pulsar("empty_and_oversized_payloads_follow_the_policy") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("payloads");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.max_payload_bytes = 1024;
+    let node = Node::start(spec);
+    node.wait_ready();
+
+    publish(mqtt.port, "/hfp/a", b"before");
+    publish(mqtt.port, "/hfp/empty", b"");
+    publish(mqtt.port, "/hfp/big", &vec![b'x'; 4096]);
+    publish(mqtt.port, "/hfp/b", b"after");
+    node.wait_published(3, Duration::from_secs(60));
+
+    let read = read_back(&pulsar, &topic);
+    let got: Vec<(String, String)> = read.pairs.clone();
+    assert_eq!(
+        got,
+        vec![
+            ("/hfp/a".to_string(), "before".to_string()),
+            ("/hfp/empty".to_string(), String::new()),
+            ("/hfp/b".to_string(), "after".to_string()),
+        ]
+    );
+    let dead: Vec<_> = std::fs::read_dir(node.dir.path().join("data/dead-letter"))
+        .expect("dead-letter directory exists")
+        .flatten()
+        .collect();
+    assert_eq!(dead.len(), 1);
+    let content = std::fs::read(dead[0].path()).unwrap();
+    let header =
+        String::from_utf8_lossy(&content[..content.iter().position(|b| *b == b'\n').unwrap()])
+            .into_owned();
+    assert!(
+        header.contains("\"reason\":\"oversize\"") && header.contains("/hfp/big"),
+        "{header}"
+    );
+    assert!(
+        content.ends_with(&vec![b'x'; 4096]),
+        "the payload is kept whole"
+    );
+    let (_, metrics) = node.get("/metrics");
+    assert!(
+        metrics.contains("firstseen_oversize_total{upstream=\"hsl\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// `verify` is the audit behind the product's claim, so it must be able to fail.
+#[test]
+fn verify_reports_duplicates_and_gaps() {
+    let Some(pulsar) = shared_pulsar("verify_reports_duplicates_and_gaps") else {
+        return;
+    };
+    let topic = unique_topic("verify-negative");
+    let status = Command::new("python3")
+        .arg(repo().join("tests/tools/pulsar_write.py"))
+        .args([
+            "--url",
+            &pulsar.url,
+            "--topic",
+            &topic,
+            "a:1",
+            "b:2",
+            "a:3",
+            "c:5",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, report) = verify(&pulsar, &topic, None);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains("duplicates      1 messages over 1 keys"),
+        "{report}"
+    );
+    assert!(report.contains("gap 4..=4"), "{report}");
+}

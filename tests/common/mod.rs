@@ -1,0 +1,589 @@
+//! Test harness: real Mosquitto and firstseen processes on OS-chosen ports,
+//! the shared Apache Pulsar started by `scripts/test.sh`, and readers that
+//! check results the way a user would (the official Python Pulsar client and
+//! `firstseen verify`).
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub const HFP: &str = "../shared/data/hfp-5000.txt";
+/// Distinct topic+payload pairs in the HFP capture (see ../shared/data/README.md).
+pub const HFP_DISTINCT: u64 = 4_956;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn hfp_path() -> PathBuf {
+    repo().join(HFP)
+}
+
+/// A port the OS says is free right now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().unwrap().port()
+}
+
+/// Polls `f` every 100 ms until it returns true or `timeout` passes. Used to
+/// wait for an observable condition, never as a fixed sleep.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The Pulsar broker shared by the whole test run.
+#[derive(Clone, Debug)]
+pub struct Pulsar {
+    pub url: String,
+    pub admin_url: String,
+}
+
+/// The shared broker from `scripts/test.sh`. Without it the test is skipped
+/// visibly, unless FIRSTSEEN_REQUIRE_BROKERS=1 (set by the test script and
+/// CI), where a missing broker is a failure.
+pub fn shared_pulsar(test: &str) -> Option<Pulsar> {
+    match (
+        std::env::var("FIRSTSEEN_TEST_PULSAR_URL"),
+        std::env::var("FIRSTSEEN_TEST_PULSAR_ADMIN_URL"),
+    ) {
+        (Ok(url), Ok(admin_url)) => Some(Pulsar { url, admin_url }),
+        _ => {
+            if std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref() == Ok("1") {
+                panic!("{test}: FIRSTSEEN_TEST_PULSAR_URL is not set; run the tests through scripts/test.sh");
+            }
+            eprintln!("SKIPPED {test}: no Pulsar broker (run scripts/test.sh, which starts one)");
+            None
+        }
+    }
+}
+
+/// A unique topic per test, so tests can share one broker.
+pub fn unique_topic(name: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("persistent://public/default/{name}-{n:x}")
+}
+
+/// A Mosquitto broker of our own, on a free port, with a persistent store.
+pub struct Mosquitto {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: TempDir,
+}
+
+impl Mosquitto {
+    pub fn start() -> Self {
+        let dir = TempDir::new().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        // Queue limits are raised so that a test's restart loses nothing
+        // inside the broker (the default keeps 1,000 per offline session).
+        let text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
+             max_queued_messages 1000000\nmax_inflight_messages 1000\nlog_dest file {}/mosquitto.log\n{}",
+            dir.path().display(),
+            dir.path().display(),
+            if is_root() { "user root\n" } else { "" }
+        );
+        std::fs::write(&conf, text).unwrap();
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto is installed (scripts/test.sh installs it)");
+        let m = Self {
+            child: Some(child),
+            port,
+            dir,
+        };
+        wait_until(Duration::from_secs(10), "mosquitto to listen", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        m
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
+}
+
+/// What a test node is configured with.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub id: u64,
+    pub zone: String,
+    pub mqtt_url: String,
+    pub pulsar_url: String,
+    pub admin_url: Option<String>,
+    pub topic: String,
+    pub filter: String,
+    pub quota_bytes: u64,
+    pub max_payload_bytes: usize,
+    /// Extra TOML appended verbatim.
+    pub extra: String,
+}
+
+impl NodeSpec {
+    pub fn new(mqtt: &Mosquitto, pulsar: &Pulsar, topic: &str) -> Self {
+        Self {
+            id: 1,
+            zone: "zone-a".into(),
+            mqtt_url: mqtt.url(),
+            pulsar_url: pulsar.url.clone(),
+            admin_url: Some(pulsar.admin_url.clone()),
+            topic: topic.into(),
+            filter: "/hfp/#".into(),
+            quota_bytes: 1 << 30,
+            max_payload_bytes: 1 << 20,
+            extra: String::new(),
+        }
+    }
+
+    fn toml(&self, data_dir: &Path, http_port: u16) -> String {
+        let admin = self
+            .admin_url
+            .as_ref()
+            .map(|a| format!("admin_url = \"{a}\"\n"))
+            .unwrap_or_default();
+        format!(
+            r#"[node]
+id = {id}
+zone = "{zone}"
+data_dir = "{data}"
+http_listen = "127.0.0.1:{http_port}"
+
+[dedup]
+max_payload_bytes = {max_payload}
+
+[outbox]
+quota_bytes = {quota}
+
+[pulsar]
+url = "{pulsar}"
+{admin}operation_timeout_ms = 3000
+
+[[upstreams]]
+name = "hsl"
+url = "{mqtt}"
+keepalive_secs = 5
+[[upstreams.subscriptions]]
+filter = "{filter}"
+qos = 1
+
+[[routes]]
+filter = "{filter}"
+pulsar_topic = "{topic}"
+{extra}"#,
+            id = self.id,
+            zone = self.zone,
+            data = data_dir.display(),
+            max_payload = self.max_payload_bytes,
+            quota = self.quota_bytes,
+            pulsar = self.pulsar_url,
+            mqtt = self.mqtt_url,
+            filter = self.filter,
+            topic = self.topic,
+            extra = self.extra,
+        )
+    }
+}
+
+/// A firstseen node process. Its data directory outlives restarts.
+pub struct Node {
+    child: Option<Child>,
+    pub spec: NodeSpec,
+    pub http_port: u16,
+    pub dir: TempDir,
+    starts: u32,
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_firstseen"))
+}
+
+impl Node {
+    pub fn start(spec: NodeSpec) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut n = Self {
+            child: None,
+            spec,
+            http_port: free_port(),
+            dir,
+            starts: 0,
+        };
+        n.launch();
+        n
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("node.toml")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("node.log")
+    }
+
+    fn launch(&mut self) {
+        let text = self
+            .spec
+            .toml(&self.dir.path().join("data"), self.http_port);
+        std::fs::write(self.config_path(), text).unwrap();
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        self.starts += 1;
+        writeln!(log, "===== start #{} =====", self.starts).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(self.config_path())
+            .env("RUST_LOG", "info,pulsar=warn,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn firstseen");
+        self.child = Some(child);
+        let port = self.http_port;
+        wait_until(Duration::from_secs(20), "node HTTP API", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the same node again on the same data and ports.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the node first");
+        self.launch();
+    }
+
+    /// The node's /status, via `firstseen status --json`.
+    pub fn status(&self) -> Option<Value> {
+        let out = Command::new(bin())
+            .args(["status", "--json", "--url"])
+            .arg(format!("http://127.0.0.1:{}", self.http_port))
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Raw GET of an HTTP path: (status code, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        use std::io::Read;
+        let mut s = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect http");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        let code = buf
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    }
+
+    /// Waits until /readyz says the node has a leader and its upstream is connected.
+    pub fn wait_ready(&self) {
+        wait_until(Duration::from_secs(30), "the node to be ready", || {
+            self.get("/readyz").0 == 200
+        });
+    }
+
+    /// Waits until the outbox of the test topic is empty with `n` messages published.
+    pub fn wait_published(&self, n: u64, timeout: Duration) {
+        let topic = self.spec.topic.clone();
+        let mut last = Value::Null;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.status() {
+                let done = s["topics"].as_array().into_iter().flatten().any(|t| {
+                    t["topic"] == topic.as_str() && t["published_seq"] == n && t["backlog"] == 0
+                });
+                if done {
+                    return;
+                }
+                last = s;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "node did not publish {n} messages within {timeout:?}; last status: {last}\n--- node log ---\n{}",
+            self.log_tail(60)
+        );
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- node {} log ---\n{}", self.spec.id, self.log_tail(80));
+        }
+    }
+}
+
+/// What replay.py reported.
+#[derive(Debug)]
+pub struct Replay {
+    pub published: u64,
+    pub distinct: u64,
+    pub rate: f64,
+}
+
+/// Builds the replay command (paho-mqtt publishing the HFP capture).
+pub fn replay_cmd(port: u16, args: &[&str]) -> Command {
+    let mut c = Command::new("python3");
+    c.arg(repo().join("tests/tools/replay.py"))
+        .arg("--file")
+        .arg(hfp_path())
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c
+}
+
+pub fn parse_replay(stdout: &[u8]) -> Replay {
+    let v: Value = serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "replay output is not JSON ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    });
+    Replay {
+        published: v["published"].as_u64().unwrap(),
+        distinct: v["distinct"].as_u64().unwrap(),
+        rate: v["rate"].as_f64().unwrap_or(0.0),
+    }
+}
+
+/// Replays the capture and waits for every publish to be confirmed by Mosquitto.
+pub fn replay(port: u16, args: &[&str]) -> Replay {
+    let out = replay_cmd(port, args).output().expect("run replay.py");
+    assert!(out.status.success(), "replay.py failed");
+    parse_replay(&out.stdout)
+}
+
+/// A topic as the official Python client reads it.
+#[derive(Debug)]
+pub struct ReadBack {
+    pub count: u64,
+    pub distinct_keys: u64,
+    pub keys_with_copies: u64,
+    pub seqs: Vec<Option<u64>>,
+    pub pairs: Vec<(String, String)>,
+}
+
+pub fn read_back(pulsar: &Pulsar, topic: &str) -> ReadBack {
+    let out = Command::new("python3")
+        .arg(repo().join("tests/tools/pulsar_read.py"))
+        .args(["--url", &pulsar.url, "--topic", topic, "--with-payloads"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("run pulsar_read.py");
+    assert!(out.status.success(), "pulsar_read.py failed");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("pulsar_read.py JSON");
+    ReadBack {
+        count: v["count"].as_u64().unwrap(),
+        distinct_keys: v["distinct_keys"].as_u64().unwrap(),
+        keys_with_copies: v["keys_with_copies"].as_u64().unwrap(),
+        seqs: v["seqs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_u64())
+            .collect(),
+        pairs: v["pairs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| {
+                        (
+                            p[0].as_str().unwrap_or("").to_string(),
+                            p[1].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The distinct (topic, payload) pairs of the first `limit` lines of the capture.
+pub fn hfp_pairs(limit: Option<usize>) -> std::collections::BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(hfp_path()).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|l| {
+            let rest = l.split_once(' ').unwrap().1;
+            let cut = rest.find(" {").unwrap();
+            (rest[..cut].to_string(), rest[cut + 1..].to_string())
+        })
+        .collect()
+}
+
+/// Asserts exactly one copy of each expected pair, numbered 1..=n without gaps.
+pub fn assert_exactly_once(
+    read: &ReadBack,
+    expected: &std::collections::BTreeSet<(String, String)>,
+) {
+    let n = expected.len() as u64;
+    assert_eq!(
+        read.keys_with_copies, 0,
+        "some keys appear more than once in Pulsar"
+    );
+    assert_eq!(
+        read.count, n,
+        "Pulsar holds {} messages, expected {n}",
+        read.count
+    );
+    assert_eq!(read.distinct_keys, n);
+    let want: Vec<Option<u64>> = (1..=n).map(Some).collect();
+    assert!(read.seqs == want, "firstseen-seq is not 1..={n} in order");
+    let got: std::collections::BTreeSet<(String, String)> = read.pairs.iter().cloned().collect();
+    let missing: Vec<_> = expected.difference(&got).take(3).collect();
+    let extra: Vec<_> = got.difference(expected).take(3).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "content differs: missing {missing:?}, unexpected {extra:?}"
+    );
+}
+
+/// Publishes one message with paho-mqtt at QoS 1 and waits for the broker's PUBACK.
+pub fn publish(port: u16, topic: &str, payload: &[u8]) {
+    let status = Command::new("python3")
+        .arg(repo().join("tests/tools/publish.py"))
+        .args(["--port", &port.to_string(), "--topic", topic])
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(payload)?;
+            c.wait()
+        })
+        .expect("run publish.py");
+    assert!(status.success(), "publish.py failed");
+}
+
+/// Runs `firstseen verify` and returns (exit code, stdout).
+pub fn verify(pulsar: &Pulsar, topic: &str, expect: Option<u64>) -> (i32, String) {
+    let mut c = Command::new(bin());
+    c.args(["verify", "--pulsar-url", &pulsar.url, "--topic", topic]);
+    if let Some(n) = expect {
+        c.args(["--expect", &n.to_string()]);
+    }
+    let out = c.output().expect("run firstseen verify");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A Pulsar standalone of the test's own, for tests that stop the broker.
+pub struct OwnPulsar {
+    pub dir: TempDir,
+    pub pulsar: Pulsar,
+}
+
+impl OwnPulsar {
+    pub fn start() -> Self {
+        let dir = TempDir::new().unwrap();
+        let p = Self::run_script("start", dir.path());
+        Self { dir, pulsar: p }
+    }
+
+    fn run_script(action: &str, dir: &Path) -> Pulsar {
+        let status = Command::new("bash")
+            .arg(repo().join("scripts/pulsar.sh"))
+            .arg(action)
+            .arg(dir)
+            .status()
+            .expect("run scripts/pulsar.sh");
+        assert!(status.success(), "scripts/pulsar.sh {action} failed");
+        if action != "start" {
+            return Pulsar {
+                url: String::new(),
+                admin_url: String::new(),
+            };
+        }
+        let env = std::fs::read_to_string(dir.join("env")).unwrap();
+        let get = |k: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {k}=")))
+                .unwrap()
+                .to_string()
+        };
+        Pulsar {
+            url: get("PULSAR_URL"),
+            admin_url: get("PULSAR_ADMIN_URL"),
+        }
+    }
+
+    pub fn stop(&self) {
+        Self::run_script("stop", self.dir.path());
+    }
+
+    pub fn restart(&self) {
+        Self::run_script("start", self.dir.path());
+    }
+}
+
+impl Drop for OwnPulsar {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Reads a Pulsar topic from the start with the official Python client and
+prints what a user would check, as JSON: how many messages, how many per key,
+and the firstseen-seq numbers in topic order.
+
+It stops at the topic's last message (asked of the broker first), so it never
+waits on a quiet topic longer than --idle seconds.
+"""
+import argparse
+import collections
+import json
+import logging
+import sys
+
+import pulsar
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--idle", type=float, default=20.0)
+    ap.add_argument("--with-payloads", action="store_true", help="include topic+payload digests")
+    args = ap.parse_args()
+
+    client = pulsar.Client(args.url, logger=logging.getLogger("silent"))
+    logging.getLogger("silent").setLevel(logging.ERROR)
+    reader = client.create_reader(args.topic, pulsar.MessageId.earliest)
+    keys = collections.Counter()
+    seqs = []
+    pairs = []
+    count = 0
+    while reader.has_message_available():
+        try:
+            msg = reader.read_next(int(args.idle * 1000))
+        except Exception as e:  # the client raises Timeout as a plain exception
+            print(f"read stopped early: {e}", file=sys.stderr)
+            break
+        count += 1
+        props = msg.properties()
+        keys[props.get("firstseen-key")] += 1
+        seq = props.get("firstseen-seq")
+        seqs.append(int(seq) if seq is not None else None)
+        if args.with_payloads:
+            pairs.append([props.get("mqtt-topic"), msg.data().decode("utf-8", "replace")])
+    reader.close()
+    client.close()
+    out = {
+        "count": count,
+        "distinct_keys": len(keys),
+        "keys_with_copies": sum(1 for c in keys.values() if c > 1),
+        "seqs": seqs,
+    }
+    if args.with_payloads:
+        out["pairs"] = pairs
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""Writes messages labelled like firstseen's into a Pulsar topic with the
+official client: one per `KEY:SEQ` argument. Used to give `firstseen verify`
+a topic with known defects."""
+import argparse
+import logging
+
+import pulsar
+
+ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("--url", required=True)
+ap.add_argument("--topic", required=True)
+ap.add_argument("labels", nargs="+")
+args = ap.parse_args()
+log = logging.getLogger("pulsar-write")
+log.setLevel(logging.ERROR)
+client = pulsar.Client(args.url, logger=log)
+producer = client.create_producer(args.topic)
+for label in args.labels:
+    key, seq = label.split(":")
+    producer.send(b"x", properties={"firstseen-key": key, "firstseen-seq": seq})
+producer.flush()
+producer.close()
+client.close()
