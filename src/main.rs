@@ -80,13 +80,22 @@ enum Command {
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
+        /// Print one summary line (for watching with a loop).
+        #[arg(long, conflicts_with = "json")]
+        brief: bool,
     },
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,pulsar=warn,openraft=warn,sled=warn")
-    });
+fn init_logging(format: LogFormat, quiet_clients: bool) {
+    // A node logs the Pulsar client's reconnects; the one-shot commands only
+    // its errors, so that their output stays the report.
+    let default = if quiet_clients {
+        "info,pulsar=error,openraft=warn,sled=warn"
+    } else {
+        "info,pulsar=warn,openraft=warn,sled=warn"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -98,7 +107,7 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, !matches!(cli.command, Command::Run { .. }));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -118,7 +127,7 @@ fn main() -> ExitCode {
                 json,
                 idle_secs,
             } => verify(config, pulsar_url, topic, expect, json, idle_secs).await,
-            Command::Status { url, json } => status(url, json).await,
+            Command::Status { url, json, brief } => status(url, json, brief).await,
         }
     })
 }
@@ -272,7 +281,7 @@ async fn verify(
     }
 }
 
-async fn status(url: String, json: bool) -> ExitCode {
+async fn status(url: String, json: bool, brief: bool) -> ExitCode {
     let endpoint = format!("{}/status", url.trim_end_matches('/'));
     let body = match reqwest::get(&endpoint).await {
         Ok(r) => match r.error_for_status() {
@@ -299,6 +308,24 @@ async fn status(url: String, json: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let t = &s["totals"];
+    if brief {
+        let published: u64 = s["topics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|tp| tp["published_seq"].as_u64().unwrap_or(0))
+            .sum();
+        println!(
+            "received {:>7}  duplicates dropped {:>7}  first copies {:>6}  in Pulsar {:>6}  outbox {:>6}  leader {}",
+            v(&t["observed"]),
+            v(&t["duplicates"]),
+            v(&t["window_keys"]),
+            published,
+            v(&t["outbox_messages"]),
+            v(&s["leader"])
+        );
+        return ExitCode::SUCCESS;
+    }
     println!(
         "node {} (zone {})  leader {}  term {}  applied {}",
         v(&s["node"]),

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The main job, on this machine: installs what is missing, starts Mosquitto,
+# Apache Pulsar standalone and firstseen, replays the real HSL capture
+# (../shared/data/hfp-5000.txt) twice with extra upstream duplicates, shows
+# the deduplication live, and audits the Pulsar topic with `firstseen verify`.
+#
+#   scripts/demo.sh            run, print the result, stop everything
+#   scripts/demo.sh --keep     leave the brokers and node running afterwards
+#
+# State lives in .demo/ (removed at the start of each run).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+. "$here/lib.sh"
+keep=0; [ "${1:-}" = "--keep" ] && keep=1
+data="${FIRSTSEEN_DATA:-$root/../shared/data/hfp-5000.txt}"
+[ -f "$data" ] || { log "capture not found: $data (set FIRSTSEEN_DATA)"; exit 1; }
+
+"$here/setup.sh"
+cd "$root"
+log "building firstseen"
+cargo build -q --bin firstseen
+bin="$root/target/debug/firstseen"
+
+demo="$root/.demo"
+if [ -f "$demo/pids" ]; then xargs -r kill 2>/dev/null < "$demo/pids" || true; fi
+[ -d "$demo/pulsar" ] && "$here/pulsar.sh" stop "$demo/pulsar" || true
+rm -rf "$demo"; mkdir -p "$demo"
+stop_all() {
+  [ -f "$demo/pids" ] && xargs -r kill < "$demo/pids" 2>/dev/null || true
+  "$here/pulsar.sh" stop "$demo/pulsar" || true
+}
+if [ "$keep" = 0 ]; then trap stop_all EXIT; fi
+
+"$here/pulsar.sh" start "$demo/pulsar"
+. "$demo/pulsar/env"
+
+mqtt_port=$(free_port)
+mkdir -p "$demo/mosquitto"
+cat > "$demo/mosquitto/mosquitto.conf" <<CONF
+listener $mqtt_port 127.0.0.1
+allow_anonymous true
+persistence true
+persistence_location $demo/mosquitto/
+max_queued_messages 1000000
+max_inflight_messages 1000
+$( [ "$(id -u)" = 0 ] && echo "user root" )
+CONF
+mosquitto -c "$demo/mosquitto/mosquitto.conf" > "$demo/mosquitto/log" 2>&1 &
+echo $! >> "$demo/pids"
+wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mqtt_port"
+log "Mosquitto listening on 127.0.0.1:$mqtt_port"
+
+topic="persistent://public/default/hfp-demo"
+http_port=$(free_port)
+cat > "$demo/node-1.toml" <<CONF
+[node]
+id = 1
+zone = "zone-a"
+data_dir = "$demo/node-1"
+http_listen = "127.0.0.1:$http_port"
+
+[pulsar]
+url = "$PULSAR_URL"
+admin_url = "$PULSAR_ADMIN_URL"
+
+[[upstreams]]
+name = "hsl"
+url = "mqtt://127.0.0.1:$mqtt_port"
+[[upstreams.subscriptions]]
+filter = "/hfp/v1/#"
+qos = 1
+
+[[routes]]
+filter = "/hfp/v1/#"
+pulsar_topic = "$topic"
+CONF
+"$bin" check-config "$demo/node-1.toml"
+"$bin" run --config "$demo/node-1.toml" > "$demo/node-1.log" 2>&1 &
+echo $! >> "$demo/pids"
+wait_for 30 curl -fsS "http://127.0.0.1:$http_port/readyz"
+log "firstseen node 1 (zone-a) ready; API on http://127.0.0.1:$http_port"
+
+log "replaying $(basename "$data") twice at its recorded pace (~1,500 msg/s), every 10th message sent twice more"
+python3 "$root/tests/tools/replay.py" --file "$data" --port "$mqtt_port" --times 2 --dup-every 10 > "$demo/replay.json" &
+replay=$!
+show() { "$bin" status --brief --url "http://127.0.0.1:$http_port" || true; }
+while kill -0 "$replay" 2>/dev/null; do show; sleep 1; done
+wait "$replay"
+log "replay done: $(cat "$demo/replay.json")"
+distinct=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["distinct"])' "$demo/replay.json")
+until curl -fsS "http://127.0.0.1:$http_port/status" | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if all(t["backlog"]==0 for t in s["topics"]) else 1)'; do sleep 0.5; done
+show
+echo
+"$bin" status --url "http://127.0.0.1:$http_port"
+echo
+log "auditing $topic with firstseen verify (expecting $distinct messages)"
+"$bin" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --expect "$distinct"
+if [ "$keep" = 1 ]; then
+  log "left running: Pulsar $PULSAR_URL, Mosquitto 127.0.0.1:$mqtt_port, node API http://127.0.0.1:$http_port (state in .demo/)"
+fi

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs everything firstseen's demo and tests need on a fresh Debian machine
+# with Rust, Java 17, Maven and Python 3 (the base image). Idempotent: a second
+# run only checks.
+#
+#   apt:   mosquitto, mosquitto-clients (upstream broker and CLI tools),
+#          protobuf-compiler (the pulsar crate's build needs protoc), curl
+#   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
+#          Pulsar client, the independent reader in tests)
+#   maven: Apache Pulsar standalone (scripts/pulsar.sh install)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+need_apt=()
+command -v mosquitto >/dev/null || need_apt+=(mosquitto)
+command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing with apt: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# Debian's package starts a system-wide mosquitto on port 1883; firstseen's
+# scripts run their own on free ports, so the system one is not needed.
+if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
+  systemctl stop mosquitto 2>/dev/null || true
+fi
+
+if ! python3 -c 'import paho.mqtt, pulsar' 2>/dev/null; then
+  log "installing Python packages: paho-mqtt, pulsar-client"
+  python3 -m pip install -q --disable-pip-version-check "paho-mqtt==2.2.0" "pulsar-client==3.13.0"
+fi
+
+"$here/pulsar.sh" install
+log "setup complete"
