@@ -72,6 +72,18 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         idle_secs: u64,
     },
+    /// Add or remove cluster members through any node's admin API (the
+    /// request is sent on to the leader). Exit 2 if the change failed.
+    Members {
+        #[command(subcommand)]
+        action: MembersAction,
+        /// Base URL of any node's HTTP API.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The cluster secret file, which authorises admin requests.
+        #[arg(long, global = true, env = "FIRSTSEEN_SECRET_FILE")]
+        secret_file: Option<PathBuf>,
+    },
     /// Show a node's view of the cluster, from its HTTP API.
     Status {
         /// Base URL of any node's HTTP API.
@@ -83,6 +95,29 @@ enum Command {
         /// Print one summary line (for watching with a loop).
         #[arg(long, conflicts_with = "json")]
         brief: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum MembersAction {
+    /// Add a node: it joins as a learner, catches up (by snapshot if
+    /// needed), then becomes a voter.
+    Add {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        zone: String,
+        /// Its peer address (host:port).
+        #[arg(long)]
+        addr: String,
+        /// Its HTTP API address (host:port).
+        #[arg(long, default_value = "")]
+        http: String,
+    },
+    /// Remove a node from the group.
+    Remove {
+        #[arg(long)]
+        id: u64,
     },
 }
 
@@ -128,6 +163,11 @@ fn main() -> ExitCode {
                 idle_secs,
             } => verify(config, pulsar_url, topic, expect, json, idle_secs).await,
             Command::Status { url, json, brief } => status(url, json, brief).await,
+            Command::Members {
+                action,
+                url,
+                secret_file,
+            } => members(action, url, secret_file).await,
         }
     })
 }
@@ -279,6 +319,63 @@ async fn verify(
     } else {
         ExitCode::from(1)
     }
+}
+
+async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf>) -> ExitCode {
+    let Some(secret_file) = secret_file else {
+        eprintln!("error: --secret-file (or FIRSTSEEN_SECRET_FILE) is required for admin requests");
+        return ExitCode::from(2);
+    };
+    let secret = match std::fs::read_to_string(&secret_file) {
+        Ok(s) => s.trim_end_matches('\n').to_string(),
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", secret_file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let client = reqwest::Client::new();
+    let mut base = url.trim_end_matches('/').to_string();
+    // At most one hop: a follower answers 409 with the leader's address.
+    for _ in 0..2 {
+        let request = match &action {
+            MembersAction::Add {
+                id,
+                zone,
+                addr,
+                http,
+            } => client
+                .post(format!("{base}/admin/members"))
+                .json(&serde_json::json!({"id": id, "zone": zone, "addr": addr, "http": http})),
+            MembersAction::Remove { id } => client.delete(format!("{base}/admin/members/{id}")),
+        };
+        let response = match request.bearer_auth(&secret).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: cannot reach {base}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if status.is_success() {
+            println!("{body}");
+            return ExitCode::SUCCESS;
+        }
+        if status == reqwest::StatusCode::CONFLICT {
+            if let Some(leader) = body["leader_http"].as_str().filter(|h| !h.is_empty()) {
+                eprintln!("members: {base} is not the leader; asking {leader}");
+                base = format!("http://{leader}");
+                continue;
+            }
+        }
+        eprintln!(
+            "error: {status}: {}",
+            body["error"].as_str().unwrap_or("request failed")
+        );
+        return ExitCode::from(2);
+    }
+    eprintln!("error: could not find the leader");
+    ExitCode::from(2)
 }
 
 async fn status(url: String, json: bool, brief: bool) -> ExitCode {

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchPolicy, Batcher};
+use crate::cluster::server::{self, PeerService};
 use crate::cluster::{Cluster, Proposer};
 use crate::config::Config;
 use crate::http::{self, AppState};
@@ -31,8 +32,24 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.node.http_listen)
         .await
         .map_err(|e| Error::Config(format!("node.http_listen {}: {e}", config.node.http_listen)))?;
+    // Bound before Raft starts, so a taken port fails the start clearly and
+    // peers can reach this node as soon as it votes.
+    let peer_listener = match config.cluster.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::Config(format!("cluster.listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     let cluster = Cluster::start(&config).await?;
-    tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, "node started");
+    tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
+    let proposer = Proposer {
+        raft: cluster.raft.clone(),
+        node_id: config.node.id,
+        peers: cluster.peers.clone(),
+        window_ms: config.dedup.window_secs * 1_000,
+    };
 
     let routes: Arc<Vec<Route>> = Arc::new(
         config
@@ -57,9 +74,19 @@ pub async fn run(
             .map(|u| (u.config.name.clone(), u.status.clone()))
             .collect(),
         metrics,
+        key: cluster.key.clone(),
     });
 
     let services = CancellationToken::new();
+    let peer_task = peer_listener.map(|listener| {
+        let service = Arc::new(PeerService {
+            node_id: config.node.id,
+            raft: cluster.raft.clone(),
+            key: cluster.key.clone(),
+            proposer: proposer.clone(),
+        });
+        tokio::spawn(server::serve(listener, service, services.clone()))
+    });
     let http_task = tokio::spawn(http::serve(listener, app.clone(), services.clone()));
     let gauge_task = tokio::spawn(http::gauges(app.clone(), services.clone()));
     let publisher = tokio::spawn(
@@ -81,10 +108,7 @@ pub async fn run(
                 max_bytes: config.batch.max_bytes,
                 linger: Duration::from_millis(config.batch.linger_ms),
             },
-            proposer: Proposer {
-                raft: cluster.raft.clone(),
-                window_ms: config.dedup.window_secs * 1_000,
-            },
+            proposer,
             gates,
             state: cluster.state.clone(),
             quota_bytes: config.outbox.quota_bytes,
@@ -118,6 +142,9 @@ pub async fn run(
     let _ = publisher.await;
     let _ = gauge_task.await;
     let _ = http_task.await;
+    if let Some(t) = peer_task {
+        let _ = t.await;
+    }
     cluster.shutdown().await;
     tracing::info!("stopped");
     Ok(())

@@ -9,8 +9,9 @@
 //! - [`state_machine`]: adapts [`firstseen_store::StateStore`] to openraft:
 //!   applies committed entries in order, builds snapshots by streaming the
 //!   sled state into a file and installs them the same way.
-//! - [`network`]: the transport seam. A single-node group needs none; the
-//!   [`network::NoPeers`] factory reports every peer unreachable.
+//!
+//! The network between nodes is the application's (see `src/cluster/` in the
+//! `firstseen` crate); this crate only declares what travels over it.
 //!
 //! [`open`] wires these to one sled database in the node's data directory.
 
@@ -24,7 +25,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub mod log_store;
-pub mod network;
 pub mod state_machine;
 
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
@@ -38,6 +38,10 @@ pub struct Member {
     pub addr: String,
     /// Availability zone, for coverage per zone and for operators.
     pub zone: String,
+    /// The node's HTTP API (host:port), so that any node can point an
+    /// operator or the CLI at the leader's.
+    #[serde(default)]
+    pub http: String,
 }
 
 impl fmt::Display for Member {

@@ -1,39 +1,56 @@
 //! The Raft group as the rest of the node sees it: start it, bootstrap it
-//! idempotently, and propose batches to it.
+//! idempotently, propose batches (forwarding them to the leader from a
+//! follower), change membership, and talk to peers ([`wire`], [`server`],
+//! [`peers`]).
 
-use std::collections::BTreeMap;
+pub mod peers;
+pub mod server;
+pub mod wire;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use firstseen_raft::network::NoPeers;
-use firstseen_raft::{Command, Member, Raft, Response};
+use firstseen_raft::{Command, Member, NodeId, Raft, Response};
 use firstseen_store::{Observation, Outcome, StateStore};
-use openraft::error::{InitializeError, RaftError};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::ChangeMembers;
 
 use crate::config::Config;
 use crate::{now_ms, Error};
+use peers::Peers;
+use wire::{ClusterKey, ForwardError, Reply, Request};
+
+/// How long a follower waits for the leader to commit a forwarded batch.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running Raft node and its storage.
 pub struct Cluster {
     pub raft: Raft,
     pub state: StateStore,
     pub db: sled::Db,
-    pub node_id: u64,
-    pub members: BTreeMap<u64, Member>,
+    pub node_id: NodeId,
+    pub peers: Peers,
+    pub key: ClusterKey,
 }
 
 /// Raft timing. Heartbeats every 250 ms and elections after 1–2 s keep a
 /// leader kill to a few seconds of unavailability while tolerating the
 /// scheduling hiccups of a loaded 2-core machine.
-fn raft_config() -> Result<openraft::Config, Error> {
+fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
     openraft::Config {
         cluster_name: "firstseen".into(),
         heartbeat_interval: 250,
         election_timeout_min: 1_000,
         election_timeout_max: 2_000,
-        // A snapshot every 20k entries lets the log be purged, bounding disk
-        // by the window (state) rather than by uptime (log).
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
-        max_in_snapshot_log_to_keep: 1_000,
+        // Appends carry at most this many entries (batches of up to a few
+        // MiB each), which keeps every frame under the wire limit.
+        max_payload_entries: 32,
+        // Snapshots let the log be purged: disk is bounded by the window
+        // (state), not by uptime (log).
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.cluster.snapshot_logs),
+        max_in_snapshot_log_to_keep: config.cluster.snapshot_logs.min(1_000),
         ..Default::default()
     }
     .validate()
@@ -41,14 +58,19 @@ fn raft_config() -> Result<openraft::Config, Error> {
 }
 
 /// The initial membership: the configured members, or this node alone.
-pub fn initial_members(config: &Config) -> BTreeMap<u64, Member> {
+pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
     if config.cluster.members.is_empty() {
         let mut m = BTreeMap::new();
         m.insert(
             config.node.id,
             Member {
-                addr: String::new(),
+                addr: config
+                    .cluster
+                    .listen
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
                 zone: config.node.zone.clone(),
+                http: config.node.http_listen.to_string(),
             },
         );
         return m;
@@ -63,22 +85,44 @@ pub fn initial_members(config: &Config) -> BTreeMap<u64, Member> {
                 Member {
                     addr: m.addr.clone(),
                     zone: m.zone.clone(),
+                    http: m.http.clone(),
                 },
             )
         })
         .collect()
 }
 
+/// Reads the cluster secret. A group of one without a secret file gets a
+/// random key: it has no peers to authenticate.
+pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
+    match &config.cluster.secret_file {
+        Some(f) => {
+            let raw = std::fs::read(f)
+                .map_err(|e| Error::Config(format!("cluster.secret_file {}: {e}", f.display())))?;
+            Ok(ClusterKey::from_secret(&raw))
+        }
+        None => Ok(ClusterKey::from_secret(&wire::nonce())),
+    }
+}
+
 impl Cluster {
     /// Opens storage under `<data_dir>/raft`, starts Raft and bootstraps the
     /// group if it was never initialised. Starting every node with the same
-    /// config is safe: a node that already has state skips bootstrap.
+    /// config is safe: a node that already has state skips bootstrap, and
+    /// nodes bootstrapping together write the same membership entry.
     pub async fn start(config: &Config) -> Result<Self, Error> {
+        let key = load_key(config)?;
+        let source_ip: Option<IpAddr> = config
+            .cluster
+            .listen
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified());
+        let peers = Peers::new(config.node.id, key.clone(), source_ip);
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
             config.node.id,
-            Arc::new(raft_config()?),
-            NoPeers,
+            Arc::new(raft_config(config)?),
+            peers.clone(),
             storage.log,
             storage.state_machine,
         )
@@ -89,7 +133,11 @@ impl Cluster {
             .is_initialized()
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
-        if !initialized {
+        if !initialized && !members.contains_key(&config.node.id) {
+            tracing::info!(
+                "not among the initial members: waiting to be added with `firstseen members add`"
+            );
+        } else if !initialized {
             match raft.initialize(members.clone()).await {
                 Ok(()) => tracing::info!(members = members.len(), "cluster bootstrapped"),
                 Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
@@ -103,7 +151,8 @@ impl Cluster {
             state: storage.state,
             db: storage.db,
             node_id: config.node.id,
-            members,
+            peers,
+            key,
         })
     }
 
@@ -122,31 +171,102 @@ impl Cluster {
 #[derive(Clone)]
 pub struct Proposer {
     pub raft: Raft,
+    pub node_id: NodeId,
+    pub peers: Peers,
     /// Dedup window stamped into each entry.
     pub window_ms: u64,
 }
 
 impl Proposer {
-    /// Appends one batch as one entry and returns once it is committed and
-    /// applied, with one outcome per observation. The time stamped into the
-    /// entry is this node's clock; only the leader can append, so it is the
-    /// leader's stamp that the window uses.
+    /// Commits one batch as one entry and returns once it is committed, with
+    /// one outcome per observation. On a follower the batch is forwarded to
+    /// the leader, whose reply also comes only after commit (G4).
     pub async fn propose(&self, observations: Vec<Observation>) -> Result<Vec<Outcome>, Error> {
+        let (leader, addr) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let leader = m.current_leader;
+            let addr = leader.and_then(|l| {
+                m.membership_config
+                    .nodes()
+                    .find(|(id, _)| **id == l)
+                    .map(|(_, n)| n.addr.clone())
+            });
+            (leader, addr)
+        };
+        match leader {
+            None => Err(Error::Raft("no leader elected yet".into())),
+            Some(l) if l == self.node_id => self
+                .commit_here(observations)
+                .await
+                .map_err(|e| Error::Raft(e.to_string())),
+            Some(l) => {
+                let addr = addr
+                    .filter(|a| !a.is_empty())
+                    .ok_or_else(|| Error::Raft(format!("leader {l} has no peer address")))?;
+                match self
+                    .peers
+                    .call(&addr, &Request::Forward(observations), FORWARD_TIMEOUT)
+                    .await
+                {
+                    Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
+                    Ok(Reply::Forward(Err(e))) => Err(Error::Raft(format!("leader {l}: {e}"))),
+                    Ok(_) => Err(Error::Raft(format!("leader {l}: reply of the wrong kind"))),
+                    Err(e) => Err(Error::Raft(format!("forward to leader {l}: {e}"))),
+                }
+            }
+        }
+    }
+
+    /// Commits a batch on this node, which must be the leader. The entry is
+    /// stamped with this node's clock: only a leader appends, so the window
+    /// clock only ever reads leader stamps.
+    pub async fn commit_here(
+        &self,
+        observations: Vec<Observation>,
+    ) -> Result<Vec<Outcome>, ForwardError> {
         let cmd = Command::Observe {
             stamped_ms: now_ms(),
             window_ms: self.window_ms,
             observations,
         };
-        let resp = self
-            .raft
-            .client_write(cmd)
-            .await
-            .map_err(|e| Error::Raft(e.to_string()))?;
-        match resp.data {
-            Response::Observed(outcomes) => Ok(outcomes),
-            other => Err(Error::Raft(format!(
-                "unexpected response to a batch: {other:?}"
-            ))),
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => match resp.data {
+                Response::Observed(outcomes) => Ok(outcomes),
+                other => Err(ForwardError::Failed(format!(
+                    "unexpected response to a batch: {other:?}"
+                ))),
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ForwardError::NotLeader {
+                    leader: f.leader_id,
+                })
+            }
+            Err(e) => Err(ForwardError::Failed(e.to_string())),
         }
     }
+}
+
+/// Adds a node: first as a learner (it catches up, by snapshot if the log
+/// was purged), then as a voter. Must run on the leader.
+pub async fn add_member(raft: &Raft, id: NodeId, member: Member) -> Result<(), Error> {
+    raft.add_learner(id, member, true)
+        .await
+        .map_err(|e| Error::Raft(format!("add learner {id}: {e}")))?;
+    let mut ids = BTreeSet::new();
+    ids.insert(id);
+    raft.change_membership(ChangeMembers::AddVoterIds(ids), false)
+        .await
+        .map_err(|e| Error::Raft(format!("promote {id} to voter: {e}")))?;
+    Ok(())
+}
+
+/// Removes a node from the group. Must run on the leader.
+pub async fn remove_member(raft: &Raft, id: NodeId) -> Result<(), Error> {
+    let mut ids = BTreeSet::new();
+    ids.insert(id);
+    raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
+        .await
+        .map_err(|e| Error::Raft(format!("remove {id}: {e}")))?;
+    Ok(())
 }

@@ -74,13 +74,38 @@ pub struct NodeConfig {
     pub http_listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// Initial members. Every node starts with the same list; bootstrap is
-    /// idempotent. Empty means a group of one made of this node.
+    /// idempotent. Empty means a group of one made of this node. A node not
+    /// in the list starts empty and waits to be added (`firstseen members add`).
     #[serde(default)]
     pub members: Vec<MemberConfig>,
+    /// Address the peer protocol (Raft RPC, forwarding) listens on. Required
+    /// when there are members. If it names a specific IP, outgoing peer
+    /// connections are made from that IP too.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// File holding the cluster secret that peers authenticate each other
+    /// with. Required when there are members; the same file on every node.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// A snapshot is taken after this many log entries; the log before it is
+    /// then purged.
+    #[serde(default = "default_snapshot_logs")]
+    pub snapshot_logs: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            listen: None,
+            secret_file: None,
+            snapshot_logs: default_snapshot_logs(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -88,8 +113,11 @@ pub struct ClusterConfig {
 pub struct MemberConfig {
     pub id: u64,
     pub zone: String,
-    /// Raft RPC address (host:port).
+    /// Peer protocol address (host:port) other nodes reach it at.
     pub addr: String,
+    /// HTTP API address (host:port), for operators and the CLI.
+    #[serde(default)]
+    pub http: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -210,6 +238,9 @@ pub struct RouteConfig {
     pub key: KeySpec,
 }
 
+fn default_snapshot_logs() -> u64 {
+    20_000
+}
 fn default_http_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
 }
@@ -487,11 +518,32 @@ impl Config {
                 );
             }
         }
-        if !self.cluster.members.is_empty() && !ids.contains(&self.node.id) {
-            bad(
-                "cluster.members",
-                format!("does not list this node (node.id = {})", self.node.id),
-            );
+        if self.cluster.snapshot_logs < 10 {
+            bad("cluster.snapshot_logs", "must be at least 10".into());
+        }
+        if !self.cluster.members.is_empty() {
+            if self.cluster.listen.is_none() {
+                bad(
+                    "cluster.listen",
+                    "required when cluster.members is set".into(),
+                );
+            }
+            match &self.cluster.secret_file {
+                None => bad(
+                    "cluster.secret_file",
+                    "required when cluster.members is set".into(),
+                ),
+                Some(f) => match std::fs::read(f) {
+                    Ok(s) if s.iter().all(|b| b.is_ascii_whitespace()) => {
+                        bad("cluster.secret_file", format!("{} is empty", f.display()))
+                    }
+                    Ok(_) => {}
+                    Err(e) => bad(
+                        "cluster.secret_file",
+                        format!("cannot read {}: {e}", f.display()),
+                    ),
+                },
+            }
         }
         out
     }

@@ -3,10 +3,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::Router;
 use firstseen_raft::Raft;
 use firstseen_store::StateStore;
@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::wire::ClusterKey;
 use crate::ingest::UpstreamStatus;
 
 /// What the handlers read.
@@ -24,6 +25,8 @@ pub struct AppState {
     pub state: StateStore,
     pub upstreams: Vec<(String, Arc<UpstreamStatus>)>,
     pub metrics: Option<PrometheusHandle>,
+    /// Admin requests must present the cluster secret.
+    pub key: ClusterKey,
 }
 
 #[derive(Serialize)]
@@ -47,6 +50,9 @@ pub struct MemberStatus {
     pub id: u64,
     pub zone: String,
     pub addr: String,
+    pub http: String,
+    /// Voter, or learner still catching up.
+    pub voter: bool,
 }
 
 #[derive(Serialize)]
@@ -68,6 +74,7 @@ pub struct TopicView {
 #[derive(Serialize)]
 pub struct CoverageView {
     pub node: u64,
+    pub zone: String,
     pub seen: u64,
     pub first: u64,
     /// Share of the window's keys this node delivered.
@@ -82,15 +89,25 @@ impl AppState {
         let m = self.raft.metrics().borrow().clone();
         let totals = self.state.totals()?;
         let window = totals.window_keys.max(1) as f64;
-        let members = m
+        let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let members: Vec<MemberStatus> = m
             .membership_config
             .nodes()
             .map(|(id, n)| MemberStatus {
                 id: *id,
                 zone: n.zone.clone(),
                 addr: n.addr.clone(),
+                http: n.http.clone(),
+                voter: voters.contains(id),
             })
             .collect();
+        let zone_of = |node: u64| {
+            members
+                .iter()
+                .find(|m| m.id == node)
+                .map(|m| m.zone.clone())
+                .unwrap_or_else(|| "(removed)".into())
+        };
         Ok(Status {
             node: self.node_id,
             zone: self.zone.clone(),
@@ -98,7 +115,7 @@ impl AppState {
             is_leader: m.current_leader == Some(self.node_id),
             term: m.current_term,
             last_applied: m.last_applied.map(|l| l.index),
-            members,
+            members: Vec::new(),
             upstreams: self
                 .upstreams
                 .iter()
@@ -127,6 +144,7 @@ impl AppState {
                 .into_iter()
                 .map(|(node, c)| CoverageView {
                     node,
+                    zone: zone_of(node),
                     seen: c.seen,
                     first: c.first,
                     seen_ratio: c.seen as f64 / window,
@@ -134,6 +152,10 @@ impl AppState {
                 })
                 .collect(),
             disk_bytes: self.state.size_on_disk().unwrap_or(0),
+        })
+        .map(|mut s: Status| {
+            s.members = members;
+            s
         })
     }
 
@@ -162,12 +184,100 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .route("/admin/members", post(add_member))
+        .route("/admin/members/{id}", delete(remove_member))
         .with_state(app);
     if let Err(e) = axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
     {
         tracing::error!(error = %e, "http server failed");
+    }
+}
+
+/// A member to add, as the admin API takes it.
+#[derive(serde::Deserialize)]
+pub struct NewMember {
+    pub id: u64,
+    pub zone: String,
+    pub addr: String,
+    #[serde(default)]
+    pub http: String,
+}
+
+type AdminReply = (StatusCode, Json<serde_json::Value>);
+
+/// Checks the bearer secret and that this node leads; otherwise says who does.
+fn admin_gate(app: &AppState, headers: &HeaderMap) -> Result<(), AdminReply> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !token.is_some_and(|t| app.key.matches_secret(t.as_bytes())) {
+        tracing::warn!("admin request refused: missing or wrong cluster secret");
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            Json(
+                serde_json::json!({"error": "admin requests need `Authorization: Bearer <cluster secret>`"}),
+            ),
+        ));
+    }
+    let m = app.raft.metrics().borrow().clone();
+    if m.current_leader != Some(app.node_id) {
+        let leader_http = m.current_leader.and_then(|l| {
+            m.membership_config
+                .nodes()
+                .find(|(id, _)| **id == l)
+                .map(|(_, n)| n.http.clone())
+        });
+        return Err((
+            StatusCode::CONFLICT,
+            Json(
+                serde_json::json!({"error": "not the leader", "leader": m.current_leader, "leader_http": leader_http}),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn add_member(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(m): Json<NewMember>,
+) -> AdminReply {
+    if let Err(r) = admin_gate(&app, &headers) {
+        return r;
+    }
+    tracing::info!(id = m.id, zone = %m.zone, addr = %m.addr, "adding member");
+    let member = firstseen_raft::Member {
+        addr: m.addr,
+        zone: m.zone,
+        http: m.http,
+    };
+    match crate::cluster::add_member(&app.raft, m.id, member).await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"added": m.id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+async fn remove_member(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> AdminReply {
+    if let Err(r) = admin_gate(&app, &headers) {
+        return r;
+    }
+    tracing::info!(id, "removing member");
+    match crate::cluster::remove_member(&app.raft, id).await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"removed": id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
     }
 }
 

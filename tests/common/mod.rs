@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod cluster;
+pub mod proxy;
+
 pub const HFP: &str = "../shared/data/hfp-5000.txt";
 /// Distinct topic+payload pairs in the HFP capture (see ../shared/data/README.md).
 pub const HFP_DISTINCT: u64 = 4_956;
@@ -155,6 +158,37 @@ pub struct NodeSpec {
     pub max_payload_bytes: usize,
     /// Extra TOML appended verbatim.
     pub extra: String,
+    /// Fixed HTTP port (the cluster harness needs it before start).
+    pub http_port: Option<u16>,
+    /// Peer settings; `None` for a group of one.
+    pub cluster: Option<ClusterSpec>,
+}
+
+/// The `[cluster]` section of a test node.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub listen: String,
+    pub secret_file: PathBuf,
+    pub snapshot_logs: u64,
+    /// (id, zone, peer addr, http addr) of the initial members.
+    pub members: Vec<(u64, String, String, String)>,
+}
+
+impl ClusterSpec {
+    fn toml(&self) -> String {
+        let mut out = format!(
+            "\n[cluster]\nlisten = \"{}\"\nsecret_file = \"{}\"\nsnapshot_logs = {}\n",
+            self.listen,
+            self.secret_file.display(),
+            self.snapshot_logs
+        );
+        for (id, zone, addr, http) in &self.members {
+            out.push_str(&format!(
+                "[[cluster.members]]\nid = {id}\nzone = \"{zone}\"\naddr = \"{addr}\"\nhttp = \"{http}\"\n"
+            ));
+        }
+        out
+    }
 }
 
 impl NodeSpec {
@@ -170,6 +204,8 @@ impl NodeSpec {
             quota_bytes: 1 << 30,
             max_payload_bytes: 1 << 20,
             extra: String::new(),
+            http_port: None,
+            cluster: None,
         }
     }
 
@@ -207,7 +243,7 @@ qos = 1
 [[routes]]
 filter = "{filter}"
 pulsar_topic = "{topic}"
-{extra}"#,
+{extra}{cluster}"#,
             id = self.id,
             zone = self.zone,
             data = data_dir.display(),
@@ -218,6 +254,7 @@ pulsar_topic = "{topic}"
             filter = self.filter,
             topic = self.topic,
             extra = self.extra,
+            cluster = self.cluster.as_ref().map(|c| c.toml()).unwrap_or_default(),
         )
     }
 }
@@ -238,10 +275,11 @@ pub fn bin() -> PathBuf {
 impl Node {
     pub fn start(spec: NodeSpec) -> Self {
         let dir = TempDir::new().unwrap();
+        let http_port = spec.http_port.unwrap_or_else(free_port);
         let mut n = Self {
             child: None,
             spec,
-            http_port: free_port(),
+            http_port,
             dir,
             starts: 0,
         };
@@ -290,6 +328,40 @@ impl Node {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Whether the process is running (not killed by the test).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGSTOP or SIGCONT.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("node runs").id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    /// Erases the node's data directory (it must be stopped).
+    pub fn wipe(&mut self) {
+        assert!(self.child.is_none(), "stop the node first");
+        let _ = std::fs::remove_dir_all(self.dir.path().join("data"));
+    }
+
+    /// A counter or gauge from /metrics, summed over its label sets.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .filter(|l| {
+                l.starts_with(name)
+                    && (l[name.len()..].starts_with(' ') || l[name.len()..].starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// Starts the same node again on the same data and ports.

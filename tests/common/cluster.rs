@@ -1,0 +1,154 @@
+//! Several firstseen nodes forming one Raft group, each in its own "zone":
+//! its own loopback address, a fault proxy in front of its peer port and a
+//! fault proxy in front of its MQTT connection.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::proxy::{Faults, Proxy};
+use super::*;
+
+/// A node's loopback address: peer traffic from node `id` comes from here.
+pub fn node_ip(id: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 10 + id as u8))
+}
+
+/// The owner address of node `id`'s upstream proxy (cut it to drop only
+/// that node's MQTT connection).
+pub fn upstream_ip(id: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 100 + id as u8))
+}
+
+pub struct TestCluster {
+    pub nodes: Vec<Node>,
+    pub faults: Faults,
+    pub secret: TempDir,
+    _proxies: Vec<Proxy>,
+}
+
+impl TestCluster {
+    /// Starts `n` nodes (ids 1..=n, zones zone-a, zone-b, …) on one upstream
+    /// and one Pulsar topic. `tweak` adjusts each node's spec.
+    pub fn start(
+        mqtt: &Mosquitto,
+        pulsar: &Pulsar,
+        topic: &str,
+        n: u64,
+        tweak: impl Fn(&mut NodeSpec),
+    ) -> Self {
+        let secret = TempDir::new().unwrap();
+        std::fs::write(
+            secret.path().join("cluster.secret"),
+            "test-cluster-secret\n",
+        )
+        .unwrap();
+        let faults = Faults::new();
+        let mut proxies = Vec::new();
+        let mut plan = Vec::new();
+        let mut members = Vec::new();
+        for id in 1..=n {
+            let peer_port = free_port();
+            let http_port = free_port();
+            let listen = SocketAddr::new(node_ip(id), peer_port);
+            let peer_proxy = Proxy::start(listen, node_ip(id), faults.clone());
+            let mqtt_proxy = Proxy::start(
+                SocketAddr::from(([127, 0, 0, 1], mqtt.port)),
+                upstream_ip(id),
+                faults.clone(),
+            );
+            members.push((
+                id,
+                zone(id),
+                format!("127.0.0.1:{}", peer_proxy.port),
+                format!("127.0.0.1:{http_port}"),
+            ));
+            plan.push((id, listen, http_port, mqtt_proxy.port));
+            proxies.push(peer_proxy);
+            proxies.push(mqtt_proxy);
+        }
+        let mut nodes = Vec::new();
+        for (id, listen, http_port, mqtt_port) in plan {
+            let mut spec = NodeSpec::new(mqtt, pulsar, topic);
+            spec.id = id;
+            spec.zone = zone(id);
+            spec.http_port = Some(http_port);
+            spec.mqtt_url = format!("mqtt://127.0.0.1:{mqtt_port}");
+            spec.cluster = Some(ClusterSpec {
+                listen: listen.to_string(),
+                secret_file: secret.path().join("cluster.secret"),
+                snapshot_logs: 20_000,
+                members: members.clone(),
+            });
+            tweak(&mut spec);
+            nodes.push(Node::start(spec));
+        }
+        Self {
+            nodes,
+            faults,
+            secret,
+            _proxies: proxies,
+        }
+    }
+
+    pub fn node(&mut self, id: u64) -> &mut Node {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    /// The leader as the running nodes agree on it, if they do.
+    pub fn leader(&self) -> Option<u64> {
+        let mut seen = None;
+        for n in self.nodes.iter().filter(|n| n.is_running()) {
+            let l = n.status()?["leader"].as_u64()?;
+            if seen.is_some_and(|s| s != l) {
+                return None;
+            }
+            seen = Some(l);
+        }
+        seen
+    }
+
+    /// Waits until the running nodes agree on a leader (other than `not`).
+    pub fn wait_leader(&self, not: Option<u64>, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(l) = self.leader().filter(|l| Some(*l) != not) {
+                return l;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no agreed leader within {timeout:?}");
+    }
+
+    /// Waits until every running node is ready.
+    pub fn wait_ready(&self) {
+        for n in self.nodes.iter().filter(|n| n.is_running()) {
+            n.wait_ready();
+        }
+    }
+
+    /// Cuts node `id` off from its peers, in both directions.
+    pub fn isolate(&self, id: u64) {
+        self.faults.cut(node_ip(id));
+    }
+
+    pub fn heal(&self, id: u64) {
+        self.faults.heal(node_ip(id));
+    }
+
+    /// Drops node `id`'s upstream MQTT connection (and refuses new ones).
+    pub fn cut_upstream(&self, id: u64) {
+        self.faults.cut(upstream_ip(id));
+    }
+
+    pub fn heal_upstream(&self, id: u64) {
+        self.faults.heal(upstream_ip(id));
+    }
+
+    pub fn secret_file(&self) -> PathBuf {
+        self.secret.path().join("cluster.secret")
+    }
+}
+
+pub fn zone(id: u64) -> String {
+    format!("zone-{}", (b'a' + (id - 1) as u8) as char)
+}
