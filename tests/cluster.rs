@@ -48,3 +48,424 @@ fn three_zones_keep_exactly_one_copy_per_key() {
     assert_eq!(firsts, HFP_DISTINCT, "each key has exactly one first node");
     assert_eq!(s["totals"]["observed"].as_u64().unwrap(), 3 * r.published);
 }
+
+/// The published watermark of the test topic as `node` sees it.
+fn published(node: &Node) -> u64 {
+    node.status()
+        .and_then(|s| {
+            s["topics"]
+                .as_array()?
+                .iter()
+                .find(|t| t["topic"] == node.spec.topic.as_str())
+                .and_then(|t| t["published_seq"].as_u64())
+        })
+        .unwrap_or(0)
+}
+
+fn others(all: u64, not: u64) -> Vec<u64> {
+    (1..=all).filter(|i| *i != not).collect()
+}
+
+/// SIGKILL the leader mid-replay: a new leader takes over and publishing
+/// resumes; nothing is lost or doubled; the killed node restarts and catches up.
+#[test]
+fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
+    let Some(pulsar) =
+        shared_pulsar("leader_kill_mid_replay_fails_over_without_loss_or_duplicates")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("leader-kill");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let old = c.wait_leader(None, Duration::from_secs(30));
+
+    let replay = replay_cmd(mqtt.port, &["--pace", "1500", "--dup-every", "9"])
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "part of the feed published",
+        || published(c.node(old)) > 1_000,
+    );
+    let killed_at = std::time::Instant::now();
+    c.node(old).kill9();
+    let rest = others(3, old);
+    let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let before = published(c.node(new));
+    wait_until(
+        Duration::from_secs(60),
+        "publishing to resume under the new leader",
+        || published(c.node(new)) > before,
+    );
+    eprintln!(
+        "leader {old} killed; node {new} leads; publishing resumed {} ms after the kill",
+        killed_at.elapsed().as_millis()
+    );
+    let out = replay.wait_with_output().unwrap();
+    assert!(out.status.success());
+    c.node(new)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+
+    let restarted_at = std::time::Instant::now();
+    c.node(old).restart();
+    let target = c.node(new).status().unwrap()["last_applied"]
+        .as_u64()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the restarted node to catch up",
+        || {
+            c.node(old)
+                .status()
+                .and_then(|s| s["last_applied"].as_u64())
+                .is_some_and(|a| a >= target)
+        },
+    );
+    eprintln!(
+        "restarted node {old} caught up to index {target} in {} ms",
+        restarted_at.elapsed().as_millis()
+    );
+    let s = c.node(old).status().unwrap();
+    assert_eq!(s["totals"]["window_keys"].as_u64(), Some(HFP_DISTINCT));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
+/// The leader cut off from its peers: the majority elects a new leader and
+/// carries on; the cut-off node neither publishes nor acks upstream; after
+/// the cut heals nothing is lost or doubled.
+#[test]
+fn an_isolated_leader_neither_publishes_nor_acks() {
+    let Some(pulsar) = shared_pulsar("an_isolated_leader_neither_publishes_nor_acks") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("isolated");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let old = c.wait_leader(None, Duration::from_secs(30));
+    replay(mqtt.port, &["--limit", "1500", "--pace", "max"]);
+    let first = hfp_pairs(Some(1500)).len() as u64;
+    c.node(old).wait_published(first, Duration::from_secs(60));
+    // Let the last acks of that part leave before measuring.
+    wait_until(
+        Duration::from_secs(30),
+        "every upstream copy of the first part acked",
+        || {
+            c.nodes
+                .iter()
+                .all(|n| n.metric("firstseen_acks_total") >= 1_500.0)
+        },
+    );
+
+    c.isolate(old);
+    let rest = others(3, old);
+    let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let acks_before = c.node(old).metric("firstseen_acks_total");
+    let published_before = c.node(old).metric("firstseen_published_total");
+    replay(mqtt.port, &["--skip", "1500", "--pace", "max"]);
+    c.node(new)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_eq!(
+        c.node(old).metric("firstseen_acks_total"),
+        acks_before,
+        "the isolated node acked upstream while cut off"
+    );
+    assert_eq!(
+        c.node(old).metric("firstseen_published_total"),
+        published_before,
+        "the isolated node published while cut off"
+    );
+
+    c.heal(old);
+    wait_until(
+        Duration::from_secs(60),
+        "the old leader to follow the new one",
+        || c.node(old).status().and_then(|s| s["leader"].as_u64()) == Some(new),
+    );
+    // Its held copies commit (as duplicates) and are acked; its zone's
+    // coverage returns to the whole feed.
+    wait_until(
+        Duration::from_secs(60),
+        "the healed zone's coverage to recover",
+        || {
+            c.node(new).status().is_some_and(|s| {
+                s["coverage"].as_array().into_iter().flatten().any(|cov| {
+                    cov["node"] == old && cov["seen_ratio"].as_f64().unwrap_or(0.0) > 0.99
+                })
+            })
+        },
+    );
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+}
+
+/// One node's upstream connection drops for a while: the others cover, its
+/// zone's coverage dips, and recovers when the session redelivers.
+#[test]
+fn a_zone_losing_its_upstream_is_covered_and_its_coverage_dips() {
+    let Some(pulsar) = shared_pulsar("a_zone_losing_its_upstream_is_covered_and_its_coverage_dips")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("upstream-drop");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let victim = if leader == 3 { 2 } else { 3 };
+
+    c.cut_upstream(victim);
+    wait_until(
+        Duration::from_secs(30),
+        "the victim's upstream to be down",
+        || c.node(victim).get("/readyz").0 == 503,
+    );
+    replay(mqtt.port, &["--pace", "max"]);
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    let coverage_of = |c: &mut TestCluster, node: u64| -> f64 {
+        let s = c.node(leader).status().unwrap();
+        s["coverage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|cov| cov["node"] == node)
+            .and_then(|cov| cov["seen_ratio"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let dipped = coverage_of(&mut c, victim);
+    assert!(
+        dipped < 0.5,
+        "the cut zone's coverage should dip, is {dipped}"
+    );
+    for n in others(3, victim) {
+        assert!(
+            coverage_of(&mut c, n) > 0.99,
+            "zone of node {n} covered the feed"
+        );
+    }
+
+    c.heal_upstream(victim);
+    wait_until(
+        Duration::from_secs(90),
+        "the zone's coverage to recover",
+        || coverage_of(&mut c, victim) > 0.99,
+    );
+    eprintln!(
+        "coverage of node {victim}: {:.1}% while cut, recovered above 99%",
+        dipped * 100.0
+    );
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+}
+
+/// A fourth node, added after the log was purged, catches up by snapshot.
+#[test]
+fn a_new_node_catches_up_by_snapshot() {
+    let Some(pulsar) = shared_pulsar("a_new_node_catches_up_by_snapshot") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("snapshot");
+    let small_log = |s: &mut NodeSpec| s.cluster.as_mut().unwrap().snapshot_logs = 20;
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, small_log);
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    replay(mqtt.port, &["--pace", "max"]);
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+
+    let (addr, http) = c.start_joiner(4, small_log);
+    let url = format!("http://127.0.0.1:{}", c.node(1).http_port);
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(bin())
+        .args([
+            "members", "add", "--id", "4", "--zone", "zone-d", "--addr", &addr, "--http", &http,
+        ])
+        .args(["--url", &url, "--secret-file"])
+        .arg(c.secret_file())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "members add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "node 4 to hold the whole window",
+        || {
+            c.node(4)
+                .status()
+                .is_some_and(|s| s["totals"]["window_keys"].as_u64() == Some(HFP_DISTINCT))
+        },
+    );
+    eprintln!("node 4 caught up in {} ms", started.elapsed().as_millis());
+    assert!(
+        c.node(4).log_tail(400).contains("snapshot installed"),
+        "node 4 caught up by snapshot"
+    );
+    let s = c.node(leader).status().unwrap();
+    let m4 = s["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == 4)
+        .cloned()
+        .unwrap();
+    assert_eq!(m4["voter"], true, "{s}");
+    assert_eq!(m4["zone"], "zone-d");
+}
+
+/// Peers without the cluster secret, garbled frames and oversized frames are
+/// refused with a logged reason, and the cluster carries on.
+#[test]
+fn unauthenticated_and_garbled_peers_are_refused() {
+    use firstseen::cluster::wire::{self, ClusterKey};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    let Some(pulsar) = shared_pulsar("unauthenticated_and_garbled_peers_are_refused") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("peer-auth");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let target = c.node(1).spec.cluster.as_ref().unwrap().listen.clone();
+
+    // Reads until the server closes the connection; true if it did.
+    let closed = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        }
+    };
+    let challenge = |s: &mut TcpStream| {
+        let mut hello = [0u8; 40];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..8], wire::MAGIC);
+        <[u8; 32]>::try_from(&hello[8..]).unwrap()
+    };
+
+    // 1. Plain garbage instead of a handshake.
+    let mut s = TcpStream::connect(&target).unwrap();
+    challenge(&mut s);
+    s.write_all(&[0x42; 72]).unwrap();
+    assert!(closed(&mut s), "garbage handshake must be refused");
+
+    // 2. A peer with the wrong secret.
+    let wrong = ClusterKey::from_secret(b"not the secret");
+    let mut s = TcpStream::connect(&target).unwrap();
+    let n = challenge(&mut s);
+    let mut hello = 9u64.to_be_bytes().to_vec();
+    hello.extend_from_slice(&[7; 32]);
+    hello.extend_from_slice(&wrong.client_proof(&n, 9));
+    s.write_all(&hello).unwrap();
+    assert!(closed(&mut s), "a wrong secret must be refused");
+
+    // 3. The right secret, then a garbled frame; 4. then an oversized one.
+    let key = ClusterKey::from_secret(&std::fs::read(c.secret_file()).unwrap());
+    for frame in [
+        vec![0, 0, 0, 3, 0xde, 0xad, 0xbe],
+        vec![0xff, 0xff, 0xff, 0xff],
+    ] {
+        let mut s = TcpStream::connect(&target).unwrap();
+        let n = challenge(&mut s);
+        let mut hello = 9u64.to_be_bytes().to_vec();
+        hello.extend_from_slice(&[7; 32]);
+        hello.extend_from_slice(&key.client_proof(&n, 9));
+        s.write_all(&hello).unwrap();
+        let mut answer = [0u8; 40];
+        s.read_exact(&mut answer).unwrap();
+        s.write_all(&frame).unwrap();
+        assert!(closed(&mut s), "a bad frame must close the connection");
+    }
+
+    // The node logs each refusal just after closing the connection.
+    for reason in [
+        "does not know the cluster secret",
+        "garbled frame",
+        "exceeds",
+    ] {
+        wait_until(
+            Duration::from_secs(10),
+            &format!("a logged refusal: {reason}"),
+            || c.node(1).log_tail(300).contains(reason),
+        );
+    }
+
+    // Nothing else was affected.
+    replay(mqtt.port, &["--limit", "500", "--pace", "max"]);
+    c.node(leader)
+        .wait_published(hfp_pairs(Some(500)).len() as u64, Duration::from_secs(60));
+    assert_eq!(c.leader(), Some(leader), "leadership did not move");
+}
+
+/// The stale-producer hazard: pause the leader with SIGSTOP mid-replay, let a
+/// new leader publish, then SIGCONT the old one. Pulsar must show no
+/// duplicate and no reordering.
+#[test]
+fn a_paused_leader_waking_up_publishes_nothing_stale() {
+    let Some(pulsar) = shared_pulsar("a_paused_leader_waking_up_publishes_nothing_stale") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("sigstop");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let old = c.wait_leader(None, Duration::from_secs(30));
+
+    let replay = replay_cmd(mqtt.port, &["--pace", "1500"]).spawn().unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "part of the feed published",
+        || published(c.node(old)) > 1_000,
+    );
+    c.node(old).signal("-STOP");
+    let rest = others(3, old);
+    let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let out = replay.wait_with_output().unwrap();
+    assert!(out.status.success());
+    c.node(new)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+
+    c.node(old).signal("-CONT");
+    wait_until(
+        Duration::from_secs(60),
+        "the woken leader to follow the new one",
+        || c.node(old).status().and_then(|s| s["leader"].as_u64()) == Some(new),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the woken node to drop its publisher",
+        || {
+            c.node(old)
+                .log_tail(400)
+                .contains("publisher stopped: leadership lease not confirmed")
+        },
+    );
+    // Its held upstream copies are redelivered and commit as duplicates.
+    wait_until(
+        Duration::from_secs(60),
+        "the woken zone's coverage to recover",
+        || {
+            c.node(new).status().is_some_and(|s| {
+                s["coverage"].as_array().into_iter().flatten().any(|cov| {
+                    cov["node"] == old && cov["seen_ratio"].as_f64().unwrap_or(0.0) > 0.99
+                })
+            })
+        },
+    );
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}

@@ -44,9 +44,11 @@ fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
         heartbeat_interval: 250,
         election_timeout_min: 1_000,
         election_timeout_max: 2_000,
-        // Appends carry at most this many entries (batches of up to a few
-        // MiB each), which keeps every frame under the wire limit.
-        max_payload_entries: 32,
+        // openraft gives a whole AppendEntries (send, follower flush,
+        // reply) one heartbeat interval. A catching-up follower is sent
+        // this many entries at a time, so each append stays near a MiB and
+        // fits that budget; live replication sends one entry at a time.
+        max_payload_entries: 4,
         // Snapshots let the log be purged: disk is bounded by the window
         // (state), not by uptime (log).
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.cluster.snapshot_logs),

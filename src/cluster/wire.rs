@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: &[u8; 8] = b"FSPEER01";
 
 /// Largest frame accepted. Above any legitimate message (Raft appends are
-/// capped at 32 entries of at most a few MiB); a larger length is garbage or
+/// capped at 4 entries of at most a few MiB); a larger length is garbage or
 /// an attack and closes the connection before anything is allocated.
 pub const MAX_FRAME: u32 = 256 * 1024 * 1024;
 

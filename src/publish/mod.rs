@@ -36,6 +36,10 @@ use crate::Error;
 /// re-creation would then fence the true leader.
 const ACCESS_EXCLUSIVE: i32 = 1;
 
+/// Longest wait for a quorum to confirm the lease (below the 1 s minimum
+/// election timeout).
+const LEASE_TIMEOUT: Duration = Duration::from_millis(750);
+
 /// The leader-only publisher task.
 pub struct Publisher {
     pub raft: Raft,
@@ -145,7 +149,13 @@ impl Publisher {
             match self.lead(term, &mut metrics_rx).await {
                 Ok(TermEnd::Shutdown) => break,
                 Ok(TermEnd::LostLease) => {
-                    tracing::info!(term, "publisher stopped: leadership lease not confirmed")
+                    tracing::info!(term, "publisher stopped: leadership lease not confirmed");
+                    // Still "leader" in its own eyes but without a quorum:
+                    // wait before trying again rather than grab producers.
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.shutdown.cancelled() => break,
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(term, error = %e, "publisher could not start; retrying");
@@ -194,7 +204,7 @@ impl Publisher {
                 }
                 // The lease, confirmed with a quorum before every batch: a
                 // leader that was paused or cut off stops here.
-                if self.raft.ensure_linearizable().await.is_err() {
+                if !self.confirm_lease().await {
                     return Ok(TermEnd::LostLease);
                 }
                 match self.publish_batch(&pulsar, tp, term).await {
@@ -214,6 +224,14 @@ impl Publisher {
                 }
             }
             if !worked {
+                // An idle publisher still holds its producers, which keeps a
+                // successor's exclusive producers out. So the lease is also
+                // confirmed on a timer: a leader cut off from its peers lets
+                // go of Pulsar even when it has nothing to send.
+                let holding = topics.values().any(|t| t.producer.is_some());
+                if holding && !self.confirm_lease().await {
+                    return Ok(TermEnd::LostLease);
+                }
                 tokio::select! {
                     _ = metrics_rx.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -221,6 +239,16 @@ impl Publisher {
                 }
             }
         }
+    }
+
+    /// Confirms leadership with a quorum. Without a quorum the confirmation
+    /// may never answer, so it is bounded by less than an election timeout:
+    /// by then a majority elsewhere may already have a new leader.
+    async fn confirm_lease(&self) -> bool {
+        matches!(
+            tokio::time::timeout(LEASE_TIMEOUT, self.raft.ensure_linearizable()).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Sends the next batch of one topic and awaits every receipt. Returns the

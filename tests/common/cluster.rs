@@ -24,6 +24,10 @@ pub struct TestCluster {
     pub faults: Faults,
     pub secret: TempDir,
     _proxies: Vec<Proxy>,
+    mqtt_port: u16,
+    pulsar: Pulsar,
+    topic: String,
+    members: Vec<(u64, String, String, String)>,
 }
 
 impl TestCluster {
@@ -87,7 +91,51 @@ impl TestCluster {
             faults,
             secret,
             _proxies: proxies,
+            mqtt_port: mqtt.port,
+            pulsar: pulsar.clone(),
+            topic: topic.to_string(),
+            members,
         }
+    }
+
+    /// Starts node `id` outside the initial members: it waits, empty, to be
+    /// added. Returns its (peer address, http address) for `members add`.
+    pub fn start_joiner(&mut self, id: u64, tweak: impl Fn(&mut NodeSpec)) -> (String, String) {
+        let peer_port = free_port();
+        let http_port = free_port();
+        let listen = SocketAddr::new(node_ip(id), peer_port);
+        let peer_proxy = Proxy::start(listen, node_ip(id), self.faults.clone());
+        let mqtt_proxy = Proxy::start(
+            SocketAddr::from(([127, 0, 0, 1], self.mqtt_port)),
+            upstream_ip(id),
+            self.faults.clone(),
+        );
+        let addr = format!("127.0.0.1:{}", peer_proxy.port);
+        let http = format!("127.0.0.1:{http_port}");
+        let mut spec = NodeSpec {
+            id,
+            zone: zone(id),
+            mqtt_url: format!("mqtt://127.0.0.1:{}", mqtt_proxy.port),
+            pulsar_url: self.pulsar.url.clone(),
+            admin_url: Some(self.pulsar.admin_url.clone()),
+            topic: self.topic.clone(),
+            filter: "/hfp/#".into(),
+            quota_bytes: 1 << 30,
+            max_payload_bytes: 1 << 20,
+            extra: String::new(),
+            http_port: Some(http_port),
+            cluster: Some(ClusterSpec {
+                listen: listen.to_string(),
+                secret_file: self.secret_file(),
+                snapshot_logs: 20_000,
+                members: self.members.clone(),
+            }),
+        };
+        tweak(&mut spec);
+        self._proxies.push(peer_proxy);
+        self._proxies.push(mqtt_proxy);
+        self.nodes.push(Node::start(spec));
+        (addr, http)
     }
 
     pub fn node(&mut self, id: u64) -> &mut Node {
@@ -117,6 +165,31 @@ impl TestCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("no agreed leader within {timeout:?}");
+    }
+
+    /// The leader that all of `ids` agree on.
+    pub fn leader_among(&self, ids: &[u64]) -> Option<u64> {
+        let mut seen = None;
+        for id in ids {
+            let l = self.nodes[(*id - 1) as usize].status()?["leader"].as_u64()?;
+            if seen.is_some_and(|s| s != l) {
+                return None;
+            }
+            seen = Some(l);
+        }
+        seen
+    }
+
+    /// Waits until `ids` agree on a leader other than `not`.
+    pub fn wait_leader_among(&self, ids: &[u64], not: Option<u64>, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(l) = self.leader_among(ids).filter(|l| Some(*l) != not) {
+                return l;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("nodes {ids:?} agreed on no leader within {timeout:?}");
     }
 
     /// Waits until every running node is ready.
