@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The main job, on this machine: installs what is missing, starts Mosquitto,
-# Apache Pulsar standalone and firstseen, replays the real HSL capture
+# Apache Pulsar standalone and a three-zone firstseen cluster, replays the real HSL capture
 # (../shared/data/hfp-5000.txt) twice with extra upstream duplicates, shows
 # the deduplication live, and audits the Pulsar topic with `firstseen verify`.
 #
 #   scripts/demo.sh            run, print the result, stop everything
-#   scripts/demo.sh --keep     leave the brokers and node running afterwards
+#   scripts/demo.sh --keep     leave the brokers and nodes running afterwards
 #
 # State lives in .demo/ (removed at the start of each run).
 set -euo pipefail
@@ -52,13 +52,29 @@ wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mqtt_port"
 log "Mosquitto listening on 127.0.0.1:$mqtt_port"
 
 topic="persistent://public/default/hfp-demo"
-http_port=$(free_port)
-cat > "$demo/node-1.toml" <<CONF
+zones=(zone-a zone-b zone-c)
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$demo/cluster.secret"
+declare -a http peer
+for i in 1 2 3; do http[$i]=$(free_port); peer[$i]=$(free_port); done
+members=""
+for i in 1 2 3; do
+  members+="
+[[cluster.members]]
+id = $i
+zone = \"${zones[$((i-1))]}\"
+addr = \"127.0.0.1:${peer[$i]}\"
+http = \"127.0.0.1:${http[$i]}\"
+"
+done
+for i in 1 2 3; do
+  # Every node subscribes to the same broker with its own client id
+  # (firstseen-<id>-hsl), as one bridge per availability zone would.
+  cat > "$demo/node-$i.toml" <<CONF
 [node]
-id = 1
-zone = "zone-a"
-data_dir = "$demo/node-1"
-http_listen = "127.0.0.1:$http_port"
+id = $i
+zone = "${zones[$((i-1))]}"
+data_dir = "$demo/node-$i"
+http_listen = "127.0.0.1:${http[$i]}"
 
 [pulsar]
 url = "$PULSAR_URL"
@@ -74,14 +90,24 @@ qos = 1
 [[routes]]
 filter = "/hfp/v1/#"
 pulsar_topic = "$topic"
-CONF
-"$bin" check-config "$demo/node-1.toml"
-"$bin" run --config "$demo/node-1.toml" > "$demo/node-1.log" 2>&1 &
-echo $! >> "$demo/pids"
-wait_for 30 curl -fsS "http://127.0.0.1:$http_port/readyz"
-log "firstseen node 1 (zone-a) ready; API on http://127.0.0.1:$http_port"
 
-log "replaying $(basename "$data") twice at its recorded pace (~1,500 msg/s), every 10th message sent twice more"
+[cluster]
+listen = "127.0.0.1:${peer[$i]}"
+secret_file = "$demo/cluster.secret"
+$members
+CONF
+  "$bin" check-config "$demo/node-$i.toml"
+  "$bin" run --config "$demo/node-$i.toml" > "$demo/node-$i.log" 2>&1 &
+  echo $! >> "$demo/pids"
+done
+for i in 1 2 3; do
+  wait_for 60 curl -fsS "http://127.0.0.1:${http[$i]}/readyz"
+done
+http_port=${http[1]}
+leader=$(curl -fsS "http://127.0.0.1:$http_port/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader"])')
+log "three nodes ready in zones ${zones[*]}; node $leader leads; APIs on 127.0.0.1:${http[1]}, :${http[2]}, :${http[3]}"
+
+log "replaying $(basename "$data") twice at its recorded pace (~1,500 msg/s), every 10th message sent twice more; every zone receives every copy"
 python3 "$root/tests/tools/replay.py" --file "$data" --port "$mqtt_port" --times 2 --dup-every 10 > "$demo/replay.json" &
 replay=$!
 show() { "$bin" status --brief --url "http://127.0.0.1:$http_port" || true; }
@@ -97,5 +123,5 @@ echo
 log "auditing $topic with firstseen verify (expecting $distinct messages)"
 "$bin" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --expect "$distinct"
 if [ "$keep" = 1 ]; then
-  log "left running: Pulsar $PULSAR_URL, Mosquitto 127.0.0.1:$mqtt_port, node API http://127.0.0.1:$http_port (state in .demo/)"
+  log "left running: Pulsar $PULSAR_URL, Mosquitto 127.0.0.1:$mqtt_port, node APIs on 127.0.0.1:${http[1]}, :${http[2]}, :${http[3]} (state in .demo/)"
 fi

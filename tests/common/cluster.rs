@@ -8,15 +8,41 @@ use std::time::{Duration, Instant};
 use super::proxy::{Faults, Proxy};
 use super::*;
 
-/// A node's loopback address: peer traffic from node `id` comes from here.
-pub fn node_ip(id: u64) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 10 + id as u8))
+/// A loopback subnet 127.a.b.0/24 of one test cluster, chosen at random so
+/// that clusters of tests running in parallel never share addresses (a
+/// node's outgoing connections take ports on its own address).
+#[derive(Clone, Copy)]
+pub struct Net(u8, u8);
+
+impl Net {
+    fn random() -> Self {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+            ^ std::process::id().rotate_left(16);
+        Net(1 + (n % 250) as u8, ((n >> 8) % 250) as u8)
+    }
+
+    /// Node `id`'s address: its peer traffic comes from here.
+    pub fn node_ip(&self, id: u64) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, self.0, self.1, 10 + id as u8))
+    }
+
+    /// The owner address of node `id`'s upstream proxy (cut it to drop only
+    /// that node's MQTT connection).
+    pub fn upstream_ip(&self, id: u64) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, self.0, self.1, 100 + id as u8))
+    }
 }
 
-/// The owner address of node `id`'s upstream proxy (cut it to drop only
-/// that node's MQTT connection).
-pub fn upstream_ip(id: u64) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 100 + id as u8))
+/// A port free on `ip` right now.
+pub fn free_port_on(ip: IpAddr) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub struct TestCluster {
@@ -28,6 +54,7 @@ pub struct TestCluster {
     pulsar: Pulsar,
     topic: String,
     members: Vec<(u64, String, String, String)>,
+    net: Net,
 }
 
 impl TestCluster {
@@ -47,17 +74,18 @@ impl TestCluster {
         )
         .unwrap();
         let faults = Faults::new();
+        let net = Net::random();
         let mut proxies = Vec::new();
         let mut plan = Vec::new();
         let mut members = Vec::new();
         for id in 1..=n {
-            let peer_port = free_port();
+            let peer_port = free_port_on(net.node_ip(id));
             let http_port = free_port();
-            let listen = SocketAddr::new(node_ip(id), peer_port);
-            let peer_proxy = Proxy::start(listen, node_ip(id), faults.clone());
+            let listen = SocketAddr::new(net.node_ip(id), peer_port);
+            let peer_proxy = Proxy::start(listen, net.node_ip(id), faults.clone());
             let mqtt_proxy = Proxy::start(
                 SocketAddr::from(([127, 0, 0, 1], mqtt.port)),
-                upstream_ip(id),
+                net.upstream_ip(id),
                 faults.clone(),
             );
             members.push((
@@ -95,19 +123,20 @@ impl TestCluster {
             pulsar: pulsar.clone(),
             topic: topic.to_string(),
             members,
+            net,
         }
     }
 
     /// Starts node `id` outside the initial members: it waits, empty, to be
     /// added. Returns its (peer address, http address) for `members add`.
     pub fn start_joiner(&mut self, id: u64, tweak: impl Fn(&mut NodeSpec)) -> (String, String) {
-        let peer_port = free_port();
+        let peer_port = free_port_on(self.net.node_ip(id));
         let http_port = free_port();
-        let listen = SocketAddr::new(node_ip(id), peer_port);
-        let peer_proxy = Proxy::start(listen, node_ip(id), self.faults.clone());
+        let listen = SocketAddr::new(self.net.node_ip(id), peer_port);
+        let peer_proxy = Proxy::start(listen, self.net.node_ip(id), self.faults.clone());
         let mqtt_proxy = Proxy::start(
             SocketAddr::from(([127, 0, 0, 1], self.mqtt_port)),
-            upstream_ip(id),
+            self.net.upstream_ip(id),
             self.faults.clone(),
         );
         let addr = format!("127.0.0.1:{}", peer_proxy.port);
@@ -201,20 +230,20 @@ impl TestCluster {
 
     /// Cuts node `id` off from its peers, in both directions.
     pub fn isolate(&self, id: u64) {
-        self.faults.cut(node_ip(id));
+        self.faults.cut(self.net.node_ip(id));
     }
 
     pub fn heal(&self, id: u64) {
-        self.faults.heal(node_ip(id));
+        self.faults.heal(self.net.node_ip(id));
     }
 
     /// Drops node `id`'s upstream MQTT connection (and refuses new ones).
     pub fn cut_upstream(&self, id: u64) {
-        self.faults.cut(upstream_ip(id));
+        self.faults.cut(self.net.upstream_ip(id));
     }
 
     pub fn heal_upstream(&self, id: u64) {
-        self.faults.heal(upstream_ip(id));
+        self.faults.heal(self.net.upstream_ip(id));
     }
 
     pub fn secret_file(&self) -> PathBuf {

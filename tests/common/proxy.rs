@@ -2,7 +2,7 @@
 //!
 //! One proxy sits in front of each node's peer port (and, for upstream
 //! faults, in front of Mosquitto for one node). Nodes make their outgoing
-//! peer connections from their own loopback address (127.0.0.1x), so a proxy
+//! peer connections from their own loopback address (127.a.b.1x), so a proxy
 //! knows which node a connection comes from. Cutting a node refuses and
 //! tears down every connection from or to it; healing lets them through
 //! again.
