@@ -4,7 +4,8 @@
 # run only checks.
 #
 #   apt:   mosquitto, mosquitto-clients (upstream broker and CLI tools),
-#          protobuf-compiler (the pulsar crate's build needs protoc), curl
+#          protobuf-compiler (the pulsar crate's build needs protoc), curl,
+#          openssl (the TLS test makes its certificates with it)
 #   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
 #          Pulsar client, the independent reader in tests)
 #   maven: Apache Pulsar standalone (scripts/pulsar.sh install)
@@ -17,6 +18,7 @@ command -v mosquitto >/dev/null || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v openssl >/dev/null || need_apt+=(openssl)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -466,13 +466,14 @@ async fn status(url: String, json: bool, brief: bool) -> ExitCode {
         );
     }
     println!(
-        "\n{:<8} {:>10} {:>10} {:>9} {:>9}",
-        "node", "seen", "first", "seen %", "first %"
+        "\n{:<6} {:<14} {:>10} {:>10} {:>9} {:>9}",
+        "node", "zone", "seen", "first", "seen %", "first %"
     );
     for c in s["coverage"].as_array().into_iter().flatten() {
         println!(
-            "{:<8} {:>10} {:>10} {:>8.1}% {:>8.1}%",
+            "{:<6} {:<14} {:>10} {:>10} {:>8.1}% {:>8.1}%",
             v(&c["node"]),
+            v(&c["zone"]),
             v(&c["seen"]),
             v(&c["first"]),
             c["seen_ratio"].as_f64().unwrap_or(0.0) * 100.0,

@@ -84,6 +84,7 @@ pub async fn run(
             raft: cluster.raft.clone(),
             key: cluster.key.clone(),
             proposer: proposer.clone(),
+            tls: cluster.tls.clone(),
         });
         tokio::spawn(server::serve(listener, service, services.clone()))
     });

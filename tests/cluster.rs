@@ -469,3 +469,76 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
 }
+
+/// Peers over mutual TLS: the cluster works, and a peer that does not speak
+/// TLS, or presents a certificate from another CA, is refused.
+#[test]
+fn peers_can_require_mutual_tls() {
+    use std::io::{Read, Write};
+    let Some(pulsar) = shared_pulsar("peers_can_require_mutual_tls") else {
+        return;
+    };
+    let certs = tempfile::TempDir::new().unwrap();
+    let tls = make_certs(certs.path(), "cluster");
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("tls");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
+        s.cluster.as_mut().unwrap().tls = Some(tls.clone());
+    });
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    c.node(leader)
+        .wait_published(hfp_pairs(Some(1000)).len() as u64, Duration::from_secs(60));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(Some(1000)));
+
+    // A plain-TCP peer gets no firstseen greeting, only a failed TLS handshake.
+    let target = c.node(1).spec.cluster.as_ref().unwrap().listen.clone();
+    let mut s = std::net::TcpStream::connect(&target).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[0u8; 72]).unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert!(
+        !buf[..n].starts_with(firstseen::cluster::wire::MAGIC),
+        "a plain peer must not reach the handshake"
+    );
+    wait_until(Duration::from_secs(10), "the refusal in the log", || {
+        c.node(1).log_tail(300).contains("TLS handshake failed")
+    });
+
+    // A node with a certificate from another CA cannot join.
+    let rogue = make_certs(certs.path(), "rogue");
+    let (addr, http) = c.start_joiner(4, |s| {
+        let t = s.cluster.as_mut().unwrap();
+        t.tls = Some((rogue.0.clone(), rogue.1.clone(), tls.2.clone()));
+    });
+    // `members add` waits for the learner to catch up, which it never will.
+    let mut adding = std::process::Command::new(bin())
+        .args([
+            "members", "add", "--id", "4", "--zone", "zone-d", "--addr", &addr, "--http", &http,
+        ])
+        .args([
+            "--url",
+            &format!("http://127.0.0.1:{}", c.node(leader).http_port),
+            "--secret-file",
+        ])
+        .arg(c.secret_file())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the leader to refuse the rogue node's certificate",
+        || c.node(4).log_tail(300).contains("TLS handshake failed"),
+    );
+    let _ = adding.kill();
+    let _ = adding.wait();
+    assert_ne!(
+        c.node(4)
+            .status()
+            .and_then(|s| s["totals"]["window_keys"].as_u64()),
+        Some(hfp_pairs(Some(1000)).len() as u64),
+        "the rogue node must not receive the state"
+    );
+}

@@ -5,6 +5,7 @@
 
 pub mod peers;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +34,7 @@ pub struct Cluster {
     pub node_id: NodeId,
     pub peers: Peers,
     pub key: ClusterKey,
+    pub tls: Option<tls::PeerTls>,
 }
 
 /// Raft timing. Heartbeats every 250 ms and elections after 1–2 s keep a
@@ -119,7 +121,13 @@ impl Cluster {
             .listen
             .map(|a| a.ip())
             .filter(|ip| !ip.is_unspecified());
-        let peers = Peers::new(config.node.id, key.clone(), source_ip);
+        let tls = config
+            .cluster
+            .tls
+            .as_ref()
+            .map(tls::PeerTls::load)
+            .transpose()?;
+        let peers = Peers::new(config.node.id, key.clone(), source_ip, tls.clone());
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
             config.node.id,
@@ -155,6 +163,7 @@ impl Cluster {
             node_id: config.node.id,
             peers,
             key,
+            tls,
         })
     }
 

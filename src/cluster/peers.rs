@@ -16,8 +16,9 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 
+use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, Reply, Request};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -53,7 +54,8 @@ struct Inner {
     /// node's traffic has one source address (firewalls, and the fault
     /// tests' proxies, rely on it).
     source_ip: Option<IpAddr>,
-    pools: Mutex<HashMap<String, Vec<TcpStream>>>,
+    tls: Option<PeerTls>,
+    pools: Mutex<HashMap<String, Vec<BoxStream>>>,
 }
 
 /// Connections to every peer.
@@ -63,18 +65,24 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(me: NodeId, key: ClusterKey, source_ip: Option<IpAddr>) -> Self {
+    pub fn new(
+        me: NodeId,
+        key: ClusterKey,
+        source_ip: Option<IpAddr>,
+        tls: Option<PeerTls>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 me,
                 key,
                 source_ip,
+                tls,
                 pools: Mutex::new(HashMap::new()),
             }),
         }
     }
 
-    async fn connect(&self, addr: &str) -> Result<TcpStream, CallError> {
+    async fn connect(&self, addr: &str) -> Result<BoxStream, CallError> {
         let unreachable = |source| CallError::Unreachable {
             addr: addr.to_string(),
             source,
@@ -95,7 +103,7 @@ impl Peers {
                 socket.bind(SocketAddr::new(ip, 0)).map_err(unreachable)?;
             }
         }
-        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
             .await
             .map_err(|_| {
                 unreachable(std::io::Error::new(
@@ -104,7 +112,25 @@ impl Peers {
                 ))
             })?
             .map_err(unreachable)?;
-        let _ = s.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let mut s: BoxStream = match &self.inner.tls {
+            Some(tls) => Box::new(
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tls.connector.connect(tls.server_name.clone(), tcp),
+                )
+                .await
+                .map_err(|_| CallError::Handshake {
+                    addr: addr.into(),
+                    reason: "TLS handshake timed out".into(),
+                })?
+                .map_err(|e| CallError::Handshake {
+                    addr: addr.into(),
+                    reason: format!("TLS: {e}"),
+                })?,
+            ),
+            None => Box::new(tcp),
+        };
         tokio::time::timeout(CONNECT_TIMEOUT, self.handshake(&mut s, addr))
             .await
             .map_err(|_| CallError::Handshake {
@@ -114,7 +140,7 @@ impl Peers {
         Ok(s)
     }
 
-    async fn handshake(&self, s: &mut TcpStream, addr: &str) -> Result<(), CallError> {
+    async fn handshake(&self, s: &mut BoxStream, addr: &str) -> Result<(), CallError> {
         let fail = |reason: String| CallError::Handshake {
             addr: addr.to_string(),
             reason,
@@ -147,7 +173,7 @@ impl Peers {
         Ok(())
     }
 
-    fn take_pooled(&self, addr: &str) -> Option<TcpStream> {
+    fn take_pooled(&self, addr: &str) -> Option<BoxStream> {
         self.inner
             .pools
             .lock()
@@ -156,7 +182,7 @@ impl Peers {
             .and_then(|v| v.pop())
     }
 
-    fn give_back(&self, addr: &str, s: TcpStream) {
+    fn give_back(&self, addr: &str, s: BoxStream) {
         let mut pools = self.inner.pools.lock().expect("pool poisoned");
         let v = pools.entry(addr.to_string()).or_default();
         if v.len() < POOL_PER_PEER {
@@ -188,7 +214,7 @@ impl Peers {
 
     async fn exchange(
         &self,
-        mut s: TcpStream,
+        mut s: BoxStream,
         addr: &str,
         frame: &[u8],
         timeout: Duration,

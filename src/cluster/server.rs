@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use firstseen_raft::{NodeId, Raft};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, ForwardError, Reply, Request};
 use super::Proposer;
 
@@ -27,6 +28,8 @@ pub struct PeerService {
     pub key: ClusterKey,
     /// Commits forwarded batches when this node leads.
     pub proposer: Proposer,
+    /// Set when peers must connect with TLS.
+    pub tls: Option<PeerTls>,
 }
 
 /// Accepts peer connections until `shutdown`.
@@ -62,10 +65,26 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
 
 /// Serves one connection. Returns `Err(reason)` when the peer is refused; a
 /// clean close by the peer is `Ok`.
-async fn connection(mut s: TcpStream, peer: SocketAddr, svc: &PeerService) -> Result<(), String> {
-    let node = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut s, svc))
-        .await
-        .map_err(|_| "handshake timed out".to_string())??;
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    svc: &PeerService,
+) -> Result<(), String> {
+    let (mut s, node) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let mut s: BoxStream = match &svc.tls {
+            Some(tls) => Box::new(
+                tls.acceptor
+                    .accept(tcp)
+                    .await
+                    .map_err(|e| format!("TLS handshake failed: {e}"))?,
+            ),
+            None => Box::new(tcp),
+        };
+        let node = handshake(&mut s, svc).await?;
+        Ok::<_, String>((s, node))
+    })
+    .await
+    .map_err(|_| "handshake timed out".to_string())??;
     tracing::debug!(peer = %peer, node, "peer authenticated");
     loop {
         let mut header = [0u8; 4];
@@ -91,7 +110,7 @@ async fn connection(mut s: TcpStream, peer: SocketAddr, svc: &PeerService) -> Re
 }
 
 /// Mutual authentication; returns the peer's node id.
-async fn handshake(s: &mut TcpStream, svc: &PeerService) -> Result<NodeId, String> {
+async fn handshake(s: &mut BoxStream, svc: &PeerService) -> Result<NodeId, String> {
     let challenge = wire::nonce();
     let mut hello = Vec::with_capacity(40);
     hello.extend_from_slice(wire::MAGIC);

@@ -95,6 +95,30 @@ pub struct ClusterConfig {
     /// then purged.
     #[serde(default = "default_snapshot_logs")]
     pub snapshot_logs: u64,
+    /// TLS for the peer protocol. Without it, peers authenticate with the
+    /// secret but talk in the clear.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+/// Mutual TLS between nodes: every node presents `cert_file` and accepts
+/// only peers whose certificate `ca_file` signed.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// This node's certificate chain (PEM), used as server and as client.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// The CA that signs every node's certificate (PEM).
+    pub ca_file: PathBuf,
+    /// DNS name every node's certificate carries, checked by the connecting side.
+    #[serde(default = "default_tls_name")]
+    pub server_name: String,
+}
+
+fn default_tls_name() -> String {
+    "firstseen-peer".into()
 }
 
 impl Default for ClusterConfig {
@@ -104,6 +128,7 @@ impl Default for ClusterConfig {
             listen: None,
             secret_file: None,
             snapshot_logs: default_snapshot_logs(),
+            tls: None,
         }
     }
 }
@@ -520,6 +545,17 @@ impl Config {
         }
         if self.cluster.snapshot_logs < 10 {
             bad("cluster.snapshot_logs", "must be at least 10".into());
+        }
+        if let Some(tls) = &self.cluster.tls {
+            for (key, path) in [
+                ("cluster.tls.cert_file", &tls.cert_file),
+                ("cluster.tls.key_file", &tls.key_file),
+                ("cluster.tls.ca_file", &tls.ca_file),
+            ] {
+                if let Err(e) = std::fs::metadata(path) {
+                    bad(key, format!("cannot read {}: {e}", path.display()));
+                }
+            }
         }
         if !self.cluster.members.is_empty() {
             if self.cluster.listen.is_none() {

@@ -110,6 +110,7 @@ impl TestCluster {
                 secret_file: secret.path().join("cluster.secret"),
                 snapshot_logs: 20_000,
                 members: members.clone(),
+                tls: None,
             });
             tweak(&mut spec);
             nodes.push(Node::start(spec));
@@ -158,6 +159,7 @@ impl TestCluster {
                 secret_file: self.secret_file(),
                 snapshot_logs: 20_000,
                 members: self.members.clone(),
+                tls: None,
             }),
         };
         tweak(&mut spec);

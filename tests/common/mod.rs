@@ -172,6 +172,8 @@ pub struct ClusterSpec {
     pub snapshot_logs: u64,
     /// (id, zone, peer addr, http addr) of the initial members.
     pub members: Vec<(u64, String, String, String)>,
+    /// (cert, key, ca) for mutual TLS between peers.
+    pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl ClusterSpec {
@@ -182,6 +184,14 @@ impl ClusterSpec {
             self.secret_file.display(),
             self.snapshot_logs
         );
+        if let Some((cert, key, ca)) = &self.tls {
+            out.push_str(&format!(
+                "[cluster.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
+                cert.display(),
+                key.display(),
+                ca.display()
+            ));
+        }
         for (id, zone, addr, http) in &self.members {
             out.push_str(&format!(
                 "[[cluster.members]]\nid = {id}\nzone = \"{zone}\"\naddr = \"{addr}\"\nhttp = \"{http}\"\n"
@@ -589,6 +599,80 @@ pub fn publish(port: u16, topic: &str, payload: &[u8]) {
         })
         .expect("run publish.py");
     assert!(status.success(), "publish.py failed");
+}
+
+/// A throwaway CA and a certificate it signs for the peer name
+/// `firstseen-peer`, made with the openssl CLI. Returns (cert, key, ca).
+pub fn make_certs(dir: &Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ca_key = format!("{tag}-ca.key");
+    let ca = format!("{tag}-ca.crt");
+    let key = format!("{tag}-node.key");
+    let csr = format!("{tag}-node.csr");
+    let cert = format!("{tag}-node.crt");
+    let ext = format!("{tag}-ext.cnf");
+    std::fs::write(
+        dir.join(&ext),
+        "subjectAltName=DNS:firstseen-peer\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=firstseen test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &["-keyout", &key, "-out", &csr, "-subj", "/CN=firstseen-peer"],
+    ]
+    .concat());
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-out",
+        &cert,
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+    ]);
+    (dir.join(cert), dir.join(key), dir.join(ca))
 }
 
 /// Runs `firstseen verify` and returns (exit code, stdout).

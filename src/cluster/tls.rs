@@ -1,0 +1,92 @@
+//! Optional TLS for the peer protocol (rustls, mutual: each side presents a
+//! certificate signed by the cluster CA). The secret handshake still runs
+//! inside it, so a node needs both the secret and a valid certificate.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::config::TlsConfig;
+use crate::Error;
+
+/// A byte stream to a peer: plain TCP or TLS over TCP.
+pub trait PeerStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerStream for T {}
+
+/// A boxed [`PeerStream`], so pools and handlers need not care which.
+pub type BoxStream = Box<dyn PeerStream>;
+
+/// Both sides of the peer TLS setup.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub acceptor: TlsAcceptor,
+    pub connector: TlsConnector,
+    /// The name every node's certificate must carry (a DNS SAN).
+    pub server_name: ServerName<'static>,
+}
+
+fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, Error> {
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| Error::Config(format!("{key} {}: {e}", path.display())))?
+        .collect();
+    let certs = certs.map_err(|e| Error::Config(format!("{key} {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(Error::Config(format!(
+            "{key} {}: no certificate found",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+impl PeerTls {
+    /// Loads certificates and keys; every problem names the config key.
+    pub fn load(c: &TlsConfig) -> Result<Self, Error> {
+        // Explicit provider: the dependency tree may enable more than one,
+        // in which case rustls cannot choose a process default by itself.
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let certs = read_certs(&c.cert_file, "cluster.tls.cert_file")?;
+        let key = PrivateKeyDer::from_pem_file(&c.key_file).map_err(|e| {
+            Error::Config(format!(
+                "cluster.tls.key_file {}: {e}",
+                c.key_file.display()
+            ))
+        })?;
+        let mut roots = RootCertStore::empty();
+        for ca in read_certs(&c.ca_file, "cluster.tls.ca_file")? {
+            roots.add(ca).map_err(|e| {
+                Error::Config(format!("cluster.tls.ca_file {}: {e}", c.ca_file.display()))
+            })?;
+        }
+        let roots = Arc::new(roots);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .map_err(|e| Error::Config(format!("cluster.tls.ca_file: {e}")))?;
+        let server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("cluster.tls: {e}")))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs.clone(), key.clone_key())
+            .map_err(|e| Error::Config(format!("cluster.tls.cert_file/key_file: {e}")))?;
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("cluster.tls: {e}")))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| Error::Config(format!("cluster.tls.cert_file/key_file: {e}")))?;
+        let server_name = ServerName::try_from(c.server_name.clone()).map_err(|e| {
+            Error::Config(format!("cluster.tls.server_name `{}`: {e}", c.server_name))
+        })?;
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            connector: TlsConnector::from(Arc::new(client)),
+            server_name,
+        })
+    }
+}
