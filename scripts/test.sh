@@ -24,4 +24,4 @@ export FIRSTSEEN_TEST_PULSAR_ADMIN_URL="$PULSAR_ADMIN_URL"
 export FIRSTSEEN_REQUIRE_BROKERS=1
 
 log "running tests"
-cargo test --workspace "$@" -- --test-threads="${FIRSTSEEN_TEST_THREADS:-2}"
+cargo test --workspace --no-fail-fast "$@" -- --test-threads="${FIRSTSEEN_TEST_THREADS:-2}"
