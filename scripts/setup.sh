@@ -6,8 +6,11 @@
 #   apt:   mosquitto, mosquitto-clients (upstream broker and CLI tools),
 #          protobuf-compiler (the pulsar crate's build needs protoc), curl,
 #          openssl (the TLS test makes its certificates with it)
+#   apt:   chromium (the status page's browser test)
 #   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
-#          Pulsar client, the independent reader in tests)
+#          Pulsar client, the independent reader in tests), playwright (drives
+#          Debian's chromium), prometheus-client (parses /metrics), pyyaml
+#          (reads the deploy manifests in tests)
 #   maven: Apache Pulsar standalone (scripts/pulsar.sh install)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -19,6 +22,8 @@ command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# Debian's Chromium, driven by Playwright, is the status page test's browser.
+[ -x /usr/bin/chromium ] || need_apt+=(chromium fonts-dejavu-core)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -33,9 +38,12 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/d
   systemctl stop mosquitto 2>/dev/null || true
 fi
 
-if ! python3 -c 'import paho.mqtt, pulsar' 2>/dev/null; then
-  log "installing Python packages: paho-mqtt, pulsar-client"
-  python3 -m pip install -q --disable-pip-version-check "paho-mqtt==2.2.0" "pulsar-client==3.13.0"
+if ! python3 -c 'import paho.mqtt, pulsar, playwright, prometheus_client, yaml' 2>/dev/null; then
+  log "installing Python packages: paho-mqtt, pulsar-client, playwright, prometheus-client, pyyaml"
+  # playwright is only the driver: it runs Debian's /usr/bin/chromium and
+  # never downloads a browser of its own.
+  python3 -m pip install -q --disable-pip-version-check "paho-mqtt==2.2.0" "pulsar-client==3.13.0" \
+    "playwright==1.49.1" "prometheus-client==0.21.1" "pyyaml==6.0.3"
 fi
 
 "$here/pulsar.sh" install

@@ -16,7 +16,8 @@
 //! 6. [`verify`]: reads a topic back and audits duplicates and gaps.
 //!
 //! [`node`] wires these together and stops them in that order; [`http`] is
-//! the status and metrics API; [`config`] is the validated configuration.
+//! the status page and API; [`telemetry`] the metrics and recent-errors log;
+//! [`config`] is the validated configuration.
 
 pub mod ack;
 pub mod batch;
@@ -27,6 +28,7 @@ pub mod ingest;
 pub mod key;
 pub mod node;
 pub mod publish;
+pub mod telemetry;
 pub mod verify;
 
 /// Everything that can go wrong in the firstseen crate.

@@ -129,14 +129,17 @@ fn init_logging(format: LogFormat, quiet_clients: bool) {
     } else {
         "info,pulsar=warn,openraft=warn,sled=warn"
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(firstseen::telemetry::RecentEvents);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(fmt).init(),
+        LogFormat::Json => registry.with(fmt.json()).init(),
     }
 }
 
@@ -180,13 +183,9 @@ async fn run(path: PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let metrics = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics recorder not installed");
-            None
-        }
-    };
+    let upstreams: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+    let metrics =
+        firstseen::telemetry::install_metrics(config.node.id, &config.node.zone, &upstreams);
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {

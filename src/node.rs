@@ -75,6 +75,8 @@ pub async fn run(
             .collect(),
         metrics,
         key: cluster.key.clone(),
+        snapshot_file: config.node.data_dir.join("raft/snapshots/current.snap"),
+        history: Default::default(),
     });
 
     let services = CancellationToken::new();
@@ -90,6 +92,10 @@ pub async fn run(
     });
     let http_task = tokio::spawn(http::serve(listener, app.clone(), services.clone()));
     let gauge_task = tokio::spawn(http::gauges(app.clone(), services.clone()));
+    tokio::spawn(crate::cluster::log_leadership(
+        cluster.raft.clone(),
+        services.clone(),
+    ));
     let publisher = tokio::spawn(
         Publisher {
             raft: cluster.raft.clone(),

@@ -281,3 +281,27 @@ pub async fn remove_member(raft: &Raft, id: NodeId) -> Result<(), Error> {
         .map_err(|e| Error::Raft(format!("remove {id}: {e}")))?;
     Ok(())
 }
+
+/// Logs one line per leadership change, as operators want to see them.
+pub async fn log_leadership(raft: Raft, shutdown: tokio_util::sync::CancellationToken) {
+    let mut rx = raft.metrics();
+    let mut last: Option<(u64, Option<NodeId>)> = None;
+    loop {
+        let now = {
+            let m = rx.borrow_and_update();
+            (m.current_term, m.current_leader)
+        };
+        if last.map(|l| l.1) != Some(now.1) {
+            match now.1 {
+                Some(leader) => tracing::info!(term = now.0, leader, "leader elected"),
+                None if last.is_some() => tracing::warn!(term = now.0, "no leader"),
+                None => {}
+            }
+        }
+        last = Some(now);
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { break },
+            _ = shutdown.cancelled() => break,
+        }
+    }
+}

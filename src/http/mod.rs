@@ -1,11 +1,15 @@
-//! The node's HTTP API: `/healthz`, `/readyz`, `/status` (JSON), `/metrics`.
+//! The node's HTTP API: the status page (`/`), `/healthz`, `/readyz`,
+//! `/status`, `/cluster` and `/history` (JSON), `/metrics`, and the
+//! authenticated admin endpoints.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Json};
+use axum::response::{Html, IntoResponse, Json};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use firstseen_raft::Raft;
@@ -27,7 +31,30 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Admin requests must present the cluster secret.
     pub key: ClusterKey,
+    /// Where the current snapshot file lives, for its size.
+    pub snapshot_file: std::path::PathBuf,
+    /// Samples for the status page's charts.
+    pub history: Mutex<VecDeque<Sample>>,
 }
+
+/// One point of the status page's charts, taken every [`SAMPLE_EVERY`].
+#[derive(Clone, Serialize)]
+pub struct Sample {
+    pub at_ms: u64,
+    /// Copies this node received from its upstreams (cumulative).
+    pub received: u64,
+    /// Copies committed cluster-wide (cumulative).
+    pub observed: u64,
+    /// Of those, duplicates (cumulative).
+    pub duplicates: u64,
+    /// Messages confirmed in Pulsar, over all topics (cumulative).
+    pub published: u64,
+    pub outbox_messages: u64,
+}
+
+/// Chart resolution and span: 5 s samples over 15 minutes.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+const SAMPLES: usize = 180;
 
 #[derive(Serialize)]
 pub struct Status {
@@ -43,9 +70,13 @@ pub struct Status {
     pub topics: Vec<TopicView>,
     pub coverage: Vec<CoverageView>,
     pub disk_bytes: u64,
+    pub ready: bool,
+    pub not_ready_reason: Option<String>,
+    /// The last warnings and errors this node logged, newest first.
+    pub recent_errors: Vec<crate::telemetry::LoggedEvent>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 pub struct MemberStatus {
     pub id: u64,
     pub zone: String,
@@ -152,6 +183,9 @@ impl AppState {
                 })
                 .collect(),
             disk_bytes: self.state.size_on_disk().unwrap_or(0),
+            ready: self.ready().is_ok(),
+            not_ready_reason: self.ready().err(),
+            recent_errors: crate::telemetry::recent_events(),
         })
         .map(|mut s: Status| {
             s.members = members;
@@ -180,6 +214,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let router = Router::new()
+        .route("/", get(|| async { Html(PAGE) }))
+        .route("/cluster", get(cluster))
+        .route("/history", get(history))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
@@ -281,6 +318,77 @@ async fn remove_member(
     }
 }
 
+/// The status page: one self-contained file, no external assets.
+const PAGE: &str = include_str!("page.html");
+
+/// One member as the status page shows it, fetched from that member.
+#[derive(Serialize)]
+struct MemberView {
+    id: u64,
+    zone: String,
+    http: String,
+    voter: bool,
+    reachable: bool,
+    status: Option<serde_json::Value>,
+    error: Option<String>,
+}
+
+/// Every member's own /status, fetched server-side (so the page needs no
+/// cross-origin requests) with a short timeout.
+async fn cluster(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    let Ok(me) = app.status() else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!([])),
+        )
+            .into_response();
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap_or_default();
+    let fetches = me.members.iter().map(|m| {
+        let client = client.clone();
+        let local = (m.id == app.node_id)
+            .then(|| serde_json::to_value(&me).ok())
+            .flatten();
+        async move {
+            let (status, error) = match local {
+                Some(v) => (Some(v), None),
+                None if m.http.is_empty() => {
+                    (None, Some("no HTTP address in the membership".to_string()))
+                }
+                None => match client.get(format!("http://{}/status", m.http)).send().await {
+                    Ok(r) => match r.json::<serde_json::Value>().await {
+                        Ok(v) => (Some(v), None),
+                        Err(e) => (None, Some(e.to_string())),
+                    },
+                    Err(e) => (None, Some(e.to_string())),
+                },
+            };
+            MemberView {
+                id: m.id,
+                zone: m.zone.clone(),
+                http: m.http.clone(),
+                voter: m.voter,
+                reachable: status.is_some(),
+                status,
+                error,
+            }
+        }
+    });
+    Json(futures::future::join_all(fetches).await).into_response()
+}
+
+async fn history(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    let samples: Vec<Sample> = app
+        .history
+        .lock()
+        .map(|h| h.iter().cloned().collect())
+        .unwrap_or_default();
+    Json(samples)
+}
+
 async fn readyz(State(app): State<Arc<AppState>>) -> impl IntoResponse {
     match app.ready() {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
@@ -308,9 +416,11 @@ async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
     }
 }
 
-/// Publishes state-derived gauges once a second (per interval, not per message).
+/// Publishes state-derived gauges once a second (per interval, not per
+/// message), and records a chart sample every [`SAMPLE_EVERY`].
 pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks = 0u64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -322,13 +432,39 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
         metrics::gauge!("firstseen_window_keys").set(s.totals.window_keys as f64);
         metrics::gauge!("firstseen_raft_term").set(s.term as f64);
         metrics::gauge!("firstseen_raft_is_leader").set(if s.is_leader { 1.0 } else { 0.0 });
+        metrics::gauge!("firstseen_raft_leader_id").set(s.leader.unwrap_or(0) as f64);
         metrics::gauge!("firstseen_raft_applied_index").set(s.last_applied.unwrap_or(0) as f64);
         metrics::gauge!("firstseen_disk_bytes").set(s.disk_bytes as f64);
+        let snapshot = std::fs::metadata(&app.snapshot_file)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        metrics::gauge!("firstseen_snapshot_bytes").set(snapshot as f64);
         for c in &s.coverage {
-            let node = c.node.to_string();
-            metrics::gauge!("firstseen_coverage_seen_ratio", "node" => node.clone())
-                .set(c.seen_ratio);
-            metrics::gauge!("firstseen_coverage_first_ratio", "node" => node).set(c.first_ratio);
+            // "member", not "node": every series already carries this node's
+            // own id as the global label `node`.
+            let labels = [
+                ("member", c.node.to_string()),
+                ("member_zone", c.zone.clone()),
+            ];
+            metrics::gauge!("firstseen_coverage_seen_ratio", &labels).set(c.seen_ratio);
+            metrics::gauge!("firstseen_coverage_first_ratio", &labels).set(c.first_ratio);
         }
+        if ticks % SAMPLE_EVERY.as_secs() == 0 {
+            let sample = Sample {
+                at_ms: crate::now_ms(),
+                received: s.upstreams.iter().map(|u| u.received).sum(),
+                observed: s.totals.observed,
+                duplicates: s.totals.duplicates,
+                published: s.topics.iter().map(|t| t.published_seq).sum(),
+                outbox_messages: s.totals.outbox_messages,
+            };
+            if let Ok(mut h) = app.history.lock() {
+                if h.len() == SAMPLES {
+                    h.pop_front();
+                }
+                h.push_back(sample);
+            }
+        }
+        ticks += 1;
     }
 }

@@ -36,15 +36,6 @@ impl Net {
     }
 }
 
-/// A port free on `ip` right now.
-pub fn free_port_on(ip: IpAddr) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 pub struct TestCluster {
     pub nodes: Vec<Node>,
     pub faults: Faults,

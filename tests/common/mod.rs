@@ -28,10 +28,34 @@ pub fn hfp_path() -> PathBuf {
     repo().join(HFP)
 }
 
-/// A port the OS says is free right now.
+/// A port free on `ip` right now, taken at random below the kernel's
+/// ephemeral range (32768+). Ports handed out for port-0 binds (the fault
+/// proxies, every outgoing connection) come from that range, so they can
+/// never take a port chosen here between the choice and the bind.
+pub fn free_port_on(ip: std::net::IpAddr) -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        ^ ((std::process::id() as u64) << 32);
+    let mut x = seed ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = 20_000 + (x % 12_000) as u16;
+        if std::net::TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on {ip}");
+}
+
+/// A free port on 127.0.0.1 (see [`free_port_on`]).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().unwrap().port()
+    free_port_on(std::net::IpAddr::from([127, 0, 0, 1]))
 }
 
 /// Polls `f` every 100 ms until it returns true or `timeout` passes. Used to

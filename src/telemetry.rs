@@ -1,0 +1,281 @@
+//! Telemetry shared by the whole node: the Prometheus recorder, every
+//! metric's name and help text (docs/metrics.md lists the same), and a small
+//! in-memory log of recent warnings and errors for the status page.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, OnceLock};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Serialize;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::Layer;
+
+/// (name, kind, help) of every metric firstseen exports. Kept in one table
+/// so that start-up can register them all and a test can hold docs/metrics.md
+/// to it.
+pub const METRICS: &[(&str, &str, &str)] = &[
+    (
+        "firstseen_messages_received_total",
+        "counter",
+        "Upstream messages received by this node, per upstream",
+    ),
+    (
+        "firstseen_first_seen_total",
+        "counter",
+        "Observations this node proposed that were the first copy of their key",
+    ),
+    (
+        "firstseen_duplicates_total",
+        "counter",
+        "Observations this node proposed that were copies of a key already committed",
+    ),
+    (
+        "firstseen_batches_total",
+        "counter",
+        "Batches this node committed (each one Raft entry)",
+    ),
+    (
+        "firstseen_acks_total",
+        "counter",
+        "Upstream PUBACKs sent after commit",
+    ),
+    (
+        "firstseen_propose_errors_total",
+        "counter",
+        "Batch proposals that failed and were retried",
+    ),
+    (
+        "firstseen_published_total",
+        "counter",
+        "Messages this node published to Pulsar as leader",
+    ),
+    (
+        "firstseen_publish_errors_total",
+        "counter",
+        "Times the publisher dropped its producer after an error",
+    ),
+    (
+        "firstseen_oversize_total",
+        "counter",
+        "Payloads above dedup.max_payload_bytes, per upstream",
+    ),
+    (
+        "firstseen_dead_letter_total",
+        "counter",
+        "Messages written to the dead-letter directory, per reason",
+    ),
+    (
+        "firstseen_upstream_disconnects_total",
+        "counter",
+        "Upstream connection failures, per upstream",
+    ),
+    (
+        "firstseen_peer_refused_total",
+        "counter",
+        "Peer connections refused (handshake, TLS, bad frames)",
+    ),
+    (
+        "firstseen_upstream_connected",
+        "gauge",
+        "1 while the upstream connection is up, per upstream",
+    ),
+    (
+        "firstseen_backpressure",
+        "gauge",
+        "1 while the outbox is over its quota and acks are held",
+    ),
+    (
+        "firstseen_outbox_messages",
+        "gauge",
+        "Messages committed but not yet confirmed in Pulsar",
+    ),
+    (
+        "firstseen_outbox_bytes",
+        "gauge",
+        "Payload and topic bytes in the outbox (the quota's measure)",
+    ),
+    ("firstseen_window_keys", "gauge", "Keys in the dedup window"),
+    ("firstseen_raft_term", "gauge", "Current Raft term"),
+    ("firstseen_raft_is_leader", "gauge", "1 on the leader"),
+    (
+        "firstseen_raft_leader_id",
+        "gauge",
+        "Node id of the leader this node knows (0 if none)",
+    ),
+    (
+        "firstseen_raft_applied_index",
+        "gauge",
+        "Last Raft log index applied to the state machine",
+    ),
+    (
+        "firstseen_snapshot_bytes",
+        "gauge",
+        "Size of the current snapshot file",
+    ),
+    (
+        "firstseen_disk_bytes",
+        "gauge",
+        "Bytes sled uses on disk (state and log)",
+    ),
+    (
+        "firstseen_coverage_seen_ratio",
+        "gauge",
+        "Per member and zone: share of the window's keys it delivered",
+    ),
+    (
+        "firstseen_coverage_first_ratio",
+        "gauge",
+        "Per member and zone: share of the window's keys it delivered first",
+    ),
+    (
+        "firstseen_commit_seconds",
+        "histogram",
+        "Time from proposing a batch to its commit",
+    ),
+    (
+        "firstseen_publish_batch_seconds",
+        "histogram",
+        "Time to send a publish batch and receive every receipt",
+    ),
+    (
+        "firstseen_batch_messages",
+        "histogram",
+        "Observations per committed batch",
+    ),
+];
+
+/// Installs the Prometheus recorder with `node` and `zone` on every series,
+/// and registers every metric so each exists from the first scrape.
+pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<PrometheusHandle> {
+    let seconds = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
+    let builder = PrometheusBuilder::new()
+        .add_global_label("node", node.to_string())
+        .add_global_label("zone", zone.to_string())
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("firstseen_batch_messages".into()), &sizes)
+        });
+    let handle = match builder.and_then(|b| b.install_recorder()) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed");
+            return None;
+        }
+    };
+    for (name, kind, help) in METRICS {
+        match *kind {
+            "counter" => metrics::describe_counter!(*name, *help),
+            "gauge" => metrics::describe_gauge!(*name, *help),
+            _ => metrics::describe_histogram!(*name, *help),
+        }
+    }
+    for (name, kind, _) in METRICS {
+        let per_upstream = matches!(
+            *name,
+            "firstseen_messages_received_total"
+                | "firstseen_oversize_total"
+                | "firstseen_upstream_disconnects_total"
+                | "firstseen_upstream_connected"
+        );
+        if per_upstream {
+            for u in upstreams {
+                match *kind {
+                    "counter" => metrics::counter!(*name, "upstream" => u.clone()).increment(0),
+                    _ => metrics::gauge!(*name, "upstream" => u.clone()).set(0.0),
+                }
+            }
+        } else if *name == "firstseen_dead_letter_total" {
+            for reason in ["oversize", "unrouted"] {
+                metrics::counter!(*name, "reason" => reason).increment(0);
+            }
+        } else if name.starts_with("firstseen_coverage") {
+            // Per member; appears once the window holds keys.
+        } else {
+            match *kind {
+                "counter" => metrics::counter!(*name).increment(0),
+                "gauge" => metrics::gauge!(*name).set(0.0),
+                _ => {}
+            }
+        }
+    }
+    Some(handle)
+}
+
+/// One warning or error, as the status page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoggedEvent {
+    pub at_ms: u64,
+    pub level: String,
+    pub target: String,
+    pub message: String,
+}
+
+const RECENT: usize = 20;
+
+fn recent() -> &'static Mutex<VecDeque<LoggedEvent>> {
+    static RECENT_EVENTS: OnceLock<Mutex<VecDeque<LoggedEvent>>> = OnceLock::new();
+    RECENT_EVENTS.get_or_init(|| Mutex::new(VecDeque::with_capacity(RECENT)))
+}
+
+/// The last warnings and errors, newest first.
+pub fn recent_events() -> Vec<LoggedEvent> {
+    recent()
+        .lock()
+        .map(|q| q.iter().rev().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// A tracing layer that keeps the last warnings and errors in memory.
+pub struct RecentEvents;
+
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            self.0.push_str(value);
+        } else {
+            let _ = write!(self.0, " {}={value}", field.name());
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for RecentEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        // Errors from anywhere; warnings only from firstseen itself, since
+        // libraries warn about routine events (openraft during elections).
+        let ours = meta.target().starts_with("firstseen");
+        if *meta.level() > tracing::Level::WARN || (*meta.level() == tracing::Level::WARN && !ours)
+        {
+            return;
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        if let Ok(mut q) = recent().lock() {
+            if q.len() == RECENT {
+                q.pop_front();
+            }
+            q.push_back(LoggedEvent {
+                at_ms: crate::now_ms(),
+                level: meta.level().to_string(),
+                target: meta.target().to_string(),
+                message: fields.0,
+            });
+        }
+    }
+}
