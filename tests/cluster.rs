@@ -241,10 +241,13 @@ fn a_zone_losing_its_upstream_is_covered_and_its_coverage_dips() {
         dipped < 0.5,
         "the cut zone's coverage should dip, is {dipped}"
     );
+    // The healthy zones' own copies may still be committing after the
+    // leader published everything; they must reach the whole feed.
     for n in others(3, victim) {
-        assert!(
-            coverage_of(&mut c, n) > 0.99,
-            "zone of node {n} covered the feed"
+        wait_until(
+            Duration::from_secs(30),
+            "a healthy zone to cover the feed",
+            || coverage_of(&mut c, n) > 0.99,
         );
     }
 

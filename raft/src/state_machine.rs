@@ -238,11 +238,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(|e| werr(any(e)))?;
         let std_file = file.into_std().await;
         let store = self.store.clone();
-        let records =
-            tokio::task::spawn_blocking(move || store.import(&mut BufReader::new(std_file)))
-                .await
-                .map_err(|e| werr(any(e)))?
-                .map_err(|e| werr(any(e)))?;
+        let id = meta.snapshot_id.clone();
+        let records = tokio::task::spawn_blocking(move || {
+            store.import_with_progress(&mut BufReader::new(std_file), |n| {
+                tracing::info!(snapshot = %id, records = n, "installing snapshot");
+            })
+        })
+        .await
+        .map_err(|e| werr(any(e)))?
+        .map_err(|e| werr(any(e)))?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         let marker = self.marker().map_err(werr)?;

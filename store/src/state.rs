@@ -397,6 +397,16 @@ impl StateStore {
 
     /// Replaces the whole state with a stream written by [`StateStore::export`].
     pub fn import<R: Read>(&self, input: &mut R) -> Result<u64, StoreError> {
+        self.import_with_progress(input, |_| {})
+    }
+
+    /// [`StateStore::import`], calling `progress` with the record count every
+    /// 100,000 records (a snapshot of a busy window has millions).
+    pub fn import_with_progress<R: Read>(
+        &self,
+        input: &mut R,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, StoreError> {
         for tree in self.trees() {
             tree.clear()?;
         }
@@ -415,6 +425,9 @@ impl StateStore {
             let v = read_chunk(input)?;
             tree.insert(k, v)?;
             records += 1;
+            if records % 100_000 == 0 {
+                progress(records);
+            }
         }
         Ok(records)
     }
