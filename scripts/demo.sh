@@ -35,74 +35,10 @@ if [ "$keep" = 0 ]; then trap stop_all EXIT; fi
 "$here/pulsar.sh" start "$demo/pulsar"
 . "$demo/pulsar/env"
 
-mqtt_port=$(free_port)
-mkdir -p "$demo/mosquitto"
-cat > "$demo/mosquitto/mosquitto.conf" <<CONF
-listener $mqtt_port 127.0.0.1
-allow_anonymous true
-persistence true
-persistence_location $demo/mosquitto/
-max_queued_messages 1000000
-max_inflight_messages 1000
-$( [ "$(id -u)" = 0 ] && echo "user root" )
-CONF
-mosquitto -c "$demo/mosquitto/mosquitto.conf" > "$demo/mosquitto/log" 2>&1 &
-echo $! >> "$demo/pids"
-wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mqtt_port"
+start_mosquitto "$demo/mosquitto" "$demo/pids"
 log "Mosquitto listening on 127.0.0.1:$mqtt_port"
-
 topic="persistent://public/default/hfp-demo"
-zones=(zone-a zone-b zone-c)
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$demo/cluster.secret"
-declare -a http peer
-for i in 1 2 3; do http[$i]=$(free_port); peer[$i]=$(free_port); done
-members=""
-for i in 1 2 3; do
-  members+="
-[[cluster.members]]
-id = $i
-zone = \"${zones[$((i-1))]}\"
-addr = \"127.0.0.1:${peer[$i]}\"
-http = \"127.0.0.1:${http[$i]}\"
-"
-done
-for i in 1 2 3; do
-  # Every node subscribes to the same broker with its own client id
-  # (firstseen-<id>-hsl), as one bridge per availability zone would.
-  cat > "$demo/node-$i.toml" <<CONF
-[node]
-id = $i
-zone = "${zones[$((i-1))]}"
-data_dir = "$demo/node-$i"
-http_listen = "127.0.0.1:${http[$i]}"
-
-[pulsar]
-url = "$PULSAR_URL"
-admin_url = "$PULSAR_ADMIN_URL"
-
-[[upstreams]]
-name = "hsl"
-url = "mqtt://127.0.0.1:$mqtt_port"
-[[upstreams.subscriptions]]
-filter = "/hfp/v1/#"
-qos = 1
-
-[[routes]]
-filter = "/hfp/v1/#"
-pulsar_topic = "$topic"
-
-[cluster]
-listen = "127.0.0.1:${peer[$i]}"
-secret_file = "$demo/cluster.secret"
-$members
-CONF
-  "$bin" check-config "$demo/node-$i.toml"
-  "$bin" run --config "$demo/node-$i.toml" > "$demo/node-$i.log" 2>&1 &
-  echo $! >> "$demo/pids"
-done
-for i in 1 2 3; do
-  wait_for 60 curl -fsS "http://127.0.0.1:${http[$i]}/readyz"
-done
+start_cluster "$demo" "$bin" "$mqtt_port" "/hfp/v1/#" "$topic" "$demo/pids"
 http_port=${http[1]}
 leader=$(curl -fsS "http://127.0.0.1:$http_port/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader"])')
 log "three nodes ready in zones ${zones[*]}; node $leader leads; APIs on 127.0.0.1:${http[1]}, :${http[2]}, :${http[3]}"

@@ -17,3 +17,82 @@ wait_for() {
 }
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# Starts a Mosquitto of our own with state in $1, on a free port, and records
+# its pid in $2. Sets mqtt_port. Offline queues are raised so a restart loses
+# nothing inside the broker (the default keeps 1,000 messages per session).
+start_mosquitto() {
+  local dir=$1 pids=$2
+  mkdir -p "$dir"
+  mqtt_port=$(free_port)
+  {
+    echo "listener $mqtt_port 127.0.0.1"
+    echo "allow_anonymous true"
+    echo "persistence true"
+    echo "persistence_location $dir/"
+    echo "max_queued_messages 1000000"
+    echo "max_inflight_messages 1000"
+    if [ "$(id -u)" = 0 ]; then echo "user root"; fi
+  } > "$dir/mosquitto.conf"
+  mosquitto -c "$dir/mosquitto.conf" > "$dir/log" 2>&1 &
+  echo $! >> "$pids"
+  wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mqtt_port"
+}
+
+# Starts a three-zone firstseen cluster: state in $1/node-N, binary $2,
+# upstream 127.0.0.1:$3 filter $4 routed to Pulsar topic $5 ($PULSAR_URL and
+# $PULSAR_ADMIN_URL must be set), pids appended to $6. Waits until every node
+# is ready. Sets the arrays zones, http (HTTP port per node) and peer.
+start_cluster() {
+  local dir=$1 bin=$2 mqtt=$3 filter=$4 topic=$5 pids=$6 i members=""
+  zones=(zone-a zone-b zone-c)
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/cluster.secret"
+  for i in 1 2 3; do http[$i]=$(free_port); peer[$i]=$(free_port); done
+  for i in 1 2 3; do
+    members+="
+[[cluster.members]]
+id = $i
+zone = \"${zones[$((i-1))]}\"
+addr = \"127.0.0.1:${peer[$i]}\"
+http = \"127.0.0.1:${http[$i]}\"
+"
+  done
+  for i in 1 2 3; do
+    # Every node subscribes to the same broker with its own client id
+    # (firstseen-<id>-hsl), as one bridge per availability zone would.
+    cat > "$dir/node-$i.toml" <<CONF
+[node]
+id = $i
+zone = "${zones[$((i-1))]}"
+data_dir = "$dir/node-$i"
+http_listen = "127.0.0.1:${http[$i]}"
+
+[pulsar]
+url = "$PULSAR_URL"
+admin_url = "$PULSAR_ADMIN_URL"
+
+[[upstreams]]
+name = "hsl"
+url = "mqtt://127.0.0.1:$mqtt"
+[[upstreams.subscriptions]]
+filter = "$filter"
+qos = 1
+
+[[routes]]
+filter = "$filter"
+pulsar_topic = "$topic"
+
+[cluster]
+listen = "127.0.0.1:${peer[$i]}"
+secret_file = "$dir/cluster.secret"
+$members
+CONF
+    "$bin" check-config "$dir/node-$i.toml" >/dev/null
+    "$bin" run --config "$dir/node-$i.toml" > "$dir/node-$i.log" 2>&1 &
+    echo $! >> "$pids"
+    echo $! > "$dir/node-$i.pid"
+  done
+  for i in 1 2 3; do
+    wait_for 60 curl -fsS "http://127.0.0.1:${http[$i]}/readyz"
+  done
+}

@@ -1,0 +1,417 @@
+//! firstseen's benchmark tools, run by `scripts/bench.sh`:
+//!
+//! - `load`: publishes synthetic HFP messages (the capture's topics and
+//!   payloads, each made unique and stamped with its send time) at a fixed
+//!   rate, with injected upstream duplicates.
+//! - `probe`: reads a Pulsar topic and reports end-to-end latency (send time
+//!   in the payload to receipt by a consumer), copies per message, and the
+//!   `firstseen verify` audit.
+//! - `naive`: baseline (a), an HA forwarder without Raft or dedup built from
+//!   the same crates (rumqttc → pulsar): run three and every message lands
+//!   three times.
+//! - `fanout`: baseline (b), Mosquitto's own delivery rate to three plain
+//!   subscribers, the ceiling of this machine.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+
+#[derive(Parser)]
+#[command(
+    name = "firstseen-bench",
+    about = "Load, probe and baselines for the firstseen benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Publish synthetic HFP at a fixed rate.
+    Load {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        /// The HFP capture used as topic and payload templates.
+        #[arg(long)]
+        template: String,
+        /// Messages per second (unique ones; duplicates come on top).
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        secs: u64,
+        /// Publish every K-th message twice (0: never).
+        #[arg(long, default_value_t = 20)]
+        dup_every: u64,
+        /// Distinguishes runs, so keys never repeat across them.
+        #[arg(long)]
+        run: String,
+    },
+    /// Read a topic and report latency, copies and the audit.
+    Probe {
+        #[arg(long)]
+        pulsar: String,
+        #[arg(long)]
+        topic: String,
+        /// Unique messages expected.
+        #[arg(long)]
+        expect: u64,
+        /// Give up this long after the last message arrived.
+        #[arg(long, default_value_t = 20)]
+        idle_secs: u64,
+        /// Only count messages whose bench id starts with this run id.
+        #[arg(long)]
+        run: String,
+    },
+    /// Baseline (a): forward an MQTT subscription to Pulsar, no Raft, no dedup.
+    Naive {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        client_id: String,
+        #[arg(long)]
+        pulsar: String,
+        #[arg(long)]
+        topic: String,
+    },
+    /// Baseline (b): Mosquitto's delivery rate to `subs` plain subscribers.
+    Fanout {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 3)]
+        subs: usize,
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+    },
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// (topic, payload) pairs of the capture.
+fn templates(path: &str) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let rest = line.split_once(' ').map(|p| p.1).unwrap_or("");
+        if let Some(cut) = rest.find(" {") {
+            out.push((rest[..cut].to_string(), rest[cut + 1..].to_string()));
+        }
+    }
+    if out.is_empty() {
+        bail!("no messages in {path}");
+    }
+    Ok(out)
+}
+
+/// A template payload made unique and stamped: `{"VP":{"bench":"run-n-ns",…`.
+fn stamp(payload: &str, run: &str, n: u64) -> String {
+    let id = format!("{{\"VP\":{{\"bench\":\"{run}-{n}-{}\",", now_ns());
+    match payload.strip_prefix("{\"VP\":{") {
+        Some(rest) => id + rest,
+        None => id + "\"raw\":" + &serde_json::to_string(payload).unwrap_or_default() + "}}",
+    }
+}
+
+/// The bench id of a payload: (run, send time in ns).
+fn bench_id(payload: &[u8]) -> Option<(&str, u128)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let start = text.find("\"bench\":\"")? + 9;
+    let end = start + text[start..].find('"')?;
+    let id = &text[start..end];
+    let ns = id.rsplit('-').next()?.parse().ok()?;
+    Some((id, ns))
+}
+
+fn mqtt(client_id: &str, host: &str, port: u16, clean: bool) -> (AsyncClient, rumqttc::EventLoop) {
+    let mut o = MqttOptions::new(client_id, host, port);
+    o.set_keep_alive(Duration::from_secs(30))
+        .set_clean_session(clean)
+        .set_inflight(1000)
+        .set_max_packet_size(1 << 20, 1 << 20);
+    AsyncClient::new(o, 10_000)
+}
+
+async fn load(
+    host: String,
+    port: u16,
+    template: String,
+    rate: u64,
+    secs: u64,
+    dup_every: u64,
+    run: String,
+) -> Result<()> {
+    let templates = templates(&template)?;
+    let (client, mut eventloop) = mqtt(&format!("bench-load-{run}"), &host, port, true);
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = acked.clone();
+    let driver = tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("load: mqtt: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+    let total = rate * secs;
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut unique = 0u64;
+    // 10 ms ticks: fine enough for an even rate, coarse enough to be cheap.
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while unique < total {
+        tick.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * rate as f64) as u64).min(total);
+        while unique < due {
+            let (topic, payload) = &templates[(unique as usize) % templates.len()];
+            let body = stamp(payload, &run, unique);
+            let copies = if dup_every > 0 && unique % dup_every == 0 {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                client
+                    .publish(topic.clone(), QoS::AtLeastOnce, false, body.clone())
+                    .await?;
+                sent += 1;
+            }
+            unique += 1;
+        }
+    }
+    let publish_secs = started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.load(std::sync::atomic::Ordering::Relaxed) < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    driver.abort();
+    println!(
+        "{}",
+        serde_json::json!({
+            "sent": sent, "unique": unique, "acked_by_broker": acked.load(std::sync::atomic::Ordering::Relaxed),
+            "secs": publish_secs, "rate": unique as f64 / publish_secs,
+        })
+    );
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+async fn probe(
+    pulsar: String,
+    topic: String,
+    expect: u64,
+    idle_secs: u64,
+    run: String,
+) -> Result<()> {
+    let client = pulsar::Pulsar::builder(pulsar, pulsar::TokioExecutor)
+        .build()
+        .await?;
+    let mut consumer: pulsar::Consumer<Vec<u8>, _> = client
+        .consumer()
+        .with_topic(&topic)
+        .with_subscription(format!("bench-probe-{}", now_ns()))
+        .with_subscription_type(pulsar::SubType::Exclusive)
+        .with_options(
+            pulsar::ConsumerOptions::default()
+                .durable(false)
+                .with_initial_position(pulsar::consumer::InitialPosition::Earliest),
+        )
+        .build()
+        .await?;
+    let mut seen = HashSet::new();
+    let mut latencies = Vec::new();
+    let mut received = 0u64;
+    let mut audit = firstseen::verify::Audit::new(&topic);
+    let started = Instant::now();
+    let prefix = format!("{run}-");
+    while (seen.len() as u64) < expect {
+        let next = tokio::time::timeout(Duration::from_secs(idle_secs), consumer.next()).await;
+        let Ok(Some(msg)) = next else { break };
+        let msg = msg?;
+        let now = now_ns();
+        let Some((id, sent_ns)) = bench_id(&msg.payload.data) else {
+            continue;
+        };
+        if !id.starts_with(&prefix) {
+            continue;
+        }
+        received += 1;
+        let meta = msg.metadata();
+        audit.push(firstseen::verify::Seen {
+            key: firstseen::publish::props::get(meta, firstseen::publish::props::KEY)
+                .map(str::to_string),
+            seq: firstseen::publish::props::get(meta, firstseen::publish::props::SEQ)
+                .and_then(|s| s.parse().ok()),
+        });
+        if seen.insert(id.to_string()) {
+            latencies.push((now.saturating_sub(sent_ns)) as f64 / 1e6);
+        }
+    }
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let report = audit.finish();
+    println!(
+        "{}",
+        serde_json::json!({
+            "received": received, "unique": seen.len(), "expected": expect,
+            "copies_per_message": if seen.is_empty() { 0.0 } else { received as f64 / seen.len() as f64 },
+            "latency_ms": {"p50": percentile(&latencies, 0.5), "p99": percentile(&latencies, 0.99),
+                           "max": latencies.last().copied().unwrap_or(f64::NAN)},
+            "verify_clean": report.is_clean(), "duplicate_messages": report.duplicate_messages,
+            "missing_seqs": report.missing_seqs, "secs": started.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}
+
+async fn naive(
+    host: String,
+    port: u16,
+    client_id: String,
+    pulsar: String,
+    topic: String,
+) -> Result<()> {
+    let client = pulsar::Pulsar::builder(pulsar, pulsar::TokioExecutor)
+        .build()
+        .await?;
+    let mut producer = client.producer().with_topic(&topic).build().await?;
+    let (mqtt_client, mut eventloop) = mqtt(&client_id, &host, port, false);
+    mqtt_client.subscribe("#", QoS::AtLeastOnce).await?;
+    // Receipts are awaited off the event loop so forwarding never blocks on them.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<pulsar::producer::SendFuture>(10_000);
+    tokio::spawn(async move {
+        while let Some(f) = rx.recv().await {
+            if let Err(e) = f.await {
+                eprintln!("naive: send failed: {e}");
+            }
+        }
+    });
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                // What today's HA setups do: forward and let rumqttc ack at once.
+                let f = producer.send_non_blocking(p.payload.to_vec()).await?;
+                let _ = tx.send(f).await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("naive: mqtt: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn fanout(host: String, port: u16, subs: usize, count: u64) -> Result<()> {
+    let mut handles = Vec::new();
+    let topic = format!("bench/fanout/{}", now_ns());
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel(subs);
+    for i in 0..subs {
+        let (c, mut el) = mqtt(&format!("bench-sub-{i}-{}", now_ns()), &host, port, true);
+        c.subscribe(topic.clone(), QoS::AtLeastOnce).await?;
+        let ready = ready_tx.clone();
+        handles.push(tokio::spawn(async move {
+            let mut got = 0u64;
+            let mut first: Option<Instant> = None;
+            loop {
+                match el.poll().await {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = ready.send(()).await;
+                    }
+                    Ok(Event::Incoming(Packet::Publish(_))) => {
+                        first.get_or_insert_with(Instant::now);
+                        got += 1;
+                        if got == count {
+                            return first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(0.0);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return f64::NAN,
+                }
+            }
+        }));
+    }
+    for _ in 0..subs {
+        ready_rx.recv().await;
+    }
+    let (publisher, mut el) = mqtt(&format!("bench-pub-{}", now_ns()), &host, port, true);
+    tokio::spawn(async move { while el.poll().await.is_ok() {} });
+    let payload = vec![b'x'; 350];
+    for _ in 0..count {
+        publisher
+            .publish(topic.clone(), QoS::AtLeastOnce, false, payload.clone())
+            .await?;
+    }
+    let mut rates = Vec::new();
+    for h in handles {
+        let secs = h.await?;
+        rates.push(count as f64 / secs);
+    }
+    let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "{}",
+        serde_json::json!({"subscribers": subs, "messages": count, "rate_per_subscriber": min})
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Load {
+            host,
+            port,
+            template,
+            rate,
+            secs,
+            dup_every,
+            run,
+        } => load(host, port, template, rate, secs, dup_every, run).await,
+        Cmd::Probe {
+            pulsar,
+            topic,
+            expect,
+            idle_secs,
+            run,
+        } => probe(pulsar, topic, expect, idle_secs, run).await,
+        Cmd::Naive {
+            host,
+            port,
+            client_id,
+            pulsar,
+            topic,
+        } => naive(host, port, client_id, pulsar, topic).await,
+        Cmd::Fanout {
+            host,
+            port,
+            subs,
+            count,
+        } => fanout(host, port, subs, count).await,
+    }
+}
