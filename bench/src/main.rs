@@ -241,7 +241,10 @@ async fn probe(
         .with_options(
             pulsar::ConsumerOptions::default()
                 .durable(false)
-                .with_initial_position(pulsar::consumer::InitialPosition::Earliest),
+                // Only what arrives from now on: the load starts after the
+                // probe, and earlier runs on the same topic must not count
+                // towards this one's latency.
+                .with_initial_position(pulsar::consumer::InitialPosition::Latest),
         )
         .build()
         .await?;
@@ -300,7 +303,17 @@ async fn naive(
     let client = pulsar::Pulsar::builder(pulsar, pulsar::TokioExecutor)
         .build()
         .await?;
-    let mut producer = client.producer().with_topic(&topic).build().await?;
+    // Block when the client's queue is full, as a sensible forwarder would,
+    // instead of failing the send with SlowDown.
+    let mut producer = client
+        .producer()
+        .with_topic(&topic)
+        .with_options(pulsar::producer::ProducerOptions {
+            block_queue_if_full: true,
+            ..Default::default()
+        })
+        .build()
+        .await?;
     let (mqtt_client, mut eventloop) = mqtt(&client_id, &host, port, false);
     mqtt_client.subscribe("#", QoS::AtLeastOnce).await?;
     // Receipts are awaited off the event loop so forwarding never blocks on them.

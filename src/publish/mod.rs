@@ -11,7 +11,8 @@
 //!    next. On any error the producer — and the crate's queue of pending
 //!    messages with it — is dropped, and step 3 runs again. The crate's own
 //!    retries are capped at zero.
-//! 5. After each batch it commits `Published{topic, seq}` through Raft so
+//! 5. After each batch it commits `Published{topic, seq}` through Raft, in
+//!    the background, so
 //!    every node trims its outbox.
 
 pub mod props;
@@ -211,13 +212,21 @@ impl Publisher {
                     Ok(Some(upto)) => {
                         worked = true;
                         tp.backoff = Duration::from_millis(200);
+                        // The watermark is committed in the background: the
+                        // next batch need not wait for it. It may lag what is
+                        // in Pulsar, which is safe: a new publisher resumes
+                        // after max(tail, watermark), and apply keeps the
+                        // larger of two watermarks whatever their order.
+                        let raft = self.raft.clone();
                         let cmd = Command::Published {
                             pulsar_topic: tp.topic.clone(),
                             seq: upto,
                         };
-                        if self.raft.client_write(cmd).await.is_err() {
-                            return Ok(TermEnd::LostLease);
-                        }
+                        tokio::spawn(async move {
+                            if let Err(e) = raft.client_write(cmd).await {
+                                tracing::debug!(error = %e, "watermark not committed; the next one covers it");
+                            }
+                        });
                     }
                     Ok(None) => {}
                     Err(e) => tp.fail(&e),

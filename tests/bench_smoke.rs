@@ -1,0 +1,109 @@
+//! Keeps the benchmark tools from rotting: a tiny load through one node,
+//! measured by the probe. Speed is not asserted; the tools' output is.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn bench_bin() -> std::path::PathBuf {
+    // Built by `cargo build --workspace` (scripts/test.sh does that first).
+    let dir = bin().parent().unwrap().to_path_buf();
+    dir.join("firstseen-bench")
+}
+
+#[test]
+fn the_benchmark_tools_measure_a_small_load() {
+    let Some(pulsar) = shared_pulsar("the_benchmark_tools_measure_a_small_load") else {
+        return;
+    };
+    let tool = bench_bin();
+    if !tool.exists() {
+        assert_ne!(
+            std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref(),
+            Ok("1"),
+            "{} is missing; scripts/test.sh builds the workspace first",
+            tool.display()
+        );
+        eprintln!("SKIPPED the_benchmark_tools_measure_a_small_load: firstseen-bench not built");
+        return;
+    }
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("bench-smoke");
+    let node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+    let run = format!("smoke{}", std::process::id());
+    let probe = Command::new(&tool)
+        .args([
+            "probe",
+            "--pulsar",
+            &pulsar.url,
+            "--topic",
+            &topic,
+            "--expect",
+            "400",
+            "--idle-secs",
+            "20",
+        ])
+        .args(["--run", &run])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The probe reads from the latest message on: let it subscribe first.
+    wait_until(Duration::from_secs(20), "the probe's subscription", || {
+        let (_, body) = Command::new("curl")
+            .args([
+                "-s",
+                &format!(
+                    "{}/admin/v2/persistent/{}/stats",
+                    pulsar.admin_url,
+                    topic.trim_start_matches("persistent://")
+                ),
+            ])
+            .output()
+            .map(|o| ((), String::from_utf8_lossy(&o.stdout).into_owned()))
+            .unwrap();
+        body.contains("bench-probe")
+    });
+    let template = hfp_path();
+    let load = Command::new(&tool)
+        .args(["load", "--port", &mqtt.port.to_string(), "--template"])
+        .arg(&template)
+        .args([
+            "--rate",
+            "200",
+            "--secs",
+            "2",
+            "--dup-every",
+            "5",
+            "--run",
+            &run,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "load failed: {}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let load: serde_json::Value = serde_json::from_slice(&load.stdout).unwrap();
+    assert_eq!(load["unique"], 400);
+    assert_eq!(load["sent"], 480, "every 5th message twice");
+
+    let out = probe.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let probe: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(probe["unique"], 400, "{probe}");
+    assert_eq!(
+        probe["copies_per_message"], 1.0,
+        "one copy per message through firstseen: {probe}"
+    );
+    assert_eq!(probe["verify_clean"], true, "{probe}");
+    assert!(
+        probe["latency_ms"]["p50"].as_f64().is_some_and(|l| l > 0.0),
+        "{probe}"
+    );
+}
