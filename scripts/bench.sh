@@ -54,7 +54,8 @@ step() {
   local expect=$((rate * secs))
   "$bench" probe --pulsar "$PULSAR_URL" --topic "$topic" --expect "$expect" --idle-secs $((slack + 5)) --run "$id" > "$work/probe-$id.json" &
   local probe=$!
-  sleep 1
+  # The probe reads from the latest message on: wait for its subscription.
+  wait_for 30 bash -c "curl -fsS '$PULSAR_ADMIN_URL/admin/v2/persistent/${topic#persistent://}/stats' | grep -q bench-probe"
   "$bench" load --port "$mqtt_port" --template "$data" --rate "$rate" --secs "$secs" --dup-every 20 --run "$id" > "$work/load-$id.json"
   wait "$probe"
   python3 - "$work/load-$id.json" "$work/probe-$id.json" "$secs" "$slack" <<'PY'

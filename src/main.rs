@@ -332,6 +332,13 @@ async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf
             return ExitCode::from(2);
         }
     };
+    if secret.is_empty() || !secret.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        eprintln!(
+            "error: {}: the secret must be one line of printable ASCII without spaces to be sent as a bearer token",
+            secret_file.display()
+        );
+        return ExitCode::from(2);
+    }
     let client = reqwest::Client::new();
     let mut base = url.trim_end_matches('/').to_string();
     // At most one hop: a follower answers 409 with the leader's address.

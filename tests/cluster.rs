@@ -320,6 +320,60 @@ fn a_new_node_catches_up_by_snapshot() {
         .unwrap();
     assert_eq!(m4["voter"], true, "{s}");
     assert_eq!(m4["zone"], "zone-d");
+
+    // And out again, through a follower (the CLI finds the leader).
+    let follower = if leader == 1 { 2 } else { 1 };
+    let out = std::process::Command::new(bin())
+        .args(["members", "remove", "--id", "4"])
+        .args([
+            "--url",
+            &format!("http://127.0.0.1:{}", c.node(follower).http_port),
+            "--secret-file",
+        ])
+        .arg(c.secret_file())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "members remove: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "node 4 to leave the membership",
+        || {
+            c.node(leader).status().is_some_and(|s| {
+                s["members"]
+                    .as_array()
+                    .is_some_and(|m| m.len() == 3 && m.iter().all(|m| m["id"] != 4))
+            })
+        },
+    );
+    // Without the secret the admin API refuses.
+    let wrong = c.node(4).dir.path().join("wrong.secret");
+    std::fs::write(&wrong, "not-the-cluster-secret\n").unwrap();
+    let out = std::process::Command::new(bin())
+        .args([
+            "members",
+            "remove",
+            "--id",
+            "3",
+            "--url",
+            &url,
+            "--secret-file",
+        ])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a wrong secret must not change membership"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Peers without the cluster secret, garbled frames and oversized frames are
