@@ -30,7 +30,18 @@ fn three_zones_keep_exactly_one_copy_per_key() {
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
 
-    // Every zone got the whole feed: each saw (nearly) every key.
+    // Every zone got the whole feed: each saw (nearly) every key. Followers'
+    // last batches (duplicates only) may still be committing once the leader
+    // has published every first copy, so wait for all copies.
+    wait_until(
+        Duration::from_secs(30),
+        "every zone's copies committed",
+        || {
+            c.nodes[0]
+                .status()
+                .is_some_and(|s| s["totals"]["observed"].as_u64() == Some(3 * r.published))
+        },
+    );
     let s = c.nodes[0].status().unwrap();
     let coverage = s["coverage"].as_array().unwrap();
     assert_eq!(coverage.len(), 3, "{s}");

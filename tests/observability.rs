@@ -120,13 +120,24 @@ fn the_status_page_shows_the_cluster_and_a_degraded_zone() {
         "the cut zone to be not ready",
         || c.node(degraded).get("/readyz").0 == 503,
     );
-    replay(
+    let r = replay(
         mqtt.port,
         &["--limit", "1500", "--pace", "max", "--dup-every", "4"],
     );
     let distinct = hfp_pairs(Some(1500)).len() as u64;
     c.node(leader)
         .wait_published(distinct, Duration::from_secs(60));
+    // Let the two healthy zones' last copies commit, so the page and /status
+    // are read from the same, settled state.
+    wait_until(
+        Duration::from_secs(30),
+        "every healthy zone's copies committed",
+        || {
+            c.node(1)
+                .status()
+                .is_some_and(|s| s["totals"]["observed"].as_u64() == Some(2 * r.published))
+        },
+    );
 
     let shot = match std::env::var("FIRSTSEEN_UPDATE_SCREENSHOT") {
         Ok(_) => repo().join("docs/status-page.png"),
