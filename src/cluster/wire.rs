@@ -8,7 +8,7 @@
 //! ```text
 //! server → client  MAGIC, server nonce (32)
 //! client → server  node id (8), client nonce (32), mac(secret, "client" ‖ server nonce ‖ node id)
-//! server → client  mac(secret, "server" ‖ client nonce ‖ node id)
+//! server → client  its node id (8), mac(secret, "server" ‖ client nonce ‖ its node id)
 //! then, repeated:  u32 length ‖ bincode(Request)  →  u32 length ‖ bincode(Reply)
 //! ```
 //!

@@ -119,6 +119,7 @@ impl AppState {
     pub fn status(&self) -> Result<Status, crate::Error> {
         let m = self.raft.metrics().borrow().clone();
         let totals = self.state.totals()?;
+        let ready = self.ready();
         let window = totals.window_keys.max(1) as f64;
         let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
         let members: Vec<MemberStatus> = m
@@ -183,8 +184,8 @@ impl AppState {
                 })
                 .collect(),
             disk_bytes: self.state.size_on_disk().unwrap_or(0),
-            ready: self.ready().is_ok(),
-            not_ready_reason: self.ready().err(),
+            ready: ready.is_ok(),
+            not_ready_reason: ready.err(),
             recent_errors: crate::telemetry::recent_events(),
         })
         .map(|mut s: Status| {
