@@ -3,26 +3,39 @@
 # same run (docs/benchmarks.md explains them). Writes bench-results/result.json
 # and prints a table.
 #
-#   scripts/bench.sh                 default profiles (a few minutes)
-#   BENCH_PEAK_SECS=60 BENCH_STEPS="2000 4000 8000" scripts/bench.sh
+#   scripts/bench.sh                 default profiles (about 8 minutes)
+#   BENCH_PEAK_SECS=300 scripts/bench.sh     the 5-minute soak for RSS
 #
-# Profiles:
-#   peak       the HSL peak: 2,000 msg/s of synthetic HFP for BENCH_PEAK_SECS, every
-#              node ingesting the whole feed, 5% upstream duplicates on top
+# Profiles, in order, on one cluster:
+#   peak       the HSL peak: 2,000 msg/s of synthetic HFP for BENCH_PEAK_SECS
+#              after a BENCH_WARMUP_SECS warm-up, every node ingesting the whole
+#              feed, 5% upstream duplicates on top; RSS sampled every 5 s
 #   sustained  rising rates (BENCH_STEPS); the highest one the cluster keeps up
 #              with: every message in Pulsar within BENCH_SLACK_SECS of the load's
 #              end, and p99 latency under 1 s
+#   failover   SIGKILL the leader under load: time until Pulsar receives again;
+#              then restart it and time its catch-up
+#   outage     stop Pulsar, load into the outbox, start Pulsar: drain rate
+#   verify     `firstseen verify` over everything the cluster published
 #   naive      baseline (a): three forwarders without Raft or dedup, same steps
 #   fanout     baseline (b): Mosquitto's delivery rate to three plain subscribers
+#   window     disk bytes per key of the dedup window at BENCH_WINDOW_KEYS keys,
+#              on the real state machine (no cluster)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 . "$here/lib.sh"
 data="${FIRSTSEEN_DATA:-$root/../shared/data/hfp-5000.txt}"
-peak_secs=${BENCH_PEAK_SECS:-30}
+peak_secs=${BENCH_PEAK_SECS:-60}
+warm_secs=${BENCH_WARMUP_SECS:-10}
 steps=${BENCH_STEPS:-"2000 4000 6000 8000 10000"}
 step_secs=${BENCH_STEP_SECS:-10}
 slack=${BENCH_SLACK_SECS:-5}
+window_keys=${BENCH_WINDOW_KEYS:-500000}
+# A dedup window shorter than the peak profile, so the run reaches the steady
+# state an operator lives in (keys expire as fast as they arrive) and RSS and
+# disk are read there, not while the window is still filling.
+export FIRSTSEEN__DEDUP__WINDOW_SECS=${BENCH_WINDOW_SECS:-30}
 
 "$here/setup.sh"
 cd "$root"
@@ -45,18 +58,34 @@ run=$(date +%s)
 
 cpu_secs() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 peak_rss_mb() { awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
+rss_mb() { awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+# Sum of one metric's series on node $1 (HTTP port).
+metric() { curl -fsS "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $2 } END { printf "%.0f", s }'; }
+status_field() { curl -fsS "http://127.0.0.1:$1/status" | python3 -c "import json,sys; d=json.load(sys.stdin); print($2)"; }
+leader_index() {
+  local i l
+  for i in 1 2 3; do
+    l=$(status_field "${http[$i]}" 'd["leader"] or 0' 2>/dev/null) || continue
+    [ "$l" != 0 ] && { echo "$l"; return; }
+  done
+  return 1
+}
 
 # One step: load at $1 msg/s for $2 s into topic routed by the running
 # setup; the probe reads topic $3 expecting every unique message. Prints the
 # probe's JSON; the step is sustained if the probe finished within the slack.
 step() {
-  local rate=$1 secs=$2 topic=$3 id=$4
+  local rate=$1 secs=$2 topic=$3 id=$4 during=${5:-}
   local expect=$((rate * secs))
-  "$bench" probe --pulsar "$PULSAR_URL" --topic "$topic" --expect "$expect" --idle-secs $((slack + 5)) --run "$id" > "$work/probe-$id.json" &
+  "$bench" probe --pulsar "$PULSAR_URL" --topic "$topic" --expect "$expect" --idle-secs $((slack + 5)) --run "$id" --mark-file "$work/mark-$id" > "$work/probe-$id.json" &
   local probe=$!
   # The probe reads from the latest message on: wait for its subscription.
   wait_for 30 bash -c "curl -fsS '$PULSAR_ADMIN_URL/admin/v2/persistent/${topic#persistent://}/stats' | grep -q bench-probe"
-  "$bench" load --port "$mqtt_port" --template "$data" --rate "$rate" --secs "$secs" --dup-every 20 --run "$id" > "$work/load-$id.json"
+  "$bench" load --port "$mqtt_port" --template "$data" --rate "$rate" --secs "$secs" --dup-every 20 --run "$id" > "$work/load-$id.json" &
+  local load=$!
+  # A fault injected while the load runs (the failover profile).
+  [ -n "$during" ] && $during
+  wait "$load"
   wait "$probe"
   python3 - "$work/load-$id.json" "$work/probe-$id.json" "$secs" "$slack" <<'PY'
 import json, sys
@@ -73,17 +102,33 @@ PY
 log "cluster: three nodes in three zones"
 topic="persistent://public/default/bench-$run"
 start_cluster "$work" "$fs" "$mqtt_port" "/hfp/#" "$topic" "$work/pids"
-for i in 1 2 3; do cpu0[$i]=$(cpu_secs "$(cat "$work/node-$i.pid")"); done
 
-log "profile peak: 2000 msg/s for ${peak_secs}s"
+log "warm-up: 2000 msg/s for ${warm_secs}s (not measured)"
+"$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-warm" > /dev/null
+l=$(leader_index)
+for i in 1 2 3; do cpu0[$i]=$(cpu_secs "$(cat "$work/node-$i.pid")"); done
+raft0=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
+
+log "profile peak: 2000 msg/s for ${peak_secs}s (window ${FIRSTSEEN__DEDUP__WINDOW_SECS}s)"
+# RSS of every node every 5 s: flat at a constant rate, or growing?
+(
+  t0=$(date +%s)
+  while sleep 5; do
+    echo "$(( $(date +%s) - t0 )) $(for i in 1 2 3; do rss_mb "$(cat "$work/node-$i.pid")"; echo -n " "; done)"
+  done
+) > "$work/rss.txt" &
+sampler=$!
 peak=$(step 2000 "$peak_secs" "$topic" "$run-peak")
+kill "$sampler"
 for i in 1 2 3; do
   pid=$(cat "$work/node-$i.pid")
   cpu[$i]=$(python3 -c "print(round($(cpu_secs "$pid") - ${cpu0[$i]}, 2))")
   rss[$i]=$(peak_rss_mb "$pid")
 done
-status=$(curl -fsS "http://127.0.0.1:${http[1]}/status")
-echo "$peak" > "$work/peak.json"; echo "$status" > "$work/status.json"
+raft1=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
+echo "{\"entries\": $((raft1[0] - raft0[0])), \"bytes\": $((raft1[1] - raft0[1]))}" > "$work/raft.json"
+curl -fsS "http://127.0.0.1:${http[$l]}/status" > "$work/status.json"
+echo "$peak" > "$work/peak.json"
 
 log "profile sustained: steps $steps (${step_secs}s each)"
 : > "$work/sustained.jsonl"
@@ -92,6 +137,80 @@ for rate in $steps; do
   echo "$r" >> "$work/sustained.jsonl"
   log "  $rate msg/s: $(echo "$r" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("kept up" if d["kept_up"] else "fell behind", "p99", round(d["probe"]["latency_ms"]["p99"],1), "ms")')"
 done
+
+# Polls until node $1 has applied what the leader had applied when $1 came
+# back up; prints {"behind_entries", "secs", "entries_per_sec"}.
+catch_up() {
+  python3 - "http://127.0.0.1:${http[$1]}/status" "$(for i in 1 2 3; do echo -n "http://127.0.0.1:${http[$i]}/status "; done)" <<'PY'
+import json, sys, time, urllib.request
+mine, everyone = sys.argv[1], sys.argv[2].split()
+def status(url):
+    try:
+        return json.load(urllib.request.urlopen(url, timeout=2))
+    except Exception:
+        return None
+deadline = time.time() + 180
+while (me := status(mine)) is None and time.time() < deadline:
+    time.sleep(0.05)
+if me is None:
+    print(json.dumps({"caught_up": False, "error": "the restarted node never answered",
+                      "behind_entries": None, "secs": None, "entries_per_sec": None}))
+    sys.exit(0)
+up = time.time()
+target = max((s["last_applied"] or 0) for s in map(status, everyone) if s and s["is_leader"])
+start = me["last_applied"] or 0
+while (me := status(mine)) is None or (me["last_applied"] or 0) < target:
+    if time.time() > deadline:
+        break
+    time.sleep(0.1)
+secs = time.time() - up
+print(json.dumps({"behind_entries": target - start, "secs": round(secs, 2),
+                  "entries_per_sec": round((target - start) / secs) if secs > 0 else None,
+                  "caught_up": (me or {}).get("last_applied", 0) >= target}))
+PY
+}
+
+# During the failover load: SIGKILL the leader 8 s in, restart it 10 s later
+# and time its catch-up. Output goes to files; stdout belongs to step().
+failover() {
+  sleep 8
+  local k; k=$(leader_index)
+  echo "$k" > "$work/failover-killed"
+  date +%s%3N > "$work/mark.tmp"
+  kill -9 "$(cat "$work/node-$k.pid")"
+  mv "$work/mark.tmp" "$work/mark-$run-failover"
+  sleep 10
+  "$fs" run --config "$work/node-$k.toml" >> "$work/node-$k.log" 2>&1 &
+  echo $! >> "$work/pids"; echo $! > "$work/node-$k.pid"
+  catch_up "$k" > "$work/catchup.json"
+} >&2
+
+log "profile failover: SIGKILL the leader under 2000 msg/s, restart it 10 s later"
+step 2000 30 "$topic" "$run-failover" failover > "$work/failover.json"
+log "  $(python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["probe"]; c=json.load(open(sys.argv[2])); print("publishing resumed", f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?", "ms after the kill; catch-up", c)' "$work/failover.json" "$work/catchup.json")"
+wait_for 60 curl -fsS "http://127.0.0.1:${http[$(cat "$work/failover-killed")]}/readyz" >/dev/null
+
+log "profile outage: Pulsar stopped while 2000 msg/s for 10 s are committed"
+l=$(leader_index)
+last_seq() { status_field "${http[$l]}" 'sum(t["last_seq"] for t in d["topics"])'; }
+seq0=$(last_seq)
+"$here/pulsar.sh" stop "$work/pulsar"
+"$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs 10 --dup-every 20 --run "$run-outage" > /dev/null
+wait_for 60 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 -c 'import json,sys; print(sum(t[\"last_seq\"] for t in json.load(sys.stdin)[\"topics\"]))') -ge $((seq0 + 20000)) ]"
+buffered=$(status_field "${http[$l]}" 'd["totals"]["outbox_messages"]')
+t_start=$(date +%s%3N)
+"$here/pulsar.sh" start "$work/pulsar" > /dev/null
+t_ready=$(date +%s%3N)
+wait_for 300 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"totals\"][\"outbox_messages\"])') = 0 ]"
+t_done=$(date +%s%3N)
+echo "{\"buffered\": $buffered, \"pulsar_start_ms\": $((t_ready - t_start)), \"drain_ms\": $((t_done - t_ready))}" > "$work/outage.json"
+log "  $(cat "$work/outage.json")"
+
+log "verify: every message the cluster published, read back from Pulsar"
+total=$(last_seq)
+"$fs" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --expect "$total" --json --idle-secs 15 > "$work/verify.json" 2> "$work/verify.log" \
+  && echo true > "$work/verify.ok" || echo false > "$work/verify.ok"
+log "  $total messages expected; clean: $(cat "$work/verify.ok")"
 
 log "stopping the cluster for the baselines"
 for i in 1 2 3; do kill "$(cat "$work/node-$i.pid")" 2>/dev/null || true; done
@@ -117,49 +236,102 @@ for pid in "${naive_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 log "baseline fanout: Mosquitto to three subscribers (nothing else subscribed)"
 "$bench" fanout --port "$mqtt_port" --subs 3 --count 100000 > "$work/fanout.json"
 
-python3 - "$work" "$peak_secs" "$root/bench-results/result.json" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}" "${rss[1]}" "${rss[2]}" "${rss[3]}" <<'PY'
+log "window: disk bytes per key at $window_keys keys, on the state machine alone"
+"$bench" window --keys "$window_keys" > "$work/window.json"
+
+python3 - "$work" "$peak_secs" "$root/bench-results/result.json" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}" "${rss[1]}" "${rss[2]}" "${rss[3]}" "$FIRSTSEEN__DEDUP__WINDOW_SECS" <<'PY'
 import json, os, platform, sys
 work, peak_secs, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 cpu = [float(x) for x in sys.argv[4:7]]; rss = [float(x) for x in sys.argv[7:10]]
-peak = json.load(open(f"{work}/peak.json")); status = json.load(open(f"{work}/status.json"))
+window_secs = int(sys.argv[10])
+load = lambda name: json.load(open(f"{work}/{name}"))
+peak = load("peak.json"); status = load("status.json"); raft = load("raft.json")
 sus = [json.loads(l) for l in open(f"{work}/sustained.jsonl")]
 naive = [json.loads(l) for l in open(f"{work}/naive.jsonl")]
-fan = json.load(open(f"{work}/fanout.json"))
+fan = load("fanout.json"); window = load("window.json")
+failover = load("failover.json"); catchup = load("catchup.json"); outage = load("outage.json")
+verify_ok = open(f"{work}/verify.ok").read().strip() == "true"
 best = lambda rows: max([r["load"]["unique"] / r["load"]["secs"] for r in rows if r["kept_up"]] or [0])
 keys = status["totals"]["window_keys"]
+
+# RSS per node over the peak: MB per minute, fitted over the samples taken
+# after the window filled (keys expire as fast as they arrive from then on).
+samples = [[float(x) for x in l.split()] for l in open(f"{work}/rss.txt") if l.strip()]
+def slope(points):
+    if len(points) < 3:
+        return None
+    n = len(points); mx = sum(p[0] for p in points) / n; my = sum(p[1] for p in points) / n
+    den = sum((p[0] - mx) ** 2 for p in points)
+    return round(60 * sum((p[0] - mx) * (p[1] - my) for p in points) / den, 2) if den else None
+steady = [s for s in samples if s[0] >= window_secs + 10]
+rss_series = {"t_secs": [s[0] for s in samples], "mb_per_node": [[s[i] for s in samples] for i in (1, 2, 3)]}
+rss_steady = {
+    "from_secs": window_secs + 10,
+    "mb_per_minute_per_node": [slope([(s[0], s[i]) for s in steady]) for i in (1, 2, 3)],
+    "first_mb_per_node": [steady[0][i] for i in (1, 2, 3)] if steady else None,
+    "last_mb_per_node": [steady[-1][i] for i in (1, 2, 3)] if steady else None,
+}
+fp = failover["probe"]
 result = {
   "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
   "peak": {
-    "rate": 2000, "secs": peak_secs,
+    "rate": 2000, "secs": peak_secs, "window_secs": window_secs,
     "latency_ms": peak["probe"]["latency_ms"],
     "exactly_once": peak["probe"]["verify_clean"] and peak["probe"]["unique"] == peak["probe"]["expected"],
     "copies_per_message": peak["probe"]["copies_per_message"],
+    "unique_per_sec": round(peak["probe"]["unique"] / peak_secs, 1),
     "cpu_seconds_per_node": cpu, "cpu_share_per_node": [round(c / peak_secs, 3) for c in cpu],
     "peak_rss_mb_per_node": rss,
+    "rss": rss_series, "rss_steady": rss_steady,
+    "raft_entries_per_sec": round(raft["entries"] / peak_secs, 1),
+    "raft_bytes_per_sec": round(raft["bytes"] / peak_secs),
+    "disk_bytes": status["disk_bytes"],
     "disk_bytes_per_key": round(status["disk_bytes"] / keys, 1) if keys else None,
     "window_keys": keys,
   },
   "sustained": {"steps": sus, "max_rate": best(sus)},
+  "failover": {
+    "killed_node": int(open(f"{work}/failover-killed").read()),
+    "publishing_resumed_after_ms": fp["fault"]["resumed_after_mark_ms"] if fp["fault"] else None,
+    "silence_ms": fp["fault"]["gap_ms"] if fp["fault"] else None,
+    "exactly_once": fp["verify_clean"] and fp["unique"] == fp["expected"],
+    "unique": fp["unique"], "expected": fp["expected"],
+    "catch_up": catchup,
+  },
+  "outage": {**outage, "drain_per_sec": round(outage["buffered"] / (outage["drain_ms"] / 1000)) if outage["drain_ms"] else None},
+  "verify_all_clean": verify_ok,
   "naive": {"steps": naive, "max_rate": best(naive)},
   "fanout": fan,
+  "window": window,
 }
 result["ratios"] = {
   "cluster_vs_naive": round(result["sustained"]["max_rate"] / result["naive"]["max_rate"], 3) if result["naive"]["max_rate"] else None,
   "cluster_vs_fanout": round(result["sustained"]["max_rate"] / fan["rate_per_subscriber"], 3) if fan["rate_per_subscriber"] else None,
 }
 json.dump(result, open(out, "w"), indent=2)
-p = result["peak"]
+p = result["peak"]; f = result["failover"]; o = result["outage"]
+rows = [
+  ("HSL peak p50 / p99 / max latency (ms)", f"{p['latency_ms']['p50']:.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}"),
+  ("HSL peak exactly once (probe's audit)", p["exactly_once"]),
+  ("HSL peak unique msg/s into Pulsar", p["unique_per_sec"]),
+  ("HSL peak CPU share per node", ", ".join(str(c) for c in p["cpu_share_per_node"])),
+  ("HSL peak peak RSS per node (MB)", ", ".join(str(r) for r in p["peak_rss_mb_per_node"])),
+  ("RSS slope once the window is full (MB/min)", ", ".join(str(r) for r in rss_steady["mb_per_minute_per_node"])),
+  ("Raft entries/s, bytes/s (leader's log)", f"{p['raft_entries_per_sec']}, {p['raft_bytes_per_sec']}"),
+  ("node disk bytes per window key (whole db)", f"{p['disk_bytes_per_key']} ({p['window_keys']} keys)"),
+  ("state machine disk bytes per key", f"{window['bytes_per_key']} ({window['window_keys']} keys)"),
+  ("max sustained, 3-node cluster (msg/s)", f"{result['sustained']['max_rate']:.0f}"),
+  ("max sustained, naive HA forwarders (msg/s)", f"{result['naive']['max_rate']:.0f}"),
+  ("mosquitto fan-out to 3 subscribers (msg/s)", f"{fan['rate_per_subscriber']:.0f}"),
+  ("cluster / naive", result["ratios"]["cluster_vs_naive"]),
+  ("cluster / fan-out ceiling", result["ratios"]["cluster_vs_fanout"]),
+  ("leader SIGKILL -> publishing resumed (ms)", f"{f['publishing_resumed_after_ms']} (exactly once: {f['exactly_once']})"),
+  ("restarted node catch-up (entries, s, /s)", f"{f['catch_up']['behind_entries']}, {f['catch_up']['secs']}, {f['catch_up']['entries_per_sec']}"),
+  ("outbox drain after Pulsar outage (msgs, ms, /s)", f"{o['buffered']}, {o['drain_ms']}, {o['drain_per_sec']}"),
+  ("verify over the whole run", verify_ok),
+]
 print()
-print(f"{'figure':<44} {'value':>14}")
-print(f"{'HSL peak p50 / p99 / max latency (ms)':<44} {p['latency_ms']['p50']:>5.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}")
-print(f"{'HSL peak exactly once (verify)':<44} {str(p['exactly_once']):>14}")
-print(f"{'HSL peak CPU share per node':<44} {', '.join(str(c) for c in p['cpu_share_per_node']):>14}")
-print(f"{'HSL peak RSS per node (MB)':<44} {', '.join(str(r) for r in p['peak_rss_mb_per_node']):>14}")
-print(f"{'disk bytes per key in window':<44} {str(p['disk_bytes_per_key']):>14}")
-print(f"{'max sustained, 3-node cluster (msg/s)':<44} {result['sustained']['max_rate']:>14.0f}")
-print(f"{'max sustained, naive HA forwarders (msg/s)':<44} {result['naive']['max_rate']:>14.0f}")
-print(f"{'mosquitto fan-out to 3 subscribers (msg/s)':<44} {fan['rate_per_subscriber']:>14.0f}")
-print(f"{'cluster / naive':<44} {str(result['ratios']['cluster_vs_naive']):>14}")
-print(f"{'cluster / fan-out ceiling':<44} {str(result['ratios']['cluster_vs_fanout']):>14}")
+for name, value in rows:
+    print(f"{name:<48} {str(value):>28}")
 print(f"\nwritten to {out}")
 PY

@@ -1,9 +1,34 @@
 # Shared helpers for firstseen's scripts. Sourced, not executed.
 
-# Prints a TCP port on 127.0.0.1 that is free right now. The OS picks it, so
-# parallel runs never collide on a fixed number.
+# Prints a TCP port on 127.0.0.1 that is free right now, picked at random so
+# parallel runs do not collide on a fixed number. It comes from 20000-32767,
+# below Linux's ephemeral range: a process restarted on its old port (the
+# benchmark's failover, a Pulsar restart) must not find it taken as the source
+# port of some outgoing connection made while it was down.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+  python3 -c '
+import random, socket
+for _ in range(200):
+    port = random.randrange(20000, 32768)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port in 20000-32767")
+'
+}
+
+# Succeeds when TCP port $1 on 127.0.0.1 can be bound without SO_REUSEADDR,
+# the way some servers (BookKeeper's bookie) bind: a port a stopped server
+# left in TIME_WAIT fails this for up to a minute.
+port_free() {
+  python3 -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
 }
 
 # Waits until a command succeeds, polling every 0.5 s, for at most $1 seconds.

@@ -34,6 +34,12 @@ start() {
   # the address they knew (the outage test relies on it).
   if [ -f "$dir/ports" ]; then
     read -r broker_port web_port bk_port < "$dir/ports"
+    # A broker stopped under load leaves its ports in TIME_WAIT for up to a
+    # minute, and the bookie refuses to bind over that.
+    local p
+    for p in $broker_port $web_port $bk_port; do
+      wait_for 120 port_free "$p" || { log "port $p is still in use"; exit 1; }
+    done
   else
     broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
     echo "$broker_port $web_port $bk_port" > "$dir/ports"
@@ -73,6 +79,8 @@ CONF
     <Logger name="org.apache.pulsar.broker.PulsarService" level="info"/></Loggers>
 </Configuration>
 LOG
+  # This start's failure must not be judged by an earlier start's log lines.
+  local log_from; log_from=$(stat -c %s "$dir/pulsar.log" 2>/dev/null || echo 0)
   (
     cd "$dir"
     exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
@@ -90,7 +98,7 @@ LOG
   echo "$pid" > "$dir/pid"
   log "Pulsar standalone starting (pid $pid, broker 127.0.0.1:$broker_port, admin 127.0.0.1:$web_port); log: $dir/pulsar.log"
   # Ready means the default namespace exists: the starter creates it last.
-  if ! wait_for "${PULSAR_START_TIMEOUT:-240}" ready "$web_port" "$pid"; then
+  if ! wait_ready "${PULSAR_START_TIMEOUT:-240}" "$web_port" "$pid" "$dir/pulsar.log" "$log_from"; then
     log "Pulsar did not become ready; last log lines:"; tail -30 "$dir/pulsar.log" >&2
     stop "$dir"; exit 1
   fi
@@ -104,6 +112,20 @@ ENV
 
 ready() {
   kill -0 "$2" && curl -fsS "http://127.0.0.1:$1/admin/v2/namespaces/public" | grep -q 'public/default'
+}
+
+# Polls ready() for at most $1 seconds; gives up at once when the broker has
+# died or logged that it failed to start, rather than waiting out the limit.
+wait_ready() {
+  local limit=$1 web_port=$2 pid=$3 log=$4 from=$5
+  local deadline=$(( $(date +%s) + limit ))
+  until ready "$web_port" "$pid" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null || tail -c +"$((from + 1))" "$log" | grep -q "Failed to start pulsar service" \
+      || [ "$(date +%s)" -ge "$deadline" ]; then
+      return 1
+    fi
+    sleep 0.5
+  done
 }
 
 stop() {

@@ -143,6 +143,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "histogram",
         "Observations per committed batch",
     ),
+    (
+        "firstseen_raft_log_entries_total",
+        "counter",
+        "Raft log entries appended to this node's log",
+    ),
+    (
+        "firstseen_raft_log_bytes_total",
+        "counter",
+        "Encoded bytes of the Raft log entries appended to this node's log",
+    ),
 ];
 
 /// Installs the Prometheus recorder with `node` and `zone` on every series,

@@ -11,6 +11,10 @@
 //!   three times.
 //! - `fanout`: baseline (b), Mosquitto's own delivery rate to three plain
 //!   subscribers, the ceiling of this machine.
+//! - `window`: disk bytes per key of the dedup window, on the real state
+//!   machine at millions of keys.
+
+mod window;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -68,6 +72,11 @@ enum Cmd {
         /// Only count messages whose bench id starts with this run id.
         #[arg(long)]
         run: String,
+        /// A file the driver writes a fault's time into (ms since epoch) when
+        /// it causes it: report how long after it messages arrived again. A
+        /// file that does not exist means no fault happened.
+        #[arg(long)]
+        mark_file: Option<String>,
     },
     /// Baseline (a): forward an MQTT subscription to Pulsar, no Raft, no dedup.
     Naive {
@@ -92,6 +101,20 @@ enum Cmd {
         subs: usize,
         #[arg(long, default_value_t = 100_000)]
         count: u64,
+    },
+    /// Disk bytes per key of the dedup window, on the real state machine.
+    Window {
+        /// Keys in the window when it is measured.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// First-seen keys per entry.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        #[arg(long, default_value_t = 350)]
+        payload_bytes: usize,
+        /// Keys per second of window clock.
+        #[arg(long, default_value_t = 2_000)]
+        rate: u64,
     },
 }
 
@@ -229,6 +252,7 @@ async fn probe(
     expect: u64,
     idle_secs: u64,
     run: String,
+    mark_file: Option<String>,
 ) -> Result<()> {
     let client = pulsar::Pulsar::builder(pulsar, pulsar::TokioExecutor)
         .build()
@@ -251,6 +275,8 @@ async fn probe(
     let mut seen = HashSet::new();
     let mut latencies = Vec::new();
     let mut received = 0u64;
+    // Receipt times (ms since epoch), for the gap a fault leaves.
+    let mut receipts: Vec<u64> = Vec::new();
     let mut audit = firstseen::verify::Audit::new(&topic);
     let started = Instant::now();
     let prefix = format!("{run}-");
@@ -266,6 +292,7 @@ async fn probe(
             continue;
         }
         received += 1;
+        receipts.push((now / 1_000_000) as u64);
         let meta = msg.metadata();
         audit.push(firstseen::verify::Seen {
             key: firstseen::publish::props::get(meta, firstseen::publish::props::KEY)
@@ -279,6 +306,19 @@ async fn probe(
     }
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let report = audit.finish();
+    // No file: no fault was injected during this run.
+    let mark_ms: Option<u64> = match mark_file.as_deref().map(std::fs::read_to_string) {
+        Some(Ok(text)) => Some(
+            text.trim()
+                .parse()
+                .with_context(|| format!("{mark_file:?} does not hold a time in ms"))?,
+        ),
+        Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("reading {mark_file:?}"))
+        }
+        _ => None,
+    };
+    let resumed = mark_ms.and_then(|mark| resumed_after(&receipts, mark));
     println!(
         "{}",
         serde_json::json!({
@@ -288,9 +328,25 @@ async fn probe(
                            "max": latencies.last().copied().unwrap_or(f64::NAN)},
             "verify_clean": report.is_clean(), "duplicate_messages": report.duplicate_messages,
             "missing_seqs": report.missing_seqs, "secs": started.elapsed().as_secs_f64(),
+            "fault": resumed.map(|(gap, after)| serde_json::json!({
+                "mark_ms": mark_ms, "gap_ms": gap, "resumed_after_mark_ms": after,
+            })),
         })
     );
     Ok(())
+}
+
+/// The silence a fault at `mark` (ms) caused: the longest gap between two
+/// receipts that starts no earlier than 1 s before the mark and ends after
+/// it. Returns (gap, end of the gap − mark). Messages the old leader had sent
+/// just before a SIGKILL may still land a few ms after the mark, so the gap
+/// is looked for rather than the first receipt after the mark taken.
+fn resumed_after(receipts: &[u64], mark: u64) -> Option<(u64, u64)> {
+    receipts
+        .windows(2)
+        .filter(|w| w[0] + 1_000 >= mark && w[1] > mark)
+        .map(|w| (w[1].saturating_sub(w[0]), w[1] - mark))
+        .max_by_key(|(gap, _)| *gap)
 }
 
 async fn naive(
@@ -412,7 +468,8 @@ async fn main() -> Result<()> {
             expect,
             idle_secs,
             run,
-        } => probe(pulsar, topic, expect, idle_secs, run).await,
+            mark_file,
+        } => probe(pulsar, topic, expect, idle_secs, run, mark_file).await,
         Cmd::Naive {
             host,
             port,
@@ -426,5 +483,35 @@ async fn main() -> Result<()> {
             subs,
             count,
         } => fanout(host, port, subs, count).await,
+        Cmd::Window {
+            keys,
+            batch,
+            payload_bytes,
+            rate,
+        } => {
+            let out = window::run(window::Params {
+                keys,
+                batch,
+                payload_bytes,
+                rate,
+            })?;
+            println!("{out}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumed_after;
+
+    #[test]
+    fn the_gap_around_a_fault_is_found_despite_stragglers() {
+        // Steady receipts, the fault at 1_000, two stragglers just after it,
+        // then silence until 3_500.
+        let receipts = [900, 950, 1_000, 1_004, 1_006, 3_500, 3_510];
+        assert_eq!(resumed_after(&receipts, 1_000), Some((2_494, 2_500)));
+        // Nothing after the mark: no figure rather than a made-up one.
+        assert_eq!(resumed_after(&[10, 20], 1_000), None);
     }
 }
