@@ -149,6 +149,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Raft log entries appended to this node's log",
     ),
     (
+        "firstseen_raft_log_flushes_total",
+        "counter",
+        "fsyncs of the Raft log; one covers every append queued before it",
+    ),
+    (
         "firstseen_raft_log_bytes_total",
         "counter",
         "Encoded bytes of the Raft log entries appended to this node's log",

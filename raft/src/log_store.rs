@@ -8,6 +8,8 @@ use openraft::{
     AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
 };
 
+use tokio::sync::mpsc;
+
 use crate::{NodeId, RaftError, TypeConfig};
 
 const VOTE: &[u8] = b"vote";
@@ -22,6 +24,31 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// Appended batches waiting for the flush that makes them durable.
+    flusher: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
+}
+
+/// Group commit: one fsync covers every append made before it started.
+/// openraft does not wait for an append's flush before handing over the next
+/// one, so under load several appends share a flush instead of each paying
+/// for its own; when idle, an append is flushed at once, as before.
+async fn flush_loop(db: sled::Db, mut rx: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>) {
+    let mut waiting = Vec::new();
+    while let Some(first) = rx.recv().await {
+        waiting.push(first);
+        while let Ok(more) = rx.try_recv() {
+            waiting.push(more);
+        }
+        // Every callback in `waiting` was queued after its entries were
+        // written, so this flush covers them all.
+        let result = db.flush_async().await.map_err(|e| e.to_string());
+        metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
+        for callback in waiting.drain(..) {
+            // G4 rests on this: openraft counts this node towards a commit,
+            // which releases upstream acks, only after the entries are on disk.
+            callback.log_io_completed(result.clone().map(|_| ()).map_err(std::io::Error::other));
+        }
+    }
 }
 
 fn io_err(e: impl std::error::Error + 'static) -> AnyError {
@@ -37,11 +64,17 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
 }
 
 impl LogStore {
+    /// Opens the log trees in `db` and starts its flusher task, so it must be
+    /// called inside a tokio runtime. The task ends when the last clone of
+    /// the store is dropped.
     pub fn open(db: &sled::Db) -> Result<Self, RaftError> {
+        let (flusher, rx) = mpsc::unbounded_channel();
+        tokio::spawn(flush_loop(db.clone(), rx));
         Ok(Self {
             db: db.clone(),
             log: db.open_tree("raft_log")?,
             meta: db.open_tree("raft_meta")?,
+            flusher,
         })
     }
 
@@ -175,15 +208,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-        // G4 rests on this order: the entries are on disk before openraft may
-        // count this node towards a commit, and only a commit releases acks.
-        let flushed = self
-            .db
-            .flush_async()
-            .await
-            .map(|_| ())
-            .map_err(std::io::Error::other);
-        callback.log_io_completed(flushed);
+        // Reported durable by the flusher, never before the flush.
+        if let Err(mpsc::error::SendError(callback)) = self.flusher.send(callback) {
+            // The flusher is gone only while the runtime shuts down: flush here.
+            let flushed = self
+                .db
+                .flush_async()
+                .await
+                .map(|_| ())
+                .map_err(std::io::Error::other);
+            callback.log_io_completed(flushed);
+        }
         Ok(())
     }
 
