@@ -69,6 +69,7 @@ pub async fn run(
         zone: config.node.zone.clone(),
         raft: cluster.raft.clone(),
         state: cluster.state.clone(),
+        log_db: cluster.log_db.clone(),
         upstreams: upstreams
             .iter()
             .map(|u| (u.config.name.clone(), u.status.clone()))

@@ -107,3 +107,37 @@ fn the_benchmark_tools_measure_a_small_load() {
         "{probe}"
     );
 }
+
+/// The window profile needs no broker: it drives the real state machine.
+#[test]
+fn the_window_profile_reports_disk_per_key() {
+    let tool = bench_bin();
+    if !tool.exists() {
+        assert_ne!(
+            std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref(),
+            Ok("1"),
+            "{} is missing; scripts/test.sh builds the workspace first",
+            tool.display()
+        );
+        eprintln!("SKIPPED the_window_profile_reports_disk_per_key: firstseen-bench not built");
+        return;
+    }
+    let out = Command::new(&tool)
+        .args(["window", "--keys", "2000", "--batch", "50"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "window failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every key stays in a one-hour window; every outbox entry was trimmed
+    // by its receipt, as the publisher would.
+    assert_eq!(report["window_keys"], 2000, "{report}");
+    assert_eq!(report["outbox_messages"], 0, "{report}");
+    assert!(
+        report["bytes_per_key"].as_f64().is_some_and(|b| b > 0.0),
+        "{report}"
+    );
+}

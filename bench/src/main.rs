@@ -275,6 +275,7 @@ async fn probe(
     let mut seen = HashSet::new();
     let mut latencies = Vec::new();
     let mut received = 0u64;
+    let mut worst: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
     // Receipt times (ms since epoch), for the gap a fault leaves.
     let mut receipts: Vec<u64> = Vec::new();
     let mut audit = firstseen::verify::Audit::new(&topic);
@@ -301,7 +302,13 @@ async fn probe(
                 .and_then(|s| s.parse().ok()),
         });
         if seen.insert(id.to_string()) {
-            latencies.push((now.saturating_sub(sent_ns)) as f64 / 1e6);
+            let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;
+            latencies.push(ms);
+            // Worst latency per second of send time, to line spikes up with
+            // what the nodes logged at that moment.
+            let second = (sent_ns / 1_000_000_000) as u64;
+            let slot = worst.entry(second).or_insert(0.0f64);
+            *slot = slot.max(ms);
         }
     }
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -328,6 +335,10 @@ async fn probe(
                            "max": latencies.last().copied().unwrap_or(f64::NAN)},
             "verify_clean": report.is_clean(), "duplicate_messages": report.duplicate_messages,
             "missing_seqs": report.missing_seqs, "secs": started.elapsed().as_secs_f64(),
+            // Seconds (since the epoch, by send time) whose worst latency
+            // passed 100 ms.
+            "slow_seconds": worst.iter().filter(|(_, ms)| **ms > 100.0)
+                .map(|(s, ms)| serde_json::json!([s, ms.round()])).collect::<Vec<_>>(),
             "fault": resumed.map(|(gap, after)| serde_json::json!({
                 "mark_ms": mark_ms, "gap_ms": gap, "resumed_after_mark_ms": after,
             })),

@@ -81,9 +81,20 @@ pub enum RaftError {
     Codec(String),
 }
 
-/// The storage of one node: log, state machine and the database they share.
+/// The storage of one node: the Raft log and the state machine, each in its
+/// own sled database.
+///
+/// They are apart because sled never moves a live page to reclaim a segment:
+/// in one database, the log's short-lived payloads shared segments with the
+/// window's long-lived keys and could not be reclaimed until those keys
+/// expired, so disk grew with everything written during a window
+/// (docs/benchmarks.md has the figures). Apart, the log's segments free up
+/// as soon as it is purged.
 pub struct Storage {
+    /// The state machine's database (`DIR/sled`).
     pub db: sled::Db,
+    /// The Raft log's database (`DIR/log`): entries, vote, committed, purge point.
+    pub log_db: sled::Db,
     pub log: LogStore,
     pub state_machine: StateMachine,
     /// Direct read access to the replicated state, for the publisher and status.
@@ -98,15 +109,22 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
     })?;
     let db = sled::Config::new()
         .path(dir.join("sled"))
-        // Durability is explicit (flush on append and at shutdown); the
-        // background flush only bounds how much a crash re-applies.
+        // The state is re-derived from the log after a crash, so its flushes
+        // are not on the commit path: a background flush bounds how much a
+        // crash re-applies, and the log store flushes it before a purge.
         .flush_every_ms(Some(1_000))
         .open()?;
-    let log = LogStore::open(&db)?;
+    let log_db = sled::Config::new()
+        .path(dir.join("log"))
+        // Every append is flushed explicitly (group commit in the log store).
+        .flush_every_ms(None)
+        .open()?;
+    let log = LogStore::open(&log_db, db.clone())?;
     let state = StateStore::open(&db)?;
     let state_machine = StateMachine::open(state.clone(), dir.join("snapshots")).await?;
     Ok(Storage {
         db,
+        log_db,
         log,
         state_machine,
         state,

@@ -27,6 +27,8 @@ pub struct AppState {
     pub zone: String,
     pub raft: Raft,
     pub state: StateStore,
+    /// The Raft log's database, for the disk figure.
+    pub log_db: sled::Db,
     pub upstreams: Vec<(String, Arc<UpstreamStatus>)>,
     pub metrics: Option<PrometheusHandle>,
     /// Admin requests must present the cluster secret.
@@ -183,7 +185,8 @@ impl AppState {
                     first_ratio: c.first as f64 / window,
                 })
                 .collect(),
-            disk_bytes: self.state.size_on_disk().unwrap_or(0),
+            disk_bytes: self.state.size_on_disk().unwrap_or(0)
+                + self.log_db.size_on_disk().unwrap_or(0),
             ready: ready.is_ok(),
             not_ready_reason: ready.err(),
             recent_errors: crate::telemetry::recent_events(),

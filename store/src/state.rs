@@ -367,7 +367,7 @@ impl StateStore {
         }
     }
 
-    /// Bytes sled uses on disk for the whole database (state and log).
+    /// Bytes sled uses on disk for this database (the Raft log has its own).
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
     }
