@@ -8,10 +8,22 @@ use std::time::Duration;
 
 use common::*;
 
-fn bench_bin() -> std::path::PathBuf {
+/// The `firstseen-bench` binary, or `None` (the test skips) when it was not
+/// built, which `FIRSTSEEN_REQUIRE_BROKERS=1` turns into a failure.
+fn bench_tool(test: &str) -> Option<std::path::PathBuf> {
     // Built by `cargo build --workspace` (scripts/test.sh does that first).
-    let dir = bin().parent().unwrap().to_path_buf();
-    dir.join("firstseen-bench")
+    let tool = bin().parent().unwrap().join("firstseen-bench");
+    if tool.exists() {
+        return Some(tool);
+    }
+    assert_ne!(
+        std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref(),
+        Ok("1"),
+        "{} is missing; scripts/test.sh builds the workspace first",
+        tool.display()
+    );
+    eprintln!("SKIPPED {test}: firstseen-bench not built");
+    None
 }
 
 #[test]
@@ -19,17 +31,9 @@ fn the_benchmark_tools_measure_a_small_load() {
     let Some(pulsar) = shared_pulsar("the_benchmark_tools_measure_a_small_load") else {
         return;
     };
-    let tool = bench_bin();
-    if !tool.exists() {
-        assert_ne!(
-            std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref(),
-            Ok("1"),
-            "{} is missing; scripts/test.sh builds the workspace first",
-            tool.display()
-        );
-        eprintln!("SKIPPED the_benchmark_tools_measure_a_small_load: firstseen-bench not built");
+    let Some(tool) = bench_tool("the_benchmark_tools_measure_a_small_load") else {
         return;
-    }
+    };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("bench-smoke");
     let node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
@@ -111,17 +115,9 @@ fn the_benchmark_tools_measure_a_small_load() {
 /// The window profile needs no broker: it drives the real state machine.
 #[test]
 fn the_window_profile_reports_disk_per_key() {
-    let tool = bench_bin();
-    if !tool.exists() {
-        assert_ne!(
-            std::env::var("FIRSTSEEN_REQUIRE_BROKERS").as_deref(),
-            Ok("1"),
-            "{} is missing; scripts/test.sh builds the workspace first",
-            tool.display()
-        );
-        eprintln!("SKIPPED the_window_profile_reports_disk_per_key: firstseen-bench not built");
+    let Some(tool) = bench_tool("the_window_profile_reports_disk_per_key") else {
         return;
-    }
+    };
     let out = Command::new(&tool)
         .args(["window", "--keys", "2000", "--batch", "50"])
         .output()
