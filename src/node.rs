@@ -101,6 +101,7 @@ pub async fn run(
         Publisher {
             raft: cluster.raft.clone(),
             state: cluster.state.clone(),
+            outbox: cluster.outbox.clone(),
             node_id: config.node.id,
             config: config.pulsar.clone(),
             shutdown: services.clone(),

@@ -57,7 +57,7 @@ pub fn run(p: Params) -> Result<serde_json::Value> {
     let started = Instant::now();
     let mut apply = |cmd: &Command| -> Result<()> {
         applied += 1;
-        store.apply(Some(cmd), &applied.to_be_bytes())?;
+        store.apply(Some(cmd), applied, &applied.to_be_bytes())?;
         Ok(())
     };
     while next_key < p.keys {

@@ -9,6 +9,9 @@
 //! - [`state_machine`]: adapts [`firstseen_store::StateStore`] to openraft:
 //!   applies committed entries in order, builds snapshots by streaming the
 //!   sled state into a file and installs them the same way.
+//! - [`outbox`]: the publisher's view of the outbox. The state keeps only
+//!   references to first copies; their payloads are read from the log, which
+//!   keeps every entry the outbox still needs.
 //!
 //! The network between nodes is the application's (see `src/cluster/` in the
 //! `firstseen` crate); this crate only declares what travels over it.
@@ -25,10 +28,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub mod log_store;
+pub mod outbox;
 pub mod state_machine;
 
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
 pub use log_store::LogStore;
+pub use outbox::Outbox;
 pub use state_machine::StateMachine;
 
 /// Where a cluster member lives. Stored in the membership config.
@@ -99,6 +104,8 @@ pub struct Storage {
     pub state_machine: StateMachine,
     /// Direct read access to the replicated state, for the publisher and status.
     pub state: StateStore,
+    /// The outbox with its payloads, for the publisher.
+    pub outbox: Outbox,
 }
 
 /// Opens (or creates) a node's storage under `dir`.
@@ -110,8 +117,9 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
     let db = sled::Config::new()
         .path(dir.join("sled"))
         // The state is re-derived from the log after a crash, so its flushes
-        // are not on the commit path: a background flush bounds how much a
-        // crash re-applies, and the log store flushes it before a purge.
+        // are not on the commit path: checkpoints (firstseen_store::state)
+        // and this background flush bound how much a crash re-applies, and
+        // the log store flushes it before a purge.
         .flush_every_ms(Some(1_000))
         .open()?;
     let log_db = sled::Config::new()
@@ -119,14 +127,17 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         // Every append is flushed explicitly (group commit in the log store).
         .flush_every_ms(None)
         .open()?;
-    let log = LogStore::open(&log_db, db.clone())?;
     let state = StateStore::open(&db)?;
-    let state_machine = StateMachine::open(state.clone(), dir.join("snapshots")).await?;
+    let log = LogStore::open(&log_db, state.clone())?;
+    let state_machine =
+        StateMachine::open(state.clone(), log.clone(), dir.join("snapshots")).await?;
+    let outbox = Outbox::new(state.clone(), log.clone());
     Ok(Storage {
         db,
         log_db,
         log,
         state_machine,
         state,
+        outbox,
     })
 }

@@ -13,6 +13,9 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use firstseen_store::{Command, Observation, StateStore, StoreError};
+use openraft::EntryPayload;
+
 use crate::{NodeId, RaftError, TypeConfig};
 
 const VOTE: &[u8] = b"vote";
@@ -25,15 +28,74 @@ type StorageResult<T> = Result<T, StorageError<NodeId>>;
 #[derive(Clone)]
 pub struct LogStore {
     db: sled::Db,
-    /// The state machine's database, flushed before a purge (see `purge`).
-    state_db: sled::Db,
+    /// The state machine, checkpointed and flushed before a purge (see `purge`).
+    state: StateStore,
     log: sled::Tree,
     meta: sled::Tree,
     /// Appended batches waiting for the flush that makes them durable.
     flusher: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
     /// First index not purged. Entries below it may still be on disk while
-    /// a background task deletes them, and are never returned.
+    /// a background task deletes them, and are never returned to openraft.
     first_kept: Arc<AtomicU64>,
+    /// Wakes the reaper after a purge; its end stops the reaper.
+    reaper: mpsc::UnboundedSender<()>,
+}
+
+/// How often the reaper looks at the outbox's hold without being woken: the
+/// hold moves with every receipt the publisher commits.
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Deletes purged entries, but never one the outbox still reads a message
+/// from (`hold`, kept by the state machine): until it is published, a first
+/// copy's payload exists only in its log entry.
+///
+/// The hold is that of a checkpoint made before the state is flushed and
+/// the entries deleted. A state recovered after a crash is at least that
+/// checkpoint, and the hold only grows as the state moves on, so a recovered
+/// state never points at a deleted entry.
+async fn reap_loop(
+    log: sled::Tree,
+    state: StateStore,
+    first_kept: Arc<AtomicU64>,
+    mut wake: mpsc::UnboundedReceiver<()>,
+) {
+    let mut deleted_below = 0u64;
+    loop {
+        // Woken by a purge, or on the tick; the channel closes with the store.
+        if let Ok(None) = tokio::time::timeout(REAP_EVERY, wake.recv()).await {
+            return;
+        }
+        if let Err(e) = state.checkpoint() {
+            tracing::warn!(error = %e, "state checkpoint before deleting log entries failed; retrying");
+            continue;
+        }
+        let target = first_kept.load(Ordering::Acquire).min(state.durable_hold());
+        if target <= deleted_below {
+            continue;
+        }
+        if let Err(e) = state.flush().await {
+            tracing::warn!(error = %e, "flushing the state before deleting log entries failed; retrying");
+            continue;
+        }
+        let tree = log.clone();
+        let started = std::time::Instant::now();
+        let result = tokio::task::spawn_blocking(move || delete_upto(&tree, target - 1)).await;
+        match result {
+            Ok(Ok(n)) => {
+                deleted_below = target;
+                tracing::debug!(
+                    below = target,
+                    entries = n,
+                    ms = started.elapsed().as_millis() as u64,
+                    "purged log entries deleted"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, below = target, "deleting purged log entries failed; retrying")
+            }
+            Err(e) => tracing::warn!(error = %e, "log reaper task failed; retrying"),
+        }
+    }
 }
 
 /// Group commit: one fsync covers every append made before it started.
@@ -76,8 +138,9 @@ impl LogStore {
     /// called inside a tokio runtime. The task ends when the last clone of
     /// the store is dropped.
     ///
-    /// `state_db` is the state machine's database; it may be `db` itself.
-    pub fn open(db: &sled::Db, state_db: sled::Db) -> Result<Self, RaftError> {
+    /// `state` is the state machine: it is made durable before a purge, and
+    /// its outbox holds back the entries it still reads messages from.
+    pub fn open(db: &sled::Db, state: StateStore) -> Result<Self, RaftError> {
         let (flusher, rx) = mpsc::unbounded_channel();
         tokio::spawn(flush_loop(db.clone(), rx));
         let meta = db.open_tree("raft_meta")?;
@@ -85,14 +148,42 @@ impl LogStore {
             Some(raw) => decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?,
             None => None,
         };
+        let log = db.open_tree("raft_log")?;
+        let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
+        let (reaper, wake) = mpsc::unbounded_channel();
+        tokio::spawn(reap_loop(
+            log.clone(),
+            state.clone(),
+            first_kept.clone(),
+            wake,
+        ));
         Ok(Self {
             db: db.clone(),
-            state_db,
-            log: db.open_tree("raft_log")?,
+            state,
+            log,
             meta,
             flusher,
-            first_kept: Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1))),
+            first_kept,
+            reaper,
         })
+    }
+
+    /// The observations of entry `index`, even if openraft has purged it:
+    /// the outbox reads unpublished payloads from here.
+    pub fn observations(&self, index: u64) -> Result<Vec<Observation>, StoreError> {
+        let raw = self
+            .log
+            .get(index.to_be_bytes())
+            .map_err(StoreError::Sled)?
+            .ok_or_else(|| StoreError::Log(format!("entry {index} is not in the log")))?;
+        let entry: Entry<TypeConfig> =
+            decode(&raw).map_err(|e| StoreError::Log(format!("entry {index}: {e}")))?;
+        match entry.payload {
+            EntryPayload::Normal(Command::Observe { observations, .. }) => Ok(observations),
+            _ => Err(StoreError::Log(format!(
+                "entry {index} holds no observations"
+            ))),
+        }
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
@@ -282,12 +373,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        // The state lives in another database with its own flushes. Entries
+        // The state is written in checkpoints to its own database. Entries
         // up to `log_id` are applied, but maybe not yet durably: were they
         // purged first, a crash would leave applied state that can be neither
         // found on disk nor re-applied from the log.
-        self.state_db
-            .flush_async()
+        self.state
+            .flush()
             .await
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
         // Record the purge point first: a crash between the two steps leaves
@@ -297,23 +388,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .fetch_max(log_id.index + 1, Ordering::AcqRel);
         // Deleting tens of thousands of entries takes long enough to stall
         // appends, and with them every commit (it showed as p99 spikes every
-        // snapshot in the benchmark). Nothing reads below the purge point, so
-        // the deletion runs beside the log instead of in its I/O sequence.
-        let log = self.log.clone();
-        tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            match delete_upto(&log, log_id.index) {
-                Ok(n) => tracing::debug!(
-                    upto = log_id.index,
-                    entries = n,
-                    ms = started.elapsed().as_millis() as u64,
-                    "purged log entries deleted"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, upto = log_id.index, "deleting purged log entries failed; the next purge retries")
-                }
-            }
-        });
+        // snapshot in the benchmark). Nothing reads below the purge point but
+        // the outbox, so the reaper deletes beside the log instead of in its
+        // I/O sequence, and keeps what the outbox still needs.
+        let _ = self.reaper.send(());
         Ok(())
     }
 }

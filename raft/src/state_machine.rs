@@ -16,7 +16,7 @@ use openraft::{
 };
 use tokio::io::AsyncSeekExt;
 
-use crate::{Member, NodeId, RaftError, Response, StateStore, TypeConfig};
+use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, TypeConfig};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 type Meta = SnapshotMeta<NodeId, Member>;
@@ -30,6 +30,8 @@ type AppliedMarker = (Option<LogId<NodeId>>, StoredMembership<NodeId, Member>);
 /// openraft's view of the state machine.
 pub struct StateMachine {
     store: StateStore,
+    /// Where a snapshot reads the unpublished messages it must carry.
+    log: LogStore,
     dir: PathBuf,
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Member>,
@@ -48,7 +50,7 @@ fn unique_suffix() -> u128 {
 
 impl StateMachine {
     /// Opens the adapter over `store`, keeping snapshot files in `dir`.
-    pub async fn open(store: StateStore, dir: PathBuf) -> Result<Self, RaftError> {
+    pub async fn open(store: StateStore, log: LogStore, dir: PathBuf) -> Result<Self, RaftError> {
         std::fs::create_dir_all(&dir).map_err(|source| RaftError::Io {
             path: dir.clone(),
             source,
@@ -69,6 +71,7 @@ impl StateMachine {
         };
         Ok(Self {
             store,
+            log,
             dir,
             last_applied,
             membership,
@@ -94,11 +97,13 @@ impl StateMachine {
 
 /// Exports the state into a temporary file in `dir` (synchronously, so it sees
 /// exactly the applied state), returning its path.
-fn export_to_file(store: &StateStore, dir: &Path) -> Result<PathBuf, AnyError> {
+fn export_to_file(store: &StateStore, log: &LogStore, dir: &Path) -> Result<PathBuf, AnyError> {
     let path = dir.join(format!("building-{}.snap", unique_suffix()));
     let file = std::fs::File::create(&path).map_err(any)?;
     let mut out = BufWriter::new(file);
-    store.export(&mut out).map_err(any)?;
+    store
+        .export(&mut out, &mut |index| log.observations(index))
+        .map_err(any)?;
     out.flush().map_err(any)?;
     out.get_ref().sync_all().map_err(any)?;
     Ok(path)
@@ -194,7 +199,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(|e| StorageIOError::apply(entry.log_id, e))?;
             let response = self
                 .store
-                .apply(cmd.as_ref(), &marker)
+                .apply(cmd.as_ref(), entry.log_id.index, &marker)
                 .map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
             out.push(response);
         }
@@ -209,8 +214,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // On the blocking pool: this task still waits for it, so no apply
         // interleaves, but the runtime's worker threads (two on a 2-core
         // node) keep serving Raft RPCs and ingest meanwhile.
-        let (store, dir) = (self.store.clone(), self.dir.clone());
-        let exported = tokio::task::spawn_blocking(move || export_to_file(&store, &dir))
+        let (store, log, dir) = (self.store.clone(), self.log.clone(), self.dir.clone());
+        let exported = tokio::task::spawn_blocking(move || export_to_file(&store, &log, &dir))
             .await
             .unwrap_or_else(|e| Err(any(e)));
         // Apply waits for this: the benchmark reads it against latency spikes.
@@ -263,10 +268,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         let marker = self.marker().map_err(werr)?;
-        self.store.apply(None, &marker).map_err(|e| werr(any(e)))?;
+        self.store
+            .apply(None, 0, &marker)
+            .map_err(|e| werr(any(e)))?;
         self.store.flush().await.map_err(|e| werr(any(e)))?;
         // Keep it as our own current snapshot, so this node can serve it on.
-        let exported = export_to_file(&self.store, &self.dir).map_err(werr)?;
+        let exported = export_to_file(&self.store, &self.log, &self.dir).map_err(werr)?;
         let (dir, m) = (self.dir.clone(), meta.clone());
         tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
             .await

@@ -30,6 +30,8 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Cluster {
     pub raft: Raft,
     pub state: StateStore,
+    /// Unpublished messages with their payloads, for the publisher.
+    pub outbox: firstseen_raft::Outbox,
     /// The state machine's database.
     pub db: sled::Db,
     /// The Raft log's database.
@@ -174,6 +176,7 @@ impl Cluster {
         Ok(Self {
             raft,
             state: storage.state,
+            outbox: storage.outbox,
             db: storage.db,
             log_db: storage.log_db,
             node_id: config.node.id,
@@ -187,6 +190,9 @@ impl Cluster {
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
+        }
+        if let Err(e) = self.state.flush().await {
+            tracing::error!(error = %e, "final state checkpoint failed");
         }
         for db in [&self.log_db, &self.db] {
             if let Err(e) = db.flush_async().await {

@@ -63,6 +63,8 @@ struct InFlight {
 pub struct Publisher {
     pub raft: Raft,
     pub state: StateStore,
+    /// Reads unpublished messages, payloads from the Raft log.
+    pub outbox: firstseen_raft::Outbox,
     pub node_id: u64,
     pub config: PulsarConfig,
     pub shutdown: CancellationToken,
@@ -350,8 +352,8 @@ impl Publisher {
             tp.producer = Some(producer);
         }
         let batch = self
-            .state
-            .outbox_from(&tp.topic, tp.next_seq, self.config.publish_batch)?;
+            .outbox
+            .read(&tp.topic, tp.next_seq, self.config.publish_batch)?;
         let Some((first, _)) = batch.first() else {
             return Ok(false);
         };

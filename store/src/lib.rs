@@ -4,14 +4,20 @@
 //!    one copy of an upstream message, a [`model::Command`] one log entry.
 //! 2. [`window`]: the pure rules of the dedup window (leader-stamped clock,
 //!    cutoff) and the byte layouts of the sled keys.
-//! 3. [`state`]: the state machine on sled. Each committed entry is applied
-//!    in one sled transaction that records first-seen keys, the expiry index,
-//!    the per-topic outbox, coverage per node and the applied marker.
+//! 3. [`record`]: the packed byte layouts of the window on disk.
+//! 4. [`index`]: the in-memory key index of the window, rebuilt from those
+//!    records at open.
+//! 5. [`state`]: the state machine on sled. Each committed entry is applied
+//!    in one sled transaction that records first-seen keys (one packed record
+//!    per entry), the outbox (references into the Raft log), coverage per
+//!    node and the applied marker.
 //!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
 
+pub mod index;
 pub mod model;
+pub mod record;
 pub mod state;
 pub mod window;
 
@@ -30,6 +36,9 @@ pub enum StoreError {
     /// The data on disk is not what this version wrote.
     #[error("corrupt state: {0}")]
     Corrupt(String),
+    /// A Raft log entry the outbox refers to could not be read.
+    #[error("raft log: {0}")]
+    Log(String),
     /// Reading or writing a snapshot stream failed.
     #[error("snapshot I/O: {0}")]
     Io(#[from] std::io::Error),

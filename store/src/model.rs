@@ -103,6 +103,21 @@ pub struct OutboxMessage {
     pub first_seen_ms: u64,
 }
 
+/// Where an outbox message's content is: normally still in the Raft log
+/// entry that brought it (the state keeps a reference, not the payload), or
+/// inline when it arrived with a snapshot, which carries no log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutboxItem {
+    Inline(OutboxMessage),
+    InLog {
+        /// Index of the log entry.
+        log_index: u64,
+        /// Position of the observation in the entry.
+        pos: u32,
+        first_seen_ms: u64,
+    },
+}
+
 /// Per Pulsar topic counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicState {
@@ -139,4 +154,6 @@ pub struct Totals {
     pub duplicates: u64,
     /// Keys expired from the window.
     pub expired: u64,
+    /// Window records written since the cluster began: the next one's id.
+    pub records: u64,
 }

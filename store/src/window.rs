@@ -2,8 +2,6 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
-use crate::model::Key;
-
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the
 /// bound keeps one entry's apply time bounded after a long idle period, and
@@ -19,25 +17,6 @@ pub fn advance_clock(clock_ms: u64, stamped_ms: u64) -> u64 {
 /// Keys first seen strictly before this instant are outside the window.
 pub fn expiry_cutoff(clock_ms: u64, window_ms: u64) -> u64 {
     clock_ms.saturating_sub(window_ms)
-}
-
-/// Expiry index key: big-endian time first, so a range scan from the start
-/// yields the oldest keys first.
-pub fn expiry_key(ts_ms: u64, key: &Key) -> [u8; 40] {
-    let mut out = [0u8; 40];
-    out[..8].copy_from_slice(&ts_ms.to_be_bytes());
-    out[8..].copy_from_slice(key);
-    out
-}
-
-/// Splits an expiry index key back into (time, key).
-pub fn parse_expiry_key(raw: &[u8]) -> Option<(u64, Key)> {
-    if raw.len() != 40 {
-        return None;
-    }
-    let ts = u64::from_be_bytes(raw[..8].try_into().ok()?);
-    let key: Key = raw[8..].try_into().ok()?;
-    Some((ts, key))
 }
 
 /// Outbox key: topic, a 0x00 separator (never part of a Pulsar topic name),
@@ -76,15 +55,6 @@ mod tests {
     fn cutoff_saturates_at_zero() {
         assert_eq!(expiry_cutoff(10, 100), 0);
         assert_eq!(expiry_cutoff(3_600_500, 3_600_000), 500);
-    }
-
-    #[test]
-    fn expiry_keys_sort_by_time_then_key() {
-        let a = expiry_key(5, &[9; 32]);
-        let b = expiry_key(6, &[0; 32]);
-        assert!(a < b);
-        assert_eq!(parse_expiry_key(&a), Some((5, [9; 32])));
-        assert_eq!(parse_expiry_key(&a[..39]), None);
     }
 
     #[test]
