@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchPolicy, Batcher};
+use crate::cluster::coalesce::Coalescer;
 use crate::cluster::server::{self, PeerService};
 use crate::cluster::{Cluster, Proposer};
 use crate::config::Config;
@@ -48,7 +49,11 @@ pub async fn run(
         raft: cluster.raft.clone(),
         node_id: config.node.id,
         peers: cluster.peers.clone(),
-        window_ms: config.dedup.window_secs * 1_000,
+        coalescer: Coalescer::start(
+            cluster.raft.clone(),
+            config.dedup.window_secs * 1_000,
+            config.batch.max_bytes,
+        ),
     };
 
     let routes: Arc<Vec<Route>> = Arc::new(

@@ -3,6 +3,7 @@
 //! follower), change membership, and talk to peers ([`wire`], [`server`],
 //! [`peers`]).
 
+pub mod coalesce;
 pub mod peers;
 pub mod server;
 pub mod tls;
@@ -13,13 +14,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use firstseen_raft::{Command, Member, NodeId, Raft, Response};
+use firstseen_raft::{Member, NodeId, Raft};
 use firstseen_store::{Observation, Outcome, StateStore};
-use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::error::{InitializeError, RaftError};
 use openraft::ChangeMembers;
 
 use crate::config::Config;
-use crate::{now_ms, Error};
+use crate::Error;
 use peers::Peers;
 use wire::{ClusterKey, ForwardError, Reply, Request};
 
@@ -208,8 +209,8 @@ pub struct Proposer {
     pub raft: Raft,
     pub node_id: NodeId,
     pub peers: Peers,
-    /// Dedup window stamped into each entry.
-    pub window_ms: u64,
+    /// Merges batches into entries on the leader; it stamps the window.
+    pub coalescer: coalesce::Coalescer,
 }
 
 impl Proposer {
@@ -253,32 +254,13 @@ impl Proposer {
         }
     }
 
-    /// Commits a batch on this node, which must be the leader. The entry is
-    /// stamped with this node's clock: only a leader appends, so the window
-    /// clock only ever reads leader stamps.
+    /// Commits a batch on this node, which must be the leader, possibly in
+    /// one entry with other batches waiting at the same time.
     pub async fn commit_here(
         &self,
         observations: Vec<Observation>,
     ) -> Result<Vec<Outcome>, ForwardError> {
-        let cmd = Command::Observe {
-            stamped_ms: now_ms(),
-            window_ms: self.window_ms,
-            observations,
-        };
-        match self.raft.client_write(cmd).await {
-            Ok(resp) => match resp.data {
-                Response::Observed(outcomes) => Ok(outcomes),
-                other => Err(ForwardError::Failed(format!(
-                    "unexpected response to a batch: {other:?}"
-                ))),
-            },
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ForwardError::NotLeader {
-                    leader: f.leader_id,
-                })
-            }
-            Err(e) => Err(ForwardError::Failed(e.to_string())),
-        }
+        self.coalescer.commit(observations).await
     }
 }
 

@@ -71,7 +71,10 @@ pub struct Status {
     pub totals: firstseen_store::Totals,
     pub topics: Vec<TopicView>,
     pub coverage: Vec<CoverageView>,
+    /// Both databases: the state and the Raft log.
     pub disk_bytes: u64,
+    /// The state machine's database alone: what the window costs.
+    pub state_disk_bytes: u64,
     pub ready: bool,
     pub not_ready_reason: Option<String>,
     /// The last warnings and errors this node logged, newest first.
@@ -122,6 +125,7 @@ impl AppState {
         let m = self.raft.metrics().borrow().clone();
         let totals = self.state.totals()?;
         let ready = self.ready();
+        let state_disk = self.state.size_on_disk().unwrap_or(0);
         let window = totals.window_keys.max(1) as f64;
         let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
         let members: Vec<MemberStatus> = m
@@ -185,8 +189,8 @@ impl AppState {
                     first_ratio: c.first as f64 / window,
                 })
                 .collect(),
-            disk_bytes: self.state.size_on_disk().unwrap_or(0)
-                + self.log_db.size_on_disk().unwrap_or(0),
+            disk_bytes: state_disk + self.log_db.size_on_disk().unwrap_or(0),
+            state_disk_bytes: state_disk,
             ready: ready.is_ok(),
             not_ready_reason: ready.err(),
             recent_errors: crate::telemetry::recent_events(),

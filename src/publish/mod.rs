@@ -126,7 +126,18 @@ struct TopicPublisher {
     in_flight: VecDeque<InFlight>,
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// Last sequence whose receipt came back, and the last one proposed as
+    /// the watermark, with when.
+    confirmed: u64,
+    proposed: u64,
+    proposed_at: Option<Instant>,
 }
+
+/// Least time between two watermark proposals of a topic while busy. Each
+/// is a Raft entry; one per publish batch was about half of all entries at
+/// the HSL peak. A watermark that lags what is in Pulsar is safe (a new
+/// publisher resumes after the tail), so it only trims the outbox later.
+const WATERMARK_EVERY: Duration = Duration::from_millis(100);
 
 impl TopicPublisher {
     fn new(topic: String) -> Self {
@@ -137,7 +148,36 @@ impl TopicPublisher {
             in_flight: VecDeque::new(),
             retry_at: None,
             backoff: Duration::from_millis(200),
+            confirmed: 0,
+            proposed: 0,
+            proposed_at: None,
         }
+    }
+
+    /// Proposes the confirmed watermark through Raft if it moved, and, unless
+    /// `now` is set, if the last proposal is [`WATERMARK_EVERY`] old.
+    fn propose_watermark(&mut self, raft: &Raft, now: bool) {
+        let due = now
+            || self
+                .proposed_at
+                .is_none_or(|t| t.elapsed() >= WATERMARK_EVERY);
+        if self.confirmed <= self.proposed || !due {
+            return;
+        }
+        self.proposed = self.confirmed;
+        self.proposed_at = Some(Instant::now());
+        // Committed in the background: the next batch need not wait for it.
+        // Apply keeps the larger of two watermarks whatever their order.
+        let raft = raft.clone();
+        let cmd = Command::Published {
+            pulsar_topic: self.topic.clone(),
+            seq: self.confirmed,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = raft.client_write(cmd).await {
+                tracing::debug!(error = %e, "watermark not committed; the next one covers it");
+            }
+        });
     }
 
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
@@ -270,26 +310,19 @@ impl Publisher {
                     Some(Ok(upto)) => {
                         worked = true;
                         tp.backoff = Duration::from_millis(200);
-                        // The watermark is committed in the background: the
-                        // next batch need not wait for it. It may lag what is
-                        // in Pulsar, which is safe: a new publisher resumes
-                        // after max(tail, watermark), and apply keeps the
-                        // larger of two watermarks whatever their order.
-                        let raft = self.raft.clone();
-                        let cmd = Command::Published {
-                            pulsar_topic: tp.topic.clone(),
-                            seq: upto,
-                        };
-                        tokio::spawn(async move {
-                            if let Err(e) = raft.client_write(cmd).await {
-                                tracing::debug!(error = %e, "watermark not committed; the next one covers it");
-                            }
-                        });
+                        // It may lag what is in Pulsar, which is safe: a new
+                        // publisher resumes after max(tail, watermark).
+                        tp.confirmed = tp.confirmed.max(upto);
+                        tp.propose_watermark(&self.raft, false);
                     }
                     Some(Err(e)) => tp.fail(&e),
                 }
             }
             if !worked {
+                // Idle: the watermarks held back while busy go now.
+                for tp in topics.values_mut() {
+                    tp.propose_watermark(&self.raft, true);
+                }
                 // An idle publisher still holds its producers, which keeps a
                 // successor's exclusive producers out. So the lease is also
                 // confirmed on a timer: a leader cut off from its peers lets
