@@ -144,8 +144,12 @@ impl LogStore {
         let (flusher, rx) = mpsc::unbounded_channel();
         tokio::spawn(flush_loop(db.clone(), rx));
         let meta = db.open_tree("raft_meta")?;
+        // Stored as a bare LogId by `purge`: decoding it as an Option once
+        // read the term's first byte as the tag, and failed from term 2 on.
         let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
-            Some(raw) => decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?,
+            Some(raw) => {
+                Some(decode::<LogId<NodeId>>(&raw).map_err(|e| RaftError::Codec(e.to_string()))?)
+            }
             None => None,
         };
         let log = db.open_tree("raft_log")?;
