@@ -45,6 +45,7 @@ pub fn run(p: Params) -> Result<serde_json::Value> {
     let db = sled::Config::new()
         .path(&dir)
         .flush_every_ms(Some(1_000))
+        .cache_capacity(64 * 1024 * 1024)
         .open()
         .context("opening sled")?;
     let store = StateStore::open(&db)?;

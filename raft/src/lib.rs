@@ -108,6 +108,11 @@ pub struct Storage {
     pub outbox: Outbox,
 }
 
+/// sled page cache of the state database.
+const STATE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// sled page cache of the log database.
+const LOG_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
 /// Opens (or creates) a node's storage under `dir`.
 pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
     std::fs::create_dir_all(dir).map_err(|source| RaftError::Io {
@@ -121,11 +126,17 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         // and this background flush bound how much a crash re-applies, and
         // the log store flushes it before a purge.
         .flush_every_ms(Some(1_000))
+        // The state is served from memory; sled is read only to expire
+        // written records and to rebuild at start-up. Its default 1 GiB
+        // page cache would only hold copies of what memory already has.
+        .cache_capacity(STATE_CACHE_BYTES)
         .open()?;
     let log_db = sled::Config::new()
         .path(dir.join("log"))
         // Every append is flushed explicitly (group commit in the log store).
         .flush_every_ms(None)
+        // Reads are of recent entries: replication, apply, the outbox.
+        .cache_capacity(LOG_CACHE_BYTES)
         .open()?;
     let state = StateStore::open(&db)?;
     let log = LogStore::open(&log_db, state.clone())?;
