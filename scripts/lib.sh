@@ -28,12 +28,7 @@ else:
 # the way some servers (BookKeeper's bookie) bind: a port a stopped server
 # left in TIME_WAIT fails this for up to a minute.
 port_free() {
-  # With a second argument "reuse", binds as a server that sets SO_REUSEADDR
-  # would: connections left in TIME_WAIT then do not count, only a listener.
-  python3 -c 'import socket, sys
-s = socket.socket()
-if len(sys.argv) > 2: s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))' "$@" 2>/dev/null
+  python3 -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
 }
 
 # Waits until a command succeeds, polling every 0.5 s, for at most $1 seconds.

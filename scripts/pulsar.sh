@@ -35,13 +35,13 @@ start() {
   if [ -f "$dir/ports" ]; then
     read -r broker_port web_port bk_port < "$dir/ports"
     # A broker stopped under load leaves its ports in TIME_WAIT for up to a
-    # minute. The broker's and web servers bind over that (SO_REUSEADDR), the
-    # bookie does not.
+    # minute, and the bookie refuses to bind over that. (Checking the broker
+    # and web ports the lenient way, as servers with SO_REUSEADDR bind, was
+    # tried: the bookie then failed to bind, so all three wait.)
     local p
-    for p in $broker_port $web_port; do
-      wait_for 120 port_free "$p" reuse || { log "port $p is still in use"; exit 1; }
+    for p in $broker_port $web_port $bk_port; do
+      wait_for 120 port_free "$p" || { log "port $p is still in use"; exit 1; }
     done
-    wait_for 120 port_free "$bk_port" || { log "port $bk_port is still in use"; exit 1; }
   else
     broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
     echo "$broker_port $web_port $bk_port" > "$dir/ports"

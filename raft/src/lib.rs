@@ -138,7 +138,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         // Reads are of recent entries: replication, apply, the outbox.
         .cache_capacity(LOG_CACHE_BYTES)
         .open()?;
-    let state = StateStore::open(&db)?;
+    let state = StateStore::open_with_log(&db, Some(log_db.clone()))?;
     let log = LogStore::open(&log_db, state.clone())?;
     let state_machine =
         StateMachine::open(state.clone(), log.clone(), dir.join("snapshots")).await?;

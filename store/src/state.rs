@@ -152,6 +152,8 @@ pub struct StateStore {
     inline: sled::Tree,
     meta: sled::Tree,
     inner: Arc<Mutex<Inner>>,
+    /// Flushed before every checkpoint: the Raft log's database.
+    log_db: Option<sled::Db>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -187,6 +189,18 @@ fn dec_seen(c: &mut Coverage) {
 impl StateStore {
     /// Opens (or creates) the state in `db` and loads it into memory.
     pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
+        Self::open_with_log(db, None)
+    }
+
+    /// [`StateStore::open`] for a state whose entries come from a log in
+    /// `log_db`, which is flushed before every checkpoint.
+    ///
+    /// A follower may apply an entry before its own copy of it is flushed
+    /// (the leader and another follower made it committed). A checkpoint
+    /// written then, and a crash, would leave a state referring to an entry
+    /// the log lost: the outbox reads payloads from the log. Flushing the log
+    /// first means every entry a checkpoint covers is on disk before it.
+    pub fn open_with_log(db: &sled::Db, log_db: Option<sled::Db>) -> Result<Self, StoreError> {
         let store = Self {
             db: db.clone(),
             window: db.open_tree(TREES[0])?,
@@ -195,6 +209,7 @@ impl StateStore {
             inline: db.open_tree(TREES[3])?,
             meta: db.open_tree(TREES[4])?,
             inner: Arc::default(),
+            log_db,
         };
         store.reload()?;
         Ok(store)
@@ -559,6 +574,9 @@ impl StateStore {
         inner.entries_since = 0;
         if !inner.dirty {
             return Ok(());
+        }
+        if let Some(log) = &self.log_db {
+            log.flush()?;
         }
         let head = encode(&inner.head)?;
         let expired_below = inner.head.expired_below;
