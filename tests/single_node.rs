@@ -151,7 +151,12 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
     let own = OwnPulsar::start();
     let mqtt = Mosquitto::start();
     let topic = unique_topic("outage");
-    let mut node = Node::start(NodeSpec::new(&mqtt, &own.pulsar, &topic));
+    let mut spec = NodeSpec::new(&mqtt, &own.pulsar, &topic);
+    // Small entries and a snapshot every 10 of them, so the log is purged
+    // past messages still waiting for Pulsar: their payloads are only in the
+    // log, which must keep those entries, also across the crash below.
+    spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 10\n".into();
+    let mut node = Node::start(spec);
     node.wait_ready();
 
     replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
@@ -177,6 +182,19 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
         backlog,
         HFP_DISTINCT - first,
         "everything after the outage waits in the outbox"
+    );
+    // A crash while it waits: the restarted node finds the outbox in its last
+    // checkpoint and the payloads in its log.
+    node.kill9();
+    node.restart();
+    node.wait_ready();
+    wait_until(
+        Duration::from_secs(60),
+        "the outbox back after the crash, from the checkpoint and the log",
+        || {
+            node.status()
+                .is_some_and(|s| s["totals"]["outbox_messages"].as_u64() == Some(backlog))
+        },
     );
 
     own.restart();
