@@ -283,12 +283,18 @@ fn a_new_node_catches_up_by_snapshot() {
     };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("snapshot");
-    let small_log = |s: &mut NodeSpec| s.cluster.as_mut().unwrap().snapshot_logs = 20;
+    // Small batches and a snapshot every 10 entries: the leader merges the
+    // batches that wait for the log, so a replay is only some dozens of
+    // entries, and the log must still be purged well past its start.
+    let small_log = |s: &mut NodeSpec| {
+        s.cluster.as_mut().unwrap().snapshot_logs = 10;
+        s.extra = "[batch]\nmax_messages = 50\n".into();
+    };
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, small_log);
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
-    // A paced replay makes many small entries, so the log is purged well
-    // past its start and a newcomer cannot be served from the log.
+    // A paced replay makes many entries, so the log is purged well past its
+    // start and a newcomer cannot be served from the log.
     replay(mqtt.port, &["--pace", "2000"]);
     c.node(leader)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
