@@ -2,7 +2,7 @@
 //!
 //! Every node's batcher keeps one batch in flight, and the leader commits its
 //! own and the forwarded ones. Proposed one entry per batch, a 2,000 msg/s
-//! feed over three zones made about 570 entries a second, each paying its own
+//! feed over three zones made 400 to 570 entries a second, each paying its own
 //! replication messages, apply, response and wake-ups of every task that
 //! watches the Raft metrics; on two cores those wake-ups were most of the
 //! kernel time. Here at most [`IN_FLIGHT`] entries are being committed at
