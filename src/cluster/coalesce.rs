@@ -105,20 +105,18 @@ async fn run(
                 replies.push(reply);
             }
             let total = observations.len();
-            match propose(&raft, window_ms, observations).await {
-                Ok(outcomes) if outcomes.len() == total => {
+            let result = match propose(&raft, window_ms, observations).await {
+                Ok(outcomes) if outcomes.len() != total => Err(ForwardError::Failed(format!(
+                    "{} outcomes for {total} observations",
+                    outcomes.len()
+                ))),
+                other => other,
+            };
+            match result {
+                Ok(outcomes) => {
                     let mut outcomes = outcomes.into_iter();
                     for (reply, n) in replies.into_iter().zip(sizes) {
                         let _ = reply.send(Ok(outcomes.by_ref().take(n).collect()));
-                    }
-                }
-                Ok(outcomes) => {
-                    let e = ForwardError::Failed(format!(
-                        "{} outcomes for {total} observations",
-                        outcomes.len()
-                    ));
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
                     }
                 }
                 Err(e) => {
