@@ -17,12 +17,14 @@
 //!
 //! [`node`] wires these together and stops them in that order; [`http`] is
 //! the status page and API; [`telemetry`] the metrics and recent-errors log;
-//! [`config`] is the validated configuration.
+//! [`config`] is the validated configuration; [`diskspace`] holds writes
+//! while the data directory's filesystem is nearly full.
 
 pub mod ack;
 pub mod batch;
 pub mod cluster;
 pub mod config;
+pub mod diskspace;
 pub mod http;
 pub mod ingest;
 pub mod key;

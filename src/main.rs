@@ -159,7 +159,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         match cli.command {
             Command::Run { config } => run(config).await,
             Command::CheckConfig { file } => check_config(file),
@@ -178,7 +178,11 @@ fn main() -> ExitCode {
                 secret_file,
             } => members(action, url, secret_file).await,
         }
-    })
+    });
+    // Blocking work still running (a sync that a stopped stage left behind)
+    // must not hold the exit up beyond the shutdown bound.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
 }
 
 async fn run(path: PathBuf) -> ExitCode {
@@ -197,6 +201,11 @@ async fn run(path: PathBuf) -> ExitCode {
     tokio::spawn(async move {
         wait_for_signal().await;
         signal.cancel();
+        // The node stops within node.shutdown_timeout_secs; an operator who
+        // cannot wait that long signals again.
+        wait_for_signal().await;
+        eprintln!("second signal: exiting at once");
+        std::process::exit(130);
     });
     match firstseen::node::run(config, metrics, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

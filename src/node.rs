@@ -1,5 +1,5 @@
 //! One firstseen node: wires ingest → batch → Raft → publish → ack and stops
-//! them in that order.
+//! them in that order, within `node.shutdown_timeout_secs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +44,10 @@ pub async fn run(
         None => None,
     };
     let cluster = Cluster::start(&config).await?;
+    let disk = crate::diskspace::DiskSpace::new(
+        config.node.data_dir.clone(),
+        config.node.disk_reserve_bytes,
+    );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
     let proposer = Proposer {
         raft: cluster.raft.clone(),
@@ -53,6 +57,7 @@ pub async fn run(
             cluster.raft.clone(),
             config.dedup.window_secs * 1_000,
             config.batch.max_bytes,
+            disk.clone(),
         ),
     };
 
@@ -67,22 +72,23 @@ pub async fn run(
             })
             .collect(),
     );
-    let upstreams = Upstream::from_config(&config, routes);
+    let upstreams = Upstream::from_config(&config, routes, disk.clone());
     let gates = upstreams.iter().map(|u| u.gate.clone()).collect();
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),
         raft: cluster.raft.clone(),
         state: cluster.state.clone(),
-        log_db: cluster.log_db.clone(),
+        log_db: cluster.disk.log.clone(),
         upstreams: upstreams
             .iter()
             .map(|u| (u.config.name.clone(), u.status.clone()))
             .collect(),
         metrics,
         key: cluster.key.clone(),
-        snapshot_file: config.node.data_dir.join("raft/snapshots/current.snap"),
+        snapshot_dir: config.node.data_dir.join("raft/snapshots"),
         history: Default::default(),
+        disk: disk.clone(),
     });
 
     let services = CancellationToken::new();
@@ -93,6 +99,7 @@ pub async fn run(
             key: cluster.key.clone(),
             proposer: proposer.clone(),
             tls: cluster.tls.clone(),
+            disk: disk.clone(),
         });
         tokio::spawn(server::serve(listener, service, services.clone()))
     });
@@ -100,6 +107,12 @@ pub async fn run(
     let gauge_task = tokio::spawn(http::gauges(app.clone(), services.clone()));
     tokio::spawn(crate::cluster::log_leadership(
         cluster.raft.clone(),
+        services.clone(),
+    ));
+    let disk_task = tokio::spawn(disk.clone().watch(services.clone()));
+    let heartbeat_task = tokio::spawn(crate::cluster::follow_disk(
+        cluster.raft.clone(),
+        disk.clone(),
         services.clone(),
     ));
     let publisher = tokio::spawn(
@@ -110,6 +123,7 @@ pub async fn run(
             node_id: config.node.id,
             config: config.pulsar.clone(),
             shutdown: services.clone(),
+            disk: disk.clone(),
         }
         .run(),
     );
@@ -126,6 +140,7 @@ pub async fn run(
             gates,
             state: cluster.state.clone(),
             quota_bytes: config.outbox.quota_bytes,
+            disk: disk.clone(),
             shutdown: shutdown.clone(),
         },
         rx,
@@ -144,22 +159,66 @@ pub async fn run(
     drop(tx);
 
     shutdown.cancelled().await;
-    tracing::info!("shutting down: ingest, batcher, publisher, raft, storage");
-    // Ingest tasks drop their senders on shutdown; the batcher then commits
-    // and acks what it holds and ends.
-    let _ = batcher.await;
+    let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
+    let deadline = tokio::time::Instant::now() + bound;
+    tracing::info!(
+        bound_secs = bound.as_secs(),
+        "shutting down: ingest, batcher, publisher, raft, storage"
+    );
+    // Each stage gets what is left of the bound; a stage that does not end
+    // in time is abandoned. Nothing is lost by that: a batch that was not
+    // committed was not acked either, and the broker's persistent session
+    // redelivers it to whichever node runs next. Half the bound goes to the
+    // last batch, so that a node without a quorum still flushes and exits.
+    let batch_deadline = tokio::time::Instant::now() + bound / 2;
+    if !finish(batcher, batch_deadline, "batcher").await {
+        tracing::warn!(
+            "the last batch was not committed in time; its messages stay unacked with the broker"
+        );
+    }
     acks_done.cancel();
     for t in ingest {
-        let _ = t.await;
+        finish(t, deadline, "upstream").await;
     }
     services.cancel();
-    let _ = publisher.await;
-    let _ = gauge_task.await;
-    let _ = http_task.await;
-    if let Some(t) = peer_task {
-        let _ = t.await;
+    finish(publisher, deadline, "publisher").await;
+    for t in [gauge_task, http_task, disk_task, heartbeat_task] {
+        finish(t, deadline, "service").await;
     }
-    cluster.shutdown().await;
+    if let Some(t) = peer_task {
+        finish(t, deadline, "peer listener").await;
+    }
+    // Raft and the final sync get at least a moment even when the stages
+    // before used the whole bound: everything acked is already durable, so
+    // this only shortens the next start.
+    let last = deadline.max(tokio::time::Instant::now() + Duration::from_secs(1));
+    if tokio::time::timeout_at(last, cluster.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("raft and storage did not stop in time; leaving the rest to recovery");
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Waits for a task until `deadline`, then aborts it. Returns whether it
+/// ended by itself. A task that panicked is logged, not hidden.
+async fn finish(
+    mut task: tokio::task::JoinHandle<()>,
+    deadline: tokio::time::Instant,
+    what: &str,
+) -> bool {
+    match tokio::time::timeout_at(deadline, &mut task).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::error!(task = what, error = %e, "task failed");
+            true
+        }
+        Err(_) => {
+            tracing::warn!(task = what, "did not stop in time; abandoned");
+            task.abort();
+            false
+        }
+    }
 }

@@ -119,6 +119,21 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Bytes sled uses on disk (state and log)",
     ),
     (
+        "firstseen_disk_free_bytes",
+        "gauge",
+        "Free bytes on the data directory's filesystem",
+    ),
+    (
+        "firstseen_disk_low",
+        "gauge",
+        "1 while free disk space is below node.disk_reserve_bytes: nothing is written, acks are held",
+    ),
+    (
+        "firstseen_disk_syncs_total",
+        "counter",
+        "fdatasync rounds that made a sled database stable, per db (log or state)",
+    ),
+    (
         "firstseen_coverage_seen_ratio",
         "gauge",
         "Per member and zone: share of the window's keys it delivered",
@@ -132,6 +147,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "firstseen_commit_seconds",
         "histogram",
         "Time from proposing a batch to its commit",
+    ),
+    (
+        "firstseen_disk_sync_seconds",
+        "histogram",
+        "Time for sled's flush and the fdatasync after it, per db",
     ),
     (
         "firstseen_publish_batch_seconds",

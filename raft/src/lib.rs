@@ -16,7 +16,11 @@
 //! The network between nodes is the application's (see `src/cluster/` in the
 //! `firstseen` crate); this crate only declares what travels over it.
 //!
-//! [`open`] wires these to one sled database in the node's data directory.
+//! - [`guard`]: lower bounds of what the log made durable, kept beside it,
+//!   so a log that a damaged file shortened is refused at start-up.
+//!
+//! [`open`] wires these to the node's two sled databases
+//! ([`firstseen_store::disk::Disk`]).
 
 // openraft's StorageError is large by its design; boxing it at every call would
 // only add noise to the storage code.
@@ -25,8 +29,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use firstseen_store::disk::Disk;
 use serde::{Deserialize, Serialize};
 
+pub mod guard;
 pub mod log_store;
 pub mod outbox;
 pub mod state_machine;
@@ -84,6 +90,9 @@ pub enum RaftError {
     },
     #[error("encoding: {0}")]
     Codec(String),
+    /// A file of this node is damaged: it must not vote or serve with it.
+    #[error("{path} is damaged: {reason}")]
+    Damaged { path: PathBuf, reason: String },
 }
 
 /// The storage of one node: the Raft log and the state machine, each in its
@@ -96,10 +105,9 @@ pub enum RaftError {
 /// (docs/benchmarks.md has the figures). Apart, the log's segments free up
 /// as soon as it is purged.
 pub struct Storage {
-    /// The state machine's database (`DIR/sled`).
-    pub db: sled::Db,
-    /// The Raft log's database (`DIR/log`): entries, vote, committed, purge point.
-    pub log_db: sled::Db,
+    /// Both databases, `DIR/sled` (state) and `DIR/log` (entries, vote,
+    /// committed, purge point), and their durability.
+    pub disk: Disk,
     pub log: LogStore,
     pub state_machine: StateMachine,
     /// Direct read access to the replicated state, for the publisher and status.
@@ -108,44 +116,25 @@ pub struct Storage {
     pub outbox: Outbox,
 }
 
-/// sled page cache of the state database.
-const STATE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
-/// sled page cache of the log database.
-const LOG_CACHE_BYTES: u64 = 128 * 1024 * 1024;
-
 /// Opens (or creates) a node's storage under `dir`.
+///
+/// Refuses damaged files with [`RaftError::Damaged`] (or the store's
+/// equivalent), naming the file: a log shorter than its guard, a vote older
+/// than the guard's, a state the log cannot serve.
 pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
-    std::fs::create_dir_all(dir).map_err(|source| RaftError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let db = sled::Config::new()
-        .path(dir.join("sled"))
-        // The state is re-derived from the log after a crash, so its flushes
-        // are not on the commit path: checkpoints (firstseen_store::state)
-        // and this background flush bound how much a crash re-applies, and
-        // the log store flushes it before a purge.
-        .flush_every_ms(Some(1_000))
-        // The state is served from memory; sled is read only to expire
-        // written records and to rebuild at start-up. Its default 1 GiB
-        // page cache would only hold copies of what memory already has.
-        .cache_capacity(STATE_CACHE_BYTES)
-        .open()?;
-    let log_db = sled::Config::new()
-        .path(dir.join("log"))
-        // Every append is flushed explicitly (group commit in the log store).
-        .flush_every_ms(None)
-        // Reads are of recent entries: replication, apply, the outbox.
-        .cache_capacity(LOG_CACHE_BYTES)
-        .open()?;
-    let state = StateStore::open_with_log(&db, Some(log_db.clone()))?;
-    let log = LogStore::open(&log_db, state.clone())?;
+    let disk = {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Disk::open(&dir))
+            .await
+            .map_err(|e| RaftError::Codec(format!("opening storage: {e}")))??
+    };
+    let state = StateStore::open_on(&disk)?;
+    let log = LogStore::open(&disk.log, state.clone())?;
     let state_machine =
         StateMachine::open(state.clone(), log.clone(), dir.join("snapshots")).await?;
     let outbox = Outbox::new(state.clone(), log.clone());
     Ok(Storage {
-        db,
-        log_db,
+        disk,
         log,
         state_machine,
         state,

@@ -1,21 +1,29 @@
 //! The Raft log, vote and committed marker in sled.
+//!
+//! Durability goes through [`firstseen_store::disk`]: an append is reported
+//! durable only after a sync of the log database that began after it was
+//! written (group commit, on a thread of its own), and the vote is synced
+//! before `save_vote` returns. The [`Guard`] beside the log records lower
+//! bounds of both, so a log that comes back shorter is refused at start-up.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::EntryPayload;
 use openraft::{
     AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
 };
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
 use tokio::sync::mpsc;
 
+use firstseen_store::disk::Db;
 use firstseen_store::{Command, Observation, StateStore, StoreError};
-use openraft::EntryPayload;
 
+use crate::guard::{Guard, Marks};
 use crate::{NodeId, RaftError, TypeConfig};
 
 const VOTE: &[u8] = b"vote";
@@ -27,18 +35,37 @@ type StorageResult<T> = Result<T, StorageError<NodeId>>;
 /// Log entries keyed by big-endian index, plus a small metadata tree.
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
-    /// The state machine, checkpointed and flushed before a purge (see `purge`).
+    db: Db,
+    /// The state machine, checkpointed and synced before a purge (see `purge`).
     state: StateStore,
     log: sled::Tree,
     meta: sled::Tree,
-    /// Appended batches waiting for the flush that makes them durable.
-    flusher: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
+    /// Appended batches waiting for the sync that makes them durable, on the
+    /// group-commit thread.
+    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
     /// First index not purged. Entries below it may still be on disk while
     /// a background task deletes them, and are never returned to openraft.
     first_kept: Arc<AtomicU64>,
     /// Wakes the reaper after a purge; its end stops the reaper.
     reaper: mpsc::UnboundedSender<()>,
+    /// Lower bounds of what this log made durable (see [`crate::guard`]).
+    guard: Arc<Mutex<Guard>>,
+    /// The last entry written, for the group-commit thread to know what a
+    /// sync covers.
+    written: Arc<Mutex<Written>>,
+}
+
+/// What was written to the log and not yet known durable.
+#[derive(Default)]
+struct Written {
+    /// Bumped by every truncation, so a sync that began before one does not
+    /// mark removed entries durable.
+    generation: u64,
+    last: Option<LogId<NodeId>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How often the reaper looks at the outbox's hold without being woken: the
@@ -57,6 +84,7 @@ async fn reap_loop(
     log: sled::Tree,
     state: StateStore,
     first_kept: Arc<AtomicU64>,
+    guard: Arc<Mutex<Guard>>,
     mut wake: mpsc::UnboundedReceiver<()>,
 ) {
     let mut deleted_below = 0u64;
@@ -73,13 +101,33 @@ async fn reap_loop(
         if target <= deleted_below {
             continue;
         }
-        if let Err(e) = state.flush().await {
-            tracing::warn!(error = %e, "flushing the state before deleting log entries failed; retrying");
-            continue;
+        let flushed = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || state.flush()).await
+        };
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "syncing the state before deleting log entries failed; retrying");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "state sync task failed; retrying");
+                continue;
+            }
         }
         let tree = log.clone();
         let started = std::time::Instant::now();
-        let result = tokio::task::spawn_blocking(move || delete_upto(&tree, target - 1)).await;
+        let guard = guard.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            // Recorded before anything is deleted: a state that still reads
+            // from below this point is not the one the node ran with.
+            lock(&guard)
+                .update(|m| m.deleted_below = m.deleted_below.max(target))
+                .map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))?;
+            delete_upto(&tree, target - 1)
+        })
+        .await;
         match result {
             Ok(Ok(n)) => {
                 deleted_below = target;
@@ -98,25 +146,64 @@ async fn reap_loop(
     }
 }
 
-/// Group commit: one fsync covers every append made before it started.
-/// openraft does not wait for an append's flush before handing over the next
-/// one, so under load several appends share a flush instead of each paying
-/// for its own; when idle, an append is flushed at once, as before.
-async fn flush_loop(db: sled::Db, mut rx: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>) {
+/// Group commit, on a thread of its own: one sync of the log covers every
+/// append written before it began. openraft does not wait for an append's
+/// sync before handing over the next one, so under load several appends
+/// share a sync; when idle, an append is synced at once. A thread rather
+/// than a task, because `fdatasync` blocks for as long as the disk takes,
+/// and on a two-core node a runtime worker is too dear to spend on it.
+fn flush_thread(
+    db: Db,
+    guard: Arc<Mutex<Guard>>,
+    written: Arc<Mutex<Written>>,
+    rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
     let mut waiting = Vec::new();
-    while let Some(first) = rx.recv().await {
-        waiting.push(first);
+    let mut durable: Option<LogId<NodeId>> = None;
+    let mut guarded_at = Instant::now();
+    loop {
+        match rx.recv_timeout(Guard::EVERY) {
+            Ok(first) => waiting.push(first),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
         while let Ok(more) = rx.try_recv() {
             waiting.push(more);
         }
-        // Every callback in `waiting` was queued after its entries were
-        // written, so this flush covers them all.
-        let result = db.flush_async().await.map_err(|e| e.to_string());
-        metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
-        for callback in waiting.drain(..) {
-            // G4 rests on this: openraft counts this node towards a commit,
-            // which releases upstream acks, only after the entries are on disk.
-            callback.log_io_completed(result.clone().map(|_| ()).map_err(std::io::Error::other));
+        if !waiting.is_empty() {
+            // Every callback in `waiting` was queued after its entries were
+            // written, so this sync covers them all.
+            let (generation, upto) = {
+                let w = lock(&written);
+                (w.generation, w.last)
+            };
+            let result = db.sync();
+            metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
+            if result.is_ok() && lock(&written).generation == generation {
+                durable = durable.max(upto);
+            }
+            let result = result.map_err(|e| std::io::Error::other(e.to_string()));
+            for callback in waiting.drain(..) {
+                // G4 and G6 rest on this: openraft counts this node towards
+                // a commit, which releases upstream acks, only after the
+                // entries are on stable storage.
+                callback.log_io_completed(
+                    result
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(|e| std::io::Error::other(e.to_string())),
+                );
+            }
+        }
+        if guarded_at.elapsed() >= Guard::EVERY {
+            guarded_at = Instant::now();
+            let mut g = lock(&guard);
+            if durable > g.marks().durable {
+                if let Err(e) = g.update(|m| m.durable = durable) {
+                    tracing::warn!(error = %e, "could not record the durable log position in the guard");
+                }
+            }
         }
     }
 }
@@ -134,16 +221,18 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
 }
 
 impl LogStore {
-    /// Opens the log trees in `db` and starts its flusher task, so it must be
-    /// called inside a tokio runtime. The task ends when the last clone of
-    /// the store is dropped.
+    /// Opens the log trees in `db` and starts its group-commit thread and
+    /// reaper task, so it must be called inside a tokio runtime. Both end
+    /// when the last clone of the store is dropped.
     ///
     /// `state` is the state machine: it is made durable before a purge, and
     /// its outbox holds back the entries it still reads messages from.
-    pub fn open(db: &sled::Db, state: StateStore) -> Result<Self, RaftError> {
-        let (flusher, rx) = mpsc::unbounded_channel();
-        tokio::spawn(flush_loop(db.clone(), rx));
-        let meta = db.open_tree("raft_meta")?;
+    ///
+    /// Refuses a log that holds less than its guard recorded (a truncated or
+    /// corrupted file), naming the file.
+    pub fn open(db: &Db, state: StateStore) -> Result<Self, RaftError> {
+        let sled = db.sled();
+        let meta = sled.open_tree("raft_meta")?;
         // Stored as a bare LogId by `purge`: decoding it as an Option once
         // read the term's first byte as the tag, and failed from term 2 on.
         let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
@@ -152,16 +241,59 @@ impl LogStore {
             }
             None => None,
         };
-        let log = db.open_tree("raft_log")?;
+        let log = sled.open_tree("raft_log")?;
+        let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
+            Some(raw) => Some(decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?),
+            None => None,
+        };
+        let last_entry: Option<LogId<NodeId>> = match log.last()? {
+            Some((_, raw)) => {
+                let e: Entry<TypeConfig> =
+                    decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?;
+                Some(e.log_id)
+            }
+            None => None,
+        };
+        let last = last_entry.max(purged);
+        let dir: PathBuf = db
+            .dir()
+            .map(|d| d.to_path_buf())
+            .unwrap_or_else(|| PathBuf::from("(temporary)"));
+        let guard_path = dir.with_file_name("guard");
+        let guard = Guard::open(&guard_path, || Marks {
+            vote,
+            durable: last,
+            purged,
+            deleted_below: 0,
+        })?;
+        guard.check(&dir, vote.as_ref(), last)?;
+        let deleted_below = guard.marks().deleted_below;
+        let guard = Arc::new(Mutex::new(guard));
+        let written = Arc::new(Mutex::new(Written {
+            generation: 0,
+            last,
+        }));
+        let (flusher, rx) = std::sync::mpsc::channel();
+        {
+            let (db, guard, written) = (db.clone(), guard.clone(), written.clone());
+            std::thread::Builder::new()
+                .name("raft-log-sync".into())
+                .spawn(move || flush_thread(db, guard, written, rx))
+                .map_err(|source| RaftError::Io {
+                    path: dir.clone(),
+                    source,
+                })?;
+        }
         let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
         let (reaper, wake) = mpsc::unbounded_channel();
         tokio::spawn(reap_loop(
             log.clone(),
             state.clone(),
             first_kept.clone(),
+            guard.clone(),
             wake,
         ));
-        Ok(Self {
+        let store = Self {
             db: db.clone(),
             state,
             log,
@@ -169,7 +301,26 @@ impl LogStore {
             flusher,
             first_kept,
             reaper,
-        })
+            guard,
+            written,
+        };
+        // The state is checked against the log here, where both are known:
+        // a state whose outbox reads entries that were deleted cannot be the
+        // one this node ran with.
+        let hold = store.state.durable_hold();
+        if hold < deleted_below {
+            return Err(RaftError::Damaged {
+                path: store
+                    .state
+                    .dir()
+                    .map(|d| d.join("db"))
+                    .unwrap_or_default(),
+                reason: format!(
+                    "its outbox reads log entry {hold}, but entries below {deleted_below} were deleted; the file was truncated or corrupted"
+                ),
+            });
+        }
+        Ok(store)
     }
 
     /// The observations of entry `index`, even if openraft has purged it:
@@ -201,16 +352,32 @@ impl LogStore {
         }
     }
 
+    /// Writes a metadata record and syncs the log, off the runtime's threads.
     async fn put_meta<T: serde::Serialize>(&self, key: &[u8], v: &T) -> StorageResult<()> {
         let raw = encode(v).map_err(StorageIOError::write)?;
         self.meta
             .insert(key, raw)
             .map_err(|e| StorageIOError::write(io_err(e)))?;
-        self.db
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write(io_err(e)))?;
+        self.sync().await.map_err(StorageIOError::write)?;
         Ok(())
+    }
+
+    /// A sync of the log database, on the blocking pool.
+    async fn sync(&self) -> Result<(), AnyError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.sync())
+            .await
+            .map_err(io_err)?
+            .map_err(io_err)
+    }
+
+    /// Changes the guard's marks and syncs it, on the blocking pool.
+    async fn guard(&self, f: impl FnOnce(&mut Marks) + Send + 'static) -> Result<(), AnyError> {
+        let guard = self.guard.clone();
+        tokio::task::spawn_blocking(move || lock(&guard).update(f))
+            .await
+            .map_err(io_err)?
+            .map_err(io_err)
     }
 
     /// Number of entries currently held (after purges), for status.
@@ -304,9 +471,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        // Flushed before returning: a vote forgotten in a crash could let this
-        // node vote twice in one term.
-        self.put_meta(VOTE, vote).await
+        // Synced before returning, and recorded in the guard: a vote
+        // forgotten in a power cut could let this node vote twice in a term.
+        self.put_meta(VOTE, vote).await?;
+        let vote = *vote;
+        self.guard(move |m| m.vote = Some(vote))
+            .await
+            .map_err(|e| StorageIOError::write_vote(e).into())
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
@@ -334,11 +505,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         let (mut count, mut bytes) = (0u64, 0u64);
+        let mut last = None;
         for entry in entries {
             let raw = encode(&entry).map_err(StorageIOError::write_logs)?;
             count += 1;
             bytes += raw.len() as u64;
             batch.insert(&entry.log_id.index.to_be_bytes(), raw);
+            last = Some(entry.log_id);
         }
         // The benchmark reports Raft entries and bytes per second from these.
         metrics::counter!("firstseen_raft_log_entries_total").increment(count);
@@ -346,21 +519,43 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-        // Reported durable by the flusher, never before the flush.
-        if let Err(mpsc::error::SendError(callback)) = self.flusher.send(callback) {
-            // The flusher is gone only while the runtime shuts down: flush here.
-            let flushed = self
-                .db
-                .flush_async()
+        if last.is_some() {
+            let mut w = lock(&self.written);
+            w.last = w.last.max(last);
+        }
+        // Reported durable by the group-commit thread, never before a sync.
+        if let Err(std::sync::mpsc::SendError(callback)) = self.flusher.send(callback) {
+            // The thread ended only if it panicked: sync here.
+            let synced = self
+                .sync()
                 .await
-                .map(|_| ())
-                .map_err(std::io::Error::other);
-            callback.log_io_completed(flushed);
+                .map_err(|e| std::io::Error::other(e.to_string()));
+            callback.log_io_completed(synced);
         }
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        // Entries from `log_id` on were never committed (openraft truncates
+        // only a conflicting tail). The guard's durable mark goes below them
+        // first, so it never claims what is about to be removed.
+        let before: Option<LogId<NodeId>> =
+            match self.log.range(..log_id.index.to_be_bytes()).next_back() {
+                Some(item) => {
+                    let (_, raw) = item.map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+                    let e: Entry<TypeConfig> = decode(&raw).map_err(StorageIOError::write_logs)?;
+                    Some(e.log_id)
+                }
+                None => self.get_meta(LAST_PURGED)?,
+            };
+        {
+            let mut w = lock(&self.written);
+            w.generation += 1;
+            w.last = w.last.min(before);
+        }
+        self.guard(move |m| m.durable = m.durable.min(before))
+            .await
+            .map_err(StorageIOError::write_logs)?;
         let mut batch = sled::Batch::default();
         for item in self.log.range(log_id.index.to_be_bytes()..) {
             let (k, _) = item.map_err(|e| StorageIOError::write_logs(io_err(e)))?;
@@ -369,10 +564,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-        self.db
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+        self.sync().await.map_err(StorageIOError::write_logs)?;
         Ok(())
     }
 
@@ -381,13 +573,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // up to `log_id` are applied, but maybe not yet durably: were they
         // purged first, a crash would leave applied state that can be neither
         // found on disk nor re-applied from the log.
-        self.state
-            .flush()
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || state.flush())
             .await
+            .map_err(|e| StorageIOError::write_logs(io_err(e)))?
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
         // Record the purge point first: a crash between the two steps leaves
         // extra entries, never a hole openraft does not know about.
         self.put_meta(LAST_PURGED, &log_id).await?;
+        self.guard(move |m| m.purged = Some(log_id))
+            .await
+            .map_err(StorageIOError::write_logs)?;
         self.first_kept
             .fetch_max(log_id.index + 1, Ordering::AcqRel);
         // Deleting tens of thousands of entries takes long enough to stall

@@ -1,9 +1,15 @@
 //! Adapts the sled state machine of `firstseen-store` to openraft.
 //!
-//! Snapshots are files: building one streams every state tree into
-//! `snapshots/current.snap` (never into memory), and installing one streams a
+//! Snapshots are files: building one streams every state tree into a file
+//! under `snapshots/` (never into memory), and installing one streams a
 //! received file back into sled. A snapshot lets openraft purge the log, which
 //! is what keeps the log bounded (G5).
+//!
+//! `snapshots/current.meta` names the current snapshot's data file and holds
+//! its length and blake3 hash; the hash is also the last part of the
+//! snapshot id, so a node receiving one checks the file before installing it,
+//! and a node serving or reopening one checks its own. A damaged snapshot is
+//! refused with an error naming the file, never installed or sent.
 
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -21,8 +27,62 @@ use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, TypeConfi
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 type Meta = SnapshotMeta<NodeId, Member>;
 
-const CURRENT_DATA: &str = "current.snap";
 const CURRENT_META: &str = "current.meta";
+
+/// What `current.meta` holds: openraft's metadata, and the data file with
+/// what it must hash to.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Current {
+    meta: Meta,
+    /// File name of the data, in the snapshots directory.
+    data: String,
+    len: u64,
+    blake3: String,
+}
+
+/// A writer that hashes what passes through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: blake3::Hasher,
+    len: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// blake3 and length of a file, read in chunks.
+fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok((hasher.finalize().to_hex().to_string(), len))
+}
+
+/// The hash a snapshot id ends with (`…-<blake3 hex>`).
+fn id_hash(snapshot_id: &str) -> Option<&str> {
+    snapshot_id
+        .rsplit_once('-')
+        .map(|(_, h)| h)
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
 
 /// The applied position and membership, stored atomically with each apply.
 type AppliedMarker = (Option<LogId<NodeId>>, StoredMembership<NodeId, Member>);
@@ -35,6 +95,9 @@ pub struct StateMachine {
     dir: PathBuf,
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Member>,
+    /// The file `begin_receiving_snapshot` handed out last, which becomes
+    /// the current snapshot once installed.
+    receiving: Option<PathBuf>,
 }
 
 fn any(e: impl std::error::Error + 'static) -> AnyError {
@@ -75,6 +138,7 @@ impl StateMachine {
             dir,
             last_applied,
             membership,
+            receiving: None,
         })
     }
 
@@ -95,36 +159,69 @@ impl StateMachine {
     }
 }
 
-/// Exports the state into a temporary file in `dir` (synchronously, so it sees
-/// exactly the applied state), returning its path.
-fn export_to_file(store: &StateStore, log: &LogStore, dir: &Path) -> Result<PathBuf, AnyError> {
+/// A state exported to a file, not yet the current snapshot.
+struct Exported {
+    path: PathBuf,
+    blake3: String,
+    len: u64,
+}
+
+/// Exports the state into a new file in `dir` (synchronously, so it sees
+/// exactly the applied state), synced, with its hash.
+fn export_to_file(store: &StateStore, log: &LogStore, dir: &Path) -> Result<Exported, AnyError> {
     let path = dir.join(format!("building-{}.snap", unique_suffix()));
     let file = std::fs::File::create(&path).map_err(any)?;
-    let mut out = BufWriter::new(file);
+    let mut out = BufWriter::new(Hashing {
+        inner: file,
+        hasher: blake3::Hasher::new(),
+        len: 0,
+    });
     store
         .export(&mut out, &mut |index| log.observations(index))
         .map_err(any)?;
     out.flush().map_err(any)?;
-    out.get_ref().sync_all().map_err(any)?;
-    Ok(path)
+    let hashing = out.into_inner().map_err(|e| any(e.into_error()))?;
+    hashing.inner.sync_all().map_err(any)?;
+    Ok(Exported {
+        path,
+        blake3: hashing.hasher.finalize().to_hex().to_string(),
+        len: hashing.len,
+    })
 }
 
-/// Makes an exported file the current snapshot: data first, then the meta
-/// that points at it, each renamed into place after an fsync.
-fn promote(dir: &Path, data: &Path, meta: &Meta) -> Result<(), AnyError> {
-    std::fs::rename(data, dir.join(CURRENT_DATA)).map_err(any)?;
+/// Makes an exported file the current snapshot. The data keeps a name of
+/// its own (`snap-….snap`); `current.meta` is written beside it, synced and
+/// renamed over the old one, and the directory synced, so the meta never
+/// names data other than its own, whatever moment a crash comes. Older data
+/// files are removed afterwards.
+fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError> {
+    let name = format!("snap-{}.snap", unique_suffix());
+    std::fs::rename(&exported.path, dir.join(&name)).map_err(any)?;
+    let current = Current {
+        meta: meta.clone(),
+        data: name.clone(),
+        len: exported.len,
+        blake3: exported.blake3.clone(),
+    };
     let tmp = dir.join(format!("building-{}.meta", unique_suffix()));
-    let raw = bincode::serialize(meta).map_err(any)?;
+    let raw = bincode::serialize(&current).map_err(any)?;
     let mut f = std::fs::File::create(&tmp).map_err(any)?;
     f.write_all(&raw).map_err(any)?;
     f.sync_all().map_err(any)?;
     std::fs::rename(&tmp, dir.join(CURRENT_META)).map_err(any)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    firstseen_store::disk::sync_dir(dir).map_err(any)?;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("snap-") && n != name {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
     Ok(())
 }
 
+/// The current snapshot, after checking its data file against the meta.
 async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<TypeConfig>>> {
     let meta_path = dir.join(CURRENT_META);
     let raw = match tokio::fs::read(&meta_path).await {
@@ -132,13 +229,55 @@ async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<TypeConfig>>>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StorageIOError::read_snapshot(None, any(e)).into()),
     };
-    let meta: Meta =
-        bincode::deserialize(&raw).map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-    let file = tokio::fs::File::open(dir.join(CURRENT_DATA))
+    let current: Current = bincode::deserialize(&raw).map_err(|e| {
+        StorageIOError::read_snapshot(
+            None,
+            any(RaftError::Damaged {
+                path: meta_path.clone(),
+                reason: format!("undecodable: {e}"),
+            }),
+        )
+    })?;
+    let sig = Some(current.meta.signature());
+    let data = dir.join(&current.data);
+    let checked = {
+        let data = data.clone();
+        tokio::task::spawn_blocking(move || hash_file(&data))
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(sig.clone(), any(e)))?
+    };
+    match checked {
+        Ok((hash, len)) if hash == current.blake3 && len == current.len => {}
+        Ok((_, len)) => {
+            return Err(StorageIOError::read_snapshot(
+                sig,
+                any(RaftError::Damaged {
+                    path: data,
+                    reason: format!(
+                        "{len} bytes that do not hash to what {} recorded ({} bytes)",
+                        meta_path.display(),
+                        current.len
+                    ),
+                }),
+            )
+            .into())
+        }
+        Err(e) => {
+            return Err(StorageIOError::read_snapshot(
+                sig,
+                any(RaftError::Io {
+                    path: data,
+                    source: e,
+                }),
+            )
+            .into())
+        }
+    }
+    let file = tokio::fs::File::open(&data)
         .await
-        .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(e)))?;
+        .map_err(|e| StorageIOError::read_snapshot(sig, any(e)))?;
     Ok(Some(Snapshot {
-        meta,
+        meta: current.meta,
         snapshot: Box::new(file),
     }))
 }
@@ -146,19 +285,24 @@ async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<TypeConfig>>>
 /// A snapshot whose data was already exported when openraft asked for a builder.
 pub struct Builder {
     dir: PathBuf,
-    exported: Result<PathBuf, AnyError>,
+    exported: Result<Exported, AnyError>,
     meta: Meta,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
         let sig = Some(self.meta.signature());
-        let data = match &self.exported {
-            Ok(p) => p.clone(),
-            Err(e) => return Err(StorageIOError::write_snapshot(sig, e.clone()).into()),
+        let exported = match std::mem::replace(
+            &mut self.exported,
+            Err(AnyError::error("snapshot already built")),
+        ) {
+            Ok(e) => e,
+            Err(e) => return Err(StorageIOError::write_snapshot(sig, e).into()),
         };
+        // The id ends with the data's hash, so a receiver can check it.
+        self.meta.snapshot_id = format!("{}-{}", self.meta.snapshot_id, exported.blake3);
         let (dir, meta) = (self.dir.clone(), self.meta.clone());
-        tokio::task::spawn_blocking(move || promote(&dir, &data, &meta))
+        tokio::task::spawn_blocking(move || promote(&dir, &exported, &meta))
             .await
             .map_err(|e| StorageIOError::write_snapshot(sig.clone(), any(e)))?
             .map_err(|e| StorageIOError::write_snapshot(sig.clone(), e))?;
@@ -240,6 +384,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .open(&path)
             .await
             .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        self.receiving = Some(path);
         Ok(Box::new(file))
     }
 
@@ -254,7 +399,35 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         file.seek(std::io::SeekFrom::Start(0))
             .await
             .map_err(|e| werr(any(e)))?;
-        let std_file = file.into_std().await;
+        let mut std_file = file.into_std().await;
+        // A snapshot whose bytes are not what the sender hashed is refused
+        // before any of it reaches the state.
+        if let Some(want) = id_hash(&meta.snapshot_id).map(str::to_string) {
+            let (got, f) = tokio::task::spawn_blocking(move || {
+                let mut hasher = blake3::Hasher::new();
+                let copied = std::io::copy(&mut std_file, &mut hasher);
+                let rewound = std::io::Seek::seek(&mut std_file, std::io::SeekFrom::Start(0));
+                (
+                    copied
+                        .and(rewound)
+                        .map(|_| hasher.finalize().to_hex().to_string()),
+                    std_file,
+                )
+            })
+            .await
+            .map_err(|e| werr(any(e)))?;
+            std_file = f;
+            let got = got.map_err(|e| werr(any(e)))?;
+            if got != want {
+                return Err(werr(any(RaftError::Damaged {
+                    path: self.dir.join("incoming"),
+                    reason: format!(
+                        "snapshot {} received with blake3 {got}, expected {want}",
+                        meta.snapshot_id
+                    ),
+                })));
+            }
+        }
         let store = self.store.clone();
         let id = meta.snapshot_id.clone();
         let records = tokio::task::spawn_blocking(move || {
@@ -271,14 +444,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.store
             .apply(None, 0, &marker)
             .map_err(|e| werr(any(e)))?;
-        self.store.flush().await.map_err(|e| werr(any(e)))?;
-        // Keep it as our own current snapshot, so this node can serve it on.
-        let exported = export_to_file(&self.store, &self.log, &self.dir).map_err(werr)?;
-        let (dir, m) = (self.dir.clone(), meta.clone());
-        tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush())
             .await
             .map_err(|e| werr(any(e)))?
-            .map_err(werr)?;
+            .map_err(|e| werr(any(e)))?;
+        // The received file becomes this node's current snapshot, so it can
+        // serve it on: its bytes are the ones the id's hash names.
+        let received = self.receiving.take();
+        match received {
+            Some(path) => {
+                let (dir, m) = (self.dir.clone(), meta.clone());
+                tokio::task::spawn_blocking(move || {
+                    let (blake3, len) = hash_file(&path).map_err(any)?;
+                    std::fs::File::open(&path)
+                        .and_then(|f| f.sync_all())
+                        .map_err(any)?;
+                    promote(&dir, &Exported { path, blake3, len }, &m)
+                })
+                .await
+                .map_err(|e| werr(any(e)))?
+                .map_err(werr)?;
+            }
+            None => {
+                // Not received through `begin_receiving_snapshot`: export it.
+                let exported = export_to_file(&self.store, &self.log, &self.dir).map_err(werr)?;
+                let mut m = meta.clone();
+                m.snapshot_id = format!("{}-{}", m.snapshot_id, exported.blake3);
+                let dir = self.dir.clone();
+                tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
+                    .await
+                    .map_err(|e| werr(any(e)))?
+                    .map_err(werr)?;
+            }
+        }
         tracing::info!(snapshot = %meta.snapshot_id, records, "snapshot installed");
         Ok(())
     }

@@ -20,6 +20,8 @@ pub struct Batcher {
     pub gates: Vec<Arc<AckGate>>,
     pub state: StateStore,
     pub quota_bytes: u64,
+    /// While the disk is below its reserve nothing is proposed either.
+    pub disk: Arc<crate::diskspace::DiskSpace>,
     /// Cancelled when the node shuts down: a batch that cannot be committed
     /// is then abandoned unacked (the broker redelivers it).
     pub shutdown: CancellationToken,
@@ -112,25 +114,35 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
     true
 }
 
-/// G5 backpressure: while the outbox is over its quota, nothing new is
-/// committed, so nothing is acked and the broker keeps the messages.
+/// G5 backpressure: while the outbox is over its quota, or this node's disk
+/// is below its reserve, nothing new is committed, so nothing is acked and
+/// the broker keeps the messages.
 async fn wait_for_quota(b: &Batcher) -> bool {
     let mut warned = false;
     loop {
         let bytes = b.state.totals().map(|t| t.outbox_bytes).unwrap_or(0);
-        if bytes < b.quota_bytes {
+        let disk_low = b.disk.is_low();
+        if bytes < b.quota_bytes && !disk_low {
             if warned {
-                tracing::info!(outbox_bytes = bytes, "outbox below quota; accepting again");
+                tracing::info!(outbox_bytes = bytes, "accepting again");
                 metrics::gauge!("firstseen_backpressure").set(0.0);
             }
             return true;
         }
         if !warned {
-            tracing::warn!(
-                outbox_bytes = bytes,
-                quota_bytes = b.quota_bytes,
-                "outbox over quota; holding upstream acks"
-            );
+            if disk_low {
+                tracing::warn!(
+                    free_bytes = b.disk.free(),
+                    reserve_bytes = b.disk.reserve(),
+                    "disk below its reserve; holding upstream acks"
+                );
+            } else {
+                tracing::warn!(
+                    outbox_bytes = bytes,
+                    quota_bytes = b.quota_bytes,
+                    "outbox over quota; holding upstream acks"
+                );
+            }
             metrics::gauge!("firstseen_backpressure").set(1.0);
             warned = true;
         }

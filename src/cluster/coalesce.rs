@@ -30,6 +30,8 @@ type Reply = oneshot::Sender<Result<Vec<Outcome>, ForwardError>>;
 #[derive(Clone)]
 pub struct Coalescer {
     tx: mpsc::UnboundedSender<(Vec<Observation>, Reply)>,
+    /// A leader whose disk is low commits nothing (`crate::diskspace`).
+    disk: std::sync::Arc<crate::diskspace::DiskSpace>,
 }
 
 fn bytes(observations: &[Observation]) -> usize {
@@ -42,10 +44,15 @@ fn bytes(observations: &[Observation]) -> usize {
 impl Coalescer {
     /// Starts the task. `max_bytes` bounds a merged entry like a batch: the
     /// first batch always goes in, later ones only while they fit.
-    pub fn start(raft: Raft, window_ms: u64, max_bytes: usize) -> Self {
+    pub fn start(
+        raft: Raft,
+        window_ms: u64,
+        max_bytes: usize,
+        disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(raft, window_ms, max_bytes, rx));
-        Self { tx }
+        Self { tx, disk }
     }
 
     /// Commits `observations` (possibly in one entry with other batches) and
@@ -54,6 +61,11 @@ impl Coalescer {
         &self,
         observations: Vec<Observation>,
     ) -> Result<Vec<Outcome>, ForwardError> {
+        if let Some(reason) = self.disk.reason() {
+            return Err(ForwardError::Failed(format!(
+                "leader cannot commit: {reason}"
+            )));
+        }
         let (reply, answer) = oneshot::channel();
         self.tx
             .send((observations, reply))

@@ -33,10 +33,8 @@ pub struct Cluster {
     pub state: StateStore,
     /// Unpublished messages with their payloads, for the publisher.
     pub outbox: firstseen_raft::Outbox,
-    /// The state machine's database.
-    pub db: sled::Db,
-    /// The Raft log's database.
-    pub log_db: sled::Db,
+    /// Both databases and their durability.
+    pub disk: firstseen_store::disk::Disk,
     pub node_id: NodeId,
     pub peers: Peers,
     pub key: ClusterKey,
@@ -178,8 +176,7 @@ impl Cluster {
             raft,
             state: storage.state,
             outbox: storage.outbox,
-            db: storage.db,
-            log_db: storage.log_db,
+            disk: storage.disk,
             node_id: config.node.id,
             peers,
             key,
@@ -192,13 +189,17 @@ impl Cluster {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
-        if let Err(e) = self.state.flush().await {
-            tracing::error!(error = %e, "final state checkpoint failed");
-        }
-        for db in [&self.log_db, &self.db] {
-            if let Err(e) = db.flush_async().await {
-                tracing::error!(error = %e, "final flush failed");
-            }
+        let (state, disk) = (self.state.clone(), self.disk.clone());
+        let synced = tokio::task::spawn_blocking(move || {
+            // The checkpoint syncs the log before it is written.
+            state.flush()?;
+            disk.log.sync()
+        })
+        .await;
+        match synced {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "final sync failed"),
+            Err(e) => tracing::error!(error = %e, "final sync task failed"),
         }
     }
 }
@@ -286,6 +287,31 @@ pub async fn remove_member(raft: &Raft, id: NodeId) -> Result<(), Error> {
         .await
         .map_err(|e| Error::Raft(format!("remove {id}: {e}")))?;
     Ok(())
+}
+
+/// A leader whose disk is below its reserve stops sending heartbeats (and
+/// commits nothing, and stops publishing), so that the followers elect a
+/// leader that has room; heartbeats resume once the space is back.
+pub async fn follow_disk(
+    raft: Raft,
+    disk: Arc<crate::diskspace::DiskSpace>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut beating = true;
+    loop {
+        let want = !disk.is_low();
+        if want != beating {
+            raft.runtime_config().heartbeat(want);
+            beating = want;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    if !beating {
+        raft.runtime_config().heartbeat(true);
+    }
 }
 
 /// Logs one line per leadership change, as operators want to see them.

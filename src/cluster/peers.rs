@@ -277,6 +277,16 @@ impl PeerClient {
         }
     }
 
+    /// The peer would not take a write now: openraft backs off as for an
+    /// unreachable node.
+    fn refused<E: std::error::Error>(&self, reason: String) -> RPCError<NodeId, Member, E> {
+        let e = CallError::Protocol {
+            addr: self.addr.clone(),
+            reason: format!("refused: {reason}"),
+        };
+        RPCError::Unreachable(Unreachable::new(&e))
+    }
+
     fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, Member, E> {
         let e = CallError::Protocol {
             addr: self.addr.clone(),
@@ -301,6 +311,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Ok(Reply::AppendEntries(Err(e))) => {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
+            Ok(Reply::Refused(reason)) => Err(self.refused(reason)),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(self.map_err(e)),
         }
@@ -327,6 +338,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Ok(Reply::InstallSnapshot(Err(e))) => {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
+            Ok(Reply::Refused(reason)) => Err(self.refused(reason)),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(self.map_err(e)),
         }

@@ -30,6 +30,8 @@ pub struct PeerService {
     pub proposer: Proposer,
     /// Set when peers must connect with TLS.
     pub tls: Option<PeerTls>,
+    /// Replication that would write is refused while the disk is low.
+    pub disk: Arc<crate::diskspace::DiskSpace>,
 }
 
 /// Accepts peer connections until `shutdown`.
@@ -141,6 +143,19 @@ async fn handshake(s: &mut BoxStream, svc: &PeerService) -> Result<NodeId, Strin
 }
 
 async fn dispatch(svc: &PeerService, request: Request) -> Reply {
+    // Refused before openraft sees it: a write that fails in sled is fatal
+    // to the Raft node, and a leader carries on without this member. Empty
+    // appends (heartbeats) still pass, so this node keeps its leader.
+    let writes = match &request {
+        Request::AppendEntries(r) => !r.entries.is_empty(),
+        Request::InstallSnapshot(_) => true,
+        Request::Vote(_) | Request::Forward(_) => false,
+    };
+    if writes {
+        if let Some(reason) = svc.disk.reason() {
+            return Reply::Refused(reason);
+        }
+    }
     match request {
         Request::AppendEntries(r) => Reply::AppendEntries(svc.raft.append_entries(r).await),
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),

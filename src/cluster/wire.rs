@@ -117,6 +117,10 @@ pub enum Reply {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Forward(Result<Vec<Outcome>, ForwardError>),
+    /// The request was not handed to Raft: this node cannot take it now (its
+    /// disk is below the reserve). The caller treats the node as unreachable
+    /// and backs off.
+    Refused(String),
 }
 
 /// Why a frame could not be read.

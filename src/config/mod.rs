@@ -72,6 +72,17 @@ pub struct NodeConfig {
     /// Address of the HTTP API (status, metrics, health).
     #[serde(default = "default_http_listen")]
     pub http_listen: SocketAddr,
+    /// Free space kept on the data directory's filesystem. Below it the node
+    /// stops writing new entries: it holds upstream acks (the broker keeps
+    /// the messages), refuses replication, says so on `/readyz`, and resumes
+    /// by itself when space returns. It must cover what a node writes after
+    /// the check: a snapshot of the window and a few batches.
+    #[serde(default = "default_disk_reserve")]
+    pub disk_reserve_bytes: u64,
+    /// Longest a shutdown (SIGTERM, SIGINT) takes, whatever the cluster's
+    /// state. Unacked messages stay with the broker's persistent session.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -263,6 +274,12 @@ pub struct RouteConfig {
     pub key: KeySpec,
 }
 
+fn default_disk_reserve() -> u64 {
+    256 * 1024 * 1024
+}
+fn default_shutdown_timeout() -> u64 {
+    10
+}
 fn default_snapshot_logs() -> u64 {
     20_000
 }
@@ -413,6 +430,9 @@ impl Config {
         };
         if self.node.zone.trim().is_empty() {
             bad("node.zone", "must not be empty".into());
+        }
+        if self.node.shutdown_timeout_secs == 0 {
+            bad("node.shutdown_timeout_secs", "must be at least 1".into());
         }
         if self.dedup.window_secs == 0 {
             bad("dedup.window_secs", "must be at least 1".into());

@@ -28,15 +28,17 @@ pub struct AppState {
     pub raft: Raft,
     pub state: StateStore,
     /// The Raft log's database, for the disk figure.
-    pub log_db: sled::Db,
+    pub log_db: firstseen_store::disk::Db,
     pub upstreams: Vec<(String, Arc<UpstreamStatus>)>,
     pub metrics: Option<PrometheusHandle>,
     /// Admin requests must present the cluster secret.
     pub key: ClusterKey,
-    /// Where the current snapshot file lives, for its size.
-    pub snapshot_file: std::path::PathBuf,
+    /// Where the snapshot files live, for their size.
+    pub snapshot_dir: std::path::PathBuf,
     /// Samples for the status page's charts.
     pub history: Mutex<VecDeque<Sample>>,
+    /// Free space on the data directory's filesystem.
+    pub disk: Arc<crate::diskspace::DiskSpace>,
 }
 
 /// One point of the status page's charts, taken every [`SAMPLE_EVERY`].
@@ -75,10 +77,21 @@ pub struct Status {
     pub disk_bytes: u64,
     /// The state machine's database alone: what the window costs.
     pub state_disk_bytes: u64,
+    /// Free space on the data directory's filesystem, against the reserve.
+    pub disk: DiskView,
     pub ready: bool,
     pub not_ready_reason: Option<String>,
     /// The last warnings and errors this node logged, newest first.
     pub recent_errors: Vec<crate::telemetry::LoggedEvent>,
+}
+
+#[derive(Serialize)]
+pub struct DiskView {
+    pub free_bytes: u64,
+    pub reserve_bytes: u64,
+    /// True while free space is below the reserve: nothing is written, acks
+    /// are held.
+    pub low: bool,
 }
 
 #[derive(Serialize, Clone)]
@@ -191,6 +204,11 @@ impl AppState {
                 .collect(),
             disk_bytes: state_disk + self.log_db.size_on_disk().unwrap_or(0),
             state_disk_bytes: state_disk,
+            disk: DiskView {
+                free_bytes: self.disk.free(),
+                reserve_bytes: self.disk.reserve(),
+                low: self.disk.is_low(),
+            },
             ready: ready.is_ok(),
             not_ready_reason: ready.err(),
             recent_errors: crate::telemetry::recent_events(),
@@ -205,6 +223,9 @@ impl AppState {
         let m = self.raft.metrics().borrow().clone();
         if m.current_leader.is_none() {
             return Err("no Raft leader known".into());
+        }
+        if let Some(reason) = self.disk.reason() {
+            return Err(reason);
         }
         for (name, s) in &self.upstreams {
             if !s.connected.load(Ordering::Relaxed) {
@@ -443,8 +464,14 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
         metrics::gauge!("firstseen_raft_leader_id").set(s.leader.unwrap_or(0) as f64);
         metrics::gauge!("firstseen_raft_applied_index").set(s.last_applied.unwrap_or(0) as f64);
         metrics::gauge!("firstseen_disk_bytes").set(s.disk_bytes as f64);
-        let snapshot = std::fs::metadata(&app.snapshot_file)
-            .map(|m| m.len())
+        let snapshot: u64 = std::fs::read_dir(&app.snapshot_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("snap-"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
             .unwrap_or(0);
         metrics::gauge!("firstseen_snapshot_bytes").set(snapshot as f64);
         for c in &s.coverage {

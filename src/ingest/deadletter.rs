@@ -37,7 +37,13 @@ impl DeadLetter {
         payload: &[u8],
         received_ms: u64,
     ) -> std::io::Result<PathBuf> {
-        tokio::fs::create_dir_all(&self.dir).await?;
+        if !self.dir.is_dir() {
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || firstseen_store::disk::create_dir_durable(&dir))
+                .await
+                .map_err(std::io::Error::other)?
+                .map_err(std::io::Error::other)?;
+        }
         let digest = blake3::hash(payload).to_hex();
         let path = self
             .dir
@@ -52,10 +58,27 @@ impl DeadLetter {
         };
         let mut line = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let mut f = tokio::fs::File::create(&path).await?;
-        f.write_all(&line).await?;
-        f.write_all(payload).await?;
-        f.sync_all().await?;
+        // Written under a temporary name and renamed, so a crash or a full
+        // disk never leaves a partial file that looks like a message; the
+        // directory is synced so the name survives a power cut. Only then
+        // is the message acked.
+        let tmp = path.with_extension("partial");
+        let written = async {
+            let mut f = tokio::fs::File::create(&tmp).await?;
+            f.write_all(&line).await?;
+            f.write_all(payload).await?;
+            f.sync_all().await?;
+            tokio::fs::rename(&tmp, &path).await?;
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
+                .await
+                .map_err(std::io::Error::other)?
+        }
+        .await;
+        if let Err(e) = written {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
         Ok(path)
     }
 }

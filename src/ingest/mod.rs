@@ -98,11 +98,17 @@ pub struct Upstream {
     pub dead_letter: DeadLetter,
     pub gate: Arc<AckGate>,
     pub status: Arc<UpstreamStatus>,
+    /// No dead letter is written while the disk is below its reserve.
+    pub disk: Arc<crate::diskspace::DiskSpace>,
 }
 
 impl Upstream {
     /// Builds the upstream tasks' inputs from the config.
-    pub fn from_config(config: &Config, routes: Arc<Vec<Route>>) -> Vec<Upstream> {
+    pub fn from_config(
+        config: &Config,
+        routes: Arc<Vec<Route>>,
+        disk: Arc<crate::diskspace::DiskSpace>,
+    ) -> Vec<Upstream> {
         let dead_letter = DeadLetter::new(config.node.data_dir.join("dead-letter"));
         config
             .upstreams
@@ -119,6 +125,7 @@ impl Upstream {
                 dead_letter: dead_letter.clone(),
                 gate: Arc::new(AckGate::new()),
                 status: Arc::new(UpstreamStatus::default()),
+                disk: disk.clone(),
             })
             .collect()
     }
@@ -314,6 +321,13 @@ impl Upstream {
             .increment(1);
         let mut delay = Duration::from_millis(200);
         loop {
+            if let Some(reason) = self.disk.reason() {
+                // Held unacked until there is room; the broker keeps it.
+                tracing::warn!(upstream = %self.config.name, reason = %reason, "dead letter waits for disk space");
+                while self.disk.is_low() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
             match self
                 .dead_letter
                 .store(reason, &p.topic, p.qos as u8, p.retain, &p.payload, now)

@@ -68,6 +68,9 @@ pub struct Publisher {
     pub node_id: u64,
     pub config: PulsarConfig,
     pub shutdown: CancellationToken,
+    /// A leader whose disk is low stops publishing, so that it stops
+    /// confirming its lease and the others elect one with room.
+    pub disk: std::sync::Arc<crate::diskspace::DiskSpace>,
 }
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
@@ -227,6 +230,13 @@ impl Publisher {
                 }
                 continue;
             }
+            if self.disk.is_low() {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = self.shutdown.cancelled() => break,
+                }
+                continue;
+            }
             tracing::info!(term, "leading: publisher starting");
             match self.lead(term, &mut metrics_rx).await {
                 Ok(TermEnd::Shutdown) => break,
@@ -272,6 +282,13 @@ impl Publisher {
                 if m.current_term != term || m.current_leader != Some(self.node_id) {
                     return Ok(TermEnd::LostLease);
                 }
+            }
+            if self.disk.is_low() {
+                tracing::warn!(
+                    term,
+                    "disk below its reserve: publisher lets go of its producers"
+                );
+                return Ok(TermEnd::LostLease);
             }
             let mut worked = false;
             for (name, st) in self.state.topics()? {

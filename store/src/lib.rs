@@ -12,9 +12,13 @@
 //!    per entry), the outbox (references into the Raft log), coverage per
 //!    node and the applied marker.
 //!
+//! 6. [`disk`]: the one owner of durability for both of a node's sled
+//!    databases: sled's flush, then `fdatasync` of their files.
+//!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
 
+pub mod disk;
 pub mod index;
 pub mod model;
 pub mod record;
@@ -42,6 +46,18 @@ pub enum StoreError {
     /// Reading or writing a snapshot stream failed.
     #[error("snapshot I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// Syncing or opening one of the node's files failed.
+    #[error("{path}: {source}")]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// A file on disk is damaged: the node must not run on it.
+    #[error("{path} is damaged: {reason}")]
+    Damaged {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 impl From<sled::transaction::TransactionError<StoreError>> for StoreError {

@@ -40,6 +40,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 
+use crate::disk::{Db, Disk};
 use crate::index::{Index, NodeBits, Slot};
 use crate::model::{
     Command, Coverage, FirstSeen, Key, NodeId, Observation, OutboxItem, OutboxMessage, Outcome,
@@ -145,15 +146,16 @@ impl Inner {
 /// The replicated dedup state of one node.
 #[derive(Clone)]
 pub struct StateStore {
-    db: sled::Db,
+    /// The state's database; its durability goes through [`crate::disk`].
+    db: Db,
     window: sled::Tree,
     masks: sled::Tree,
     runs: sled::Tree,
     inline: sled::Tree,
     meta: sled::Tree,
     inner: Arc<Mutex<Inner>>,
-    /// Flushed before every checkpoint: the Raft log's database.
-    log_db: Option<sled::Db>,
+    /// Synced before every checkpoint: the Raft log's database.
+    log_db: Option<Db>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -187,27 +189,37 @@ fn dec_seen(c: &mut Coverage) {
 }
 
 impl StateStore {
-    /// Opens (or creates) the state in `db` and loads it into memory.
+    /// Opens (or creates) the state in a bare sled database and loads it into
+    /// memory. For tests and tools; a node opens it on its [`Disk`] with
+    /// [`StateStore::open_on`].
     pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
-        Self::open_with_log(db, None)
+        Self::open_with_log(&Db::wrap("state", db.clone()), None)
+    }
+
+    /// Opens the state of a node: in `disk.state`, with entries that come
+    /// from `disk.log`.
+    pub fn open_on(disk: &Disk) -> Result<Self, StoreError> {
+        Self::open_with_log(&disk.state, Some(disk.log.clone()))
     }
 
     /// [`StateStore::open`] for a state whose entries come from a log in
-    /// `log_db`, which is flushed before every checkpoint.
+    /// `log_db`, which is synced before every checkpoint.
     ///
-    /// A follower may apply an entry before its own copy of it is flushed
+    /// A follower may apply an entry before its own copy of it is synced
     /// (the leader and another follower made it committed). A checkpoint
-    /// written then, and a crash, would leave a state referring to an entry
-    /// the log lost: the outbox reads payloads from the log. Flushing the log
-    /// first means every entry a checkpoint covers is on disk before it.
-    pub fn open_with_log(db: &sled::Db, log_db: Option<sled::Db>) -> Result<Self, StoreError> {
+    /// written then, and a power cut, would leave a state referring to an
+    /// entry the log lost: the outbox reads payloads from the log. Syncing
+    /// the log first means every entry a checkpoint covers is stable before
+    /// the checkpoint can be.
+    pub fn open_with_log(db: &Db, log_db: Option<Db>) -> Result<Self, StoreError> {
+        let sled = db.sled();
         let store = Self {
             db: db.clone(),
-            window: db.open_tree(TREES[0])?,
-            masks: db.open_tree(TREES[1])?,
-            runs: db.open_tree(TREES[2])?,
-            inline: db.open_tree(TREES[3])?,
-            meta: db.open_tree(TREES[4])?,
+            window: sled.open_tree(TREES[0])?,
+            masks: sled.open_tree(TREES[1])?,
+            runs: sled.open_tree(TREES[2])?,
+            inline: sled.open_tree(TREES[3])?,
+            meta: sled.open_tree(TREES[4])?,
             inner: Arc::default(),
             log_db,
         };
@@ -575,8 +587,10 @@ impl StateStore {
         if !inner.dirty {
             return Ok(());
         }
+        // G6: the entries this checkpoint covers are stable in the log
+        // before the checkpoint is written (see `open_with_log`).
         if let Some(log) = &self.log_db {
-            log.flush()?;
+            log.sync()?;
         }
         let head = encode(&inner.head)?;
         let expired_below = inner.head.expired_below;
@@ -791,16 +805,21 @@ impl StateStore {
         self.lock().index.len()
     }
 
-    /// Bytes sled uses on disk for this database (the Raft log has its own).
-    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()?)
+    /// The state database's directory, for errors that name its files.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.db.dir()
     }
 
-    /// Writes a checkpoint and makes it durable.
-    pub async fn flush(&self) -> Result<(), StoreError> {
+    /// Bytes sled uses on disk for this database (the Raft log has its own).
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.db.size_on_disk()
+    }
+
+    /// Writes a checkpoint and makes it durable. Blocking (a sync of each
+    /// database): call it from a blocking thread.
+    pub fn flush(&self) -> Result<(), StoreError> {
         self.checkpoint()?;
-        self.db.flush_async().await?;
-        Ok(())
+        self.db.sync()
     }
 
     /// Streams the whole state into `out` as length-prefixed records, tree by

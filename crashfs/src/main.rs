@@ -1,0 +1,148 @@
+//! `firstseen-crashfs --backing DIR --mount DIR --control SOCKET`
+//!
+//! Mounts `DIR` at the mount point, prints `ready` once both the mount and
+//! the control socket are up, then answers one command per line on the
+//! socket, each with one line:
+//!
+//! - `lose-power`: every write not yet fsynced is undone → `ok files=N bytes=B torn=0`
+//! - `lose-power-torn SEED`: the same, then each file's last lost write is
+//!   re-applied up to a random byte (seeded)
+//! - `quota BYTES` / `quota off`: writes beyond BYTES of file data fail with ENOSPC
+//! - `status` → `ok used=B quota=B|off unsynced=B writes=N fsyncs=N enospc=N`
+//! - `unmount`: unmounts and exits
+//!
+//! A power cut is meant for a moment when nothing writes: kill the process
+//! using the filesystem first, as the power would.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use firstseen_crashfs::fs::CrashFs;
+use fuser::{Config, MountOption};
+
+fn usage() -> ExitCode {
+    eprintln!("usage: firstseen-crashfs --backing DIR --mount DIR --control SOCKET");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut backing = None;
+    let mut mount = None;
+    let mut control = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--backing" => backing = args.next().map(PathBuf::from),
+            "--mount" => mount = args.next().map(PathBuf::from),
+            "--control" => control = args.next().map(PathBuf::from),
+            _ => return usage(),
+        }
+    }
+    let (Some(backing), Some(mount), Some(control)) = (backing, mount, control) else {
+        return usage();
+    };
+    if let Err(e) = std::fs::create_dir_all(&backing).and_then(|_| std::fs::create_dir_all(&mount))
+    {
+        eprintln!("firstseen-crashfs: {e}");
+        return ExitCode::from(2);
+    }
+    let fs = CrashFs::new(backing.clone());
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("firstseen-crashfs".into()),
+        MountOption::RW,
+    ];
+    config.n_threads = Some(2);
+    let session = match fuser::spawn_mount(fs.clone(), &mount, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("firstseen-crashfs: cannot mount {}: {e}", mount.display());
+            return ExitCode::from(2);
+        }
+    };
+    let _ = std::fs::remove_file(&control);
+    let listener = match UnixListener::bind(&control) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "firstseen-crashfs: control socket {}: {e}",
+                control.display()
+            );
+            drop(session);
+            return ExitCode::from(2);
+        }
+    };
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let mut out = match conn.try_clone() {
+            Ok(o) => o,
+            Err(_) => continue,
+        };
+        let mut quit = false;
+        for line in BufReader::new(conn).lines() {
+            let Ok(line) = line else { break };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let reply = match words.as_slice() {
+                ["lose-power"] => lost(fs.lose_power(None)),
+                ["lose-power-torn", seed] => match seed.parse() {
+                    Ok(seed) => lost(fs.lose_power(Some(seed))),
+                    Err(_) => "error: the seed is not a number".to_string(),
+                },
+                ["quota", "off"] => {
+                    fs.set_quota(None);
+                    "ok".to_string()
+                }
+                ["quota", bytes] => match bytes.parse() {
+                    Ok(b) => {
+                        fs.set_quota(Some(b));
+                        "ok".to_string()
+                    }
+                    Err(_) => "error: the quota is not a number of bytes".to_string(),
+                },
+                ["status"] => {
+                    let (used, quota, unsynced, s) = fs.report();
+                    format!(
+                        "ok used={used} quota={} unsynced={unsynced} writes={} fsyncs={} enospc={}",
+                        quota.map_or("off".to_string(), |q| q.to_string()),
+                        s.writes,
+                        s.fsyncs,
+                        s.enospc
+                    )
+                }
+                ["unmount"] => {
+                    quit = true;
+                    "ok".to_string()
+                }
+                _ => format!("error: unknown command `{line}`"),
+            };
+            if writeln!(out, "{reply}").is_err() || quit {
+                break;
+            }
+        }
+        if quit {
+            break;
+        }
+    }
+    let _ = std::fs::remove_file(&control);
+    match session.umount_and_join() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("firstseen-crashfs: unmount: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn lost(r: std::io::Result<firstseen_crashfs::journal::Lost>) -> String {
+    match r {
+        Ok(l) => format!(
+            "ok files={} bytes={} torn={}",
+            l.files, l.bytes, l.torn_bytes
+        ),
+        Err(e) => format!("error: {e}"),
+    }
+}

@@ -1,0 +1,364 @@
+//! Durability: the one place that decides when bytes are on stable storage.
+//!
+//! A node keeps two sled databases: the Raft log (`log/`) and the state
+//! machine (`sled/`). sled 0.34 "flushes" with `sync_file_range` on Linux
+//! (`pagecache/iobuf.rs`), which starts and waits for writeback of a range
+//! but neither flushes the drive's volatile write cache nor the file's
+//! metadata (its size grows as segments are added). It writes values above
+//! a quarter of a segment (128 KiB by default) to files of their own under
+//! `blobs/` and never syncs those at all. After a power cut such a flush
+//! can be gone. So [`Db::sync`] runs sled's flush and then makes it stable
+//! itself:
+//!
+//! 1. every blob file it has not synced before is `fdatasync`ed, then the
+//!    `blobs/` directory is `fsync`ed so their names survive too;
+//! 2. the database file is `fdatasync`ed (data and size);
+//! 3. the database directory is `fsync`ed when its listing changed since the
+//!    last sync (sled renames its own snapshot files into it).
+//!
+//! Blobs go first: a record in the database file that points at a blob must
+//! never be stable while the blob is not.
+//!
+//! The orderings the contract rests on (G4, G6 in the design), each kept by
+//! the caller named, all through this module:
+//! - an append is reported durable only after a [`Db::sync`] of the log that
+//!   began after the append was written (the log store's group commit);
+//! - a vote is saved, and synced, before it is returned;
+//! - a state checkpoint is written only after a sync of the log, so the state
+//!   on stable storage never refers to an entry the log could still lose
+//!   ([`crate::StateStore`] does this through [`Disk::log`]);
+//! - log entries are purged only after a sync of the state.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::StoreError;
+
+/// One sled database and the files behind it.
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: sled::Db,
+    /// Which database this is, for metrics and errors: `log` or `state`.
+    name: &'static str,
+    /// The database directory; `None` for a database without files (tests).
+    dir: Option<PathBuf>,
+    /// `dir/db`, opened once: fsync through any descriptor of a file flushes
+    /// all of its dirty pages.
+    file: Option<File>,
+    /// Names already made stable, so a sync only touches what is new.
+    known: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    top: BTreeSet<OsString>,
+    blobs: BTreeSet<OsString>,
+}
+
+/// How one database is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// sled's page cache.
+    pub cache_bytes: u64,
+    /// sled's own background flush, if any. sled's flusher thread ends each
+    /// round with an fsync of the database file, so a state database may
+    /// become stable on its own between checkpoints; that is safe only
+    /// because every checkpoint syncs the log first.
+    pub flush_every_ms: Option<u64>,
+}
+
+fn io_at(path: &Path, source: io::Error) -> StoreError {
+    StoreError::File {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `fsync` of a directory, so that names created, renamed or removed in it
+/// are stable.
+pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_at(dir, e))
+}
+
+/// Creates `dir` and every missing parent, and makes each new name stable
+/// by syncing the directory that holds it.
+pub fn create_dir_durable(dir: &Path) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durable(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_at(dir, e)),
+    }
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+impl Db {
+    /// Opens (or creates) the sled database in `dir`.
+    ///
+    /// sled 0.34 can panic on some damaged files instead of returning an
+    /// error; the panic is caught here and reported as [`StoreError::Damaged`]
+    /// naming the directory, so that a node refuses to start with a reason
+    /// instead of a backtrace.
+    pub fn open(name: &'static str, dir: &Path, options: Options) -> Result<Self, StoreError> {
+        create_dir_durable(dir)?;
+        let config = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_bytes)
+            .flush_every_ms(options.flush_every_ms);
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(sled::Error::Corruption { .. })) => {
+                return Err(StoreError::Damaged {
+                    path: dir.join("db"),
+                    reason: "sled reports corruption".into(),
+                })
+            }
+            Ok(Err(e)) => return Err(StoreError::Sled(e)),
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "sled panicked while opening it".into());
+                return Err(StoreError::Damaged {
+                    path: dir.join("db"),
+                    reason,
+                });
+            }
+        };
+        let file_path = dir.join("db");
+        let file = File::open(&file_path).map_err(|e| io_at(&file_path, e))?;
+        let me = Self {
+            inner: Arc::new(Inner {
+                db,
+                name,
+                dir: Some(dir.to_path_buf()),
+                file: Some(file),
+                known: Mutex::new(Known::default()),
+            }),
+        };
+        // Whatever sled created while opening (db, conf, blobs/) becomes
+        // stable now, before anything is reported durable.
+        me.sync()?;
+        Ok(me)
+    }
+
+    /// A database without files of its own (sled's temporary mode, tests):
+    /// [`Db::sync`] is sled's flush only.
+    pub fn wrap(name: &'static str, db: sled::Db) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                name,
+                dir: None,
+                file: None,
+                known: Mutex::new(Known::default()),
+            }),
+        }
+    }
+
+    /// The sled database.
+    pub fn sled(&self) -> &sled::Db {
+        &self.inner.db
+    }
+
+    /// `log` or `state`.
+    pub fn name(&self) -> &'static str {
+        self.inner.name
+    }
+
+    /// The database directory, if it has one.
+    pub fn dir(&self) -> Option<&Path> {
+        self.inner.dir.as_deref()
+    }
+
+    /// Makes everything written to the database before this call stable.
+    /// Blocking: sled's flush, then one `fdatasync` of the database file and
+    /// one of each new blob (see the module docs).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        self.inner.db.flush()?;
+        self.sync_files()?;
+        metrics::counter!("firstseen_disk_syncs_total", "db" => self.inner.name).increment(1);
+        metrics::histogram!("firstseen_disk_sync_seconds", "db" => self.inner.name)
+            .record(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn sync_files(&self) -> Result<(), StoreError> {
+        let (Some(dir), Some(file)) = (&self.inner.dir, &self.inner.file) else {
+            return Ok(());
+        };
+        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        let blobs = dir.join("blobs");
+        let mut listed = BTreeSet::new();
+        let mut new_blob = false;
+        match std::fs::read_dir(&blobs) {
+            Ok(entries) => {
+                for entry in entries {
+                    let entry = entry.map_err(|e| io_at(&blobs, e))?;
+                    let name = entry.file_name();
+                    if !known.blobs.contains(&name) {
+                        match File::open(entry.path()) {
+                            Ok(f) => f.sync_data().map_err(|e| io_at(&entry.path(), e))?,
+                            // Removed by sled's own cleanup since the listing.
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(io_at(&entry.path(), e)),
+                        }
+                        new_blob = true;
+                    }
+                    listed.insert(name);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&blobs, e)),
+        }
+        if new_blob {
+            sync_dir(&blobs)?;
+        }
+        known.blobs = listed;
+        file.sync_data().map_err(|e| io_at(&dir.join("db"), e))?;
+        let top: BTreeSet<OsString> = std::fs::read_dir(dir)
+            .map_err(|e| io_at(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        if top != known.top {
+            sync_dir(dir)?;
+            known.top = top;
+        }
+        Ok(())
+    }
+
+    /// Bytes sled uses on disk for this database.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.inner.db.size_on_disk()?)
+    }
+}
+
+/// Both databases of a node: the single owner of their durability and of
+/// the order between them (see the module docs).
+#[derive(Clone)]
+pub struct Disk {
+    /// The Raft log: entries, vote, purge point.
+    pub log: Db,
+    /// The state machine's checkpoints.
+    pub state: Db,
+}
+
+/// sled page cache of the state database: the state is served from memory,
+/// and sled is read only to expire written records and to rebuild at
+/// start-up, so its default 1 GiB would only hold copies.
+const STATE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// sled page cache of the log database: reads are of recent entries
+/// (replication, apply, the outbox).
+const LOG_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
+impl Disk {
+    /// Opens both databases under `dir` (`dir/log`, `dir/sled`).
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        create_dir_durable(dir)?;
+        let state = Db::open(
+            "state",
+            &dir.join("sled"),
+            Options {
+                cache_bytes: STATE_CACHE_BYTES,
+                // Not on the commit path: checkpoints and this background
+                // flush bound how much a crash re-applies from the log.
+                flush_every_ms: Some(1_000),
+            },
+        )?;
+        let log = Db::open(
+            "log",
+            &dir.join("log"),
+            Options {
+                cache_bytes: LOG_CACHE_BYTES,
+                // Every append is synced explicitly (group commit).
+                flush_every_ms: None,
+            },
+        )?;
+        Ok(Self { log, state })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_covers_blobs_and_new_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b/db");
+        let db = Db::open(
+            "log",
+            &dir,
+            Options {
+                cache_bytes: 1 << 20,
+                flush_every_ms: None,
+            },
+        )
+        .unwrap();
+        // A value above a quarter of a segment goes to a blob file.
+        db.sled().insert(b"big", vec![7u8; 300 * 1024]).unwrap();
+        db.sled().insert(b"small", vec![1u8; 10]).unwrap();
+        db.sync().unwrap();
+        let blobs: Vec<_> = std::fs::read_dir(dir.join("blobs")).unwrap().collect();
+        assert!(!blobs.is_empty(), "sled wrote the large value as a blob");
+        let known = db.inner.known.lock().unwrap();
+        assert_eq!(known.blobs.len(), blobs.len(), "every blob was synced");
+        assert!(known.top.contains(std::ffi::OsStr::new("db")));
+    }
+
+    #[test]
+    fn a_damaged_database_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("db");
+        let options = Options {
+            cache_bytes: 1 << 20,
+            flush_every_ms: None,
+        };
+        {
+            let db = Db::open("state", &dir, options).unwrap();
+            for i in 0u32..5_000 {
+                db.sled().insert(i.to_be_bytes(), vec![3u8; 400]).unwrap();
+            }
+            db.sync().unwrap();
+        }
+        {
+            // Reopen once so that sled writes its snapshot, which the
+            // truncation below then contradicts.
+            let db = Db::open("state", &dir, options).unwrap();
+            db.sync().unwrap();
+        }
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("db"))
+            .unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len / 3).unwrap();
+        match Db::open("state", &dir, options) {
+            Err(StoreError::Damaged { path, .. }) => assert_eq!(path, dir.join("db")),
+            Err(other) => panic!("expected Damaged, got {other}"),
+            Ok(_) => panic!("a truncated database opened without complaint"),
+        }
+    }
+}
