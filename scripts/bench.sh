@@ -50,7 +50,7 @@ bench="$root/target/release/firstseen-bench"
 work="$root/.bench"
 rm -rf "$work"; mkdir -p "$work" "$root/bench-results"
 cleanup() {
-  [ -f "$work/pids" ] && xargs -r kill < "$work/pids" 2>/dev/null || true
+  stop_pid_file "$work/pids" || true
   "$here/pulsar.sh" stop "$work/pulsar" || true
 }
 trap cleanup EXIT
@@ -137,8 +137,7 @@ echo "$peak" > "$work/peak.json"
 sed 's/\x1b\[[0-9;]*m//g' "$cdir"/node-*.log | grep "state exported for a snapshot" | sed 's/.*ms=\([0-9]*\).*/\1/' > "$work/export-ms.txt" || true
 
 stop_cluster() {
-  for i in 1 2 3; do kill "$(cat "$cdir/node-$i.pid")" 2>/dev/null || true; done
-  for i in 1 2 3; do wait_for 60 bash -c "! kill -0 $(cat "$cdir/node-$i.pid") 2>/dev/null"; done
+  stop_pids "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")" || true
 }
 
 # Waits until the cluster is idle: the leader's outbox is empty and no node
@@ -286,7 +285,7 @@ for rate in $steps; do
   log "  $rate msg/s: $(echo "$r" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("kept up" if d["kept_up"] else "fell behind", "copies/msg", round(d["probe"]["copies_per_message"],2))')"
 done
 
-for pid in "${naive_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+stop_pids "${naive_pids[@]}" || true
 log "baseline fanout: Mosquitto to three subscribers (nothing else subscribed)"
 "$bench" fanout --port "$mqtt_port" --subs 3 --count 100000 > "$work/fanout.json"
 

@@ -23,11 +23,13 @@ cargo build -q --bin firstseen
 bin="$root/target/debug/firstseen"
 
 demo="$root/.demo"
-if [ -f "$demo/pids" ]; then xargs -r kill 2>/dev/null < "$demo/pids" || true; fi
+stop_pid_file "$demo/pids" || true
 [ -d "$demo/pulsar" ] && "$here/pulsar.sh" stop "$demo/pulsar" || true
 rm -rf "$demo"; mkdir -p "$demo"
 stop_all() {
-  [ -f "$demo/pids" ] && xargs -r kill < "$demo/pids" 2>/dev/null || true
+  # Every node stops within its shutdown bound; one that does not is
+  # killed, and the log says so.
+  stop_pid_file "$demo/pids" || true
   "$here/pulsar.sh" stop "$demo/pulsar" || true
 }
 if [ "$keep" = 0 ]; then trap stop_all EXIT; fi

@@ -43,6 +43,43 @@ wait_for() {
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Whether process $1 is still running (a zombie left for its parent to reap
+# has stopped).
+alive() {
+  local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  case "$st" in Z*) return 1 ;; *) return 0 ;; esac
+}
+
+# Stops processes: SIGTERM to each pid given, then waits up to
+# $STOP_TIMEOUT seconds (default 15: a node's shutdown bound is 10 s) and
+# SIGKILLs, saying so, any that is still running.
+stop_pids() {
+  local limit=${STOP_TIMEOUT:-15} pid left deadline
+  [ $# -gt 0 ] || return 0
+  for pid in "$@"; do kill "$pid" 2>/dev/null || true; done
+  deadline=$(( $(date +%s) + limit ))
+  while :; do
+    left=()
+    for pid in "$@"; do alive "$pid" && left+=("$pid"); done
+    [ ${#left[@]} -eq 0 ] && return 0
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      for pid in "${left[@]}"; do
+        log "process $pid ($(ps -o args= -p "$pid" 2>/dev/null | cut -c1-80)) did not stop within ${limit}s of SIGTERM: killing it"
+        kill -9 "$pid" 2>/dev/null || true
+      done
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# stop_pids for every pid listed in file $1.
+stop_pid_file() {
+  [ -f "$1" ] || return 0
+  local pids; mapfile -t pids < "$1"
+  stop_pids "${pids[@]}"
+}
+
 # Starts a Mosquitto of our own with state in $1, on a free port, and records
 # its pid in $2. Sets mqtt_port. Offline queues are raised so a restart loses
 # nothing inside the broker (the default keeps 1,000 messages per session).

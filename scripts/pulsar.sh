@@ -135,8 +135,7 @@ stop() {
   [ -f "$dir/pid" ] || return 0
   pid=$(cat "$dir/pid")
   if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    wait_for 30 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
+    STOP_TIMEOUT=30 stop_pids "$pid" || true
   fi
   rm -f "$dir/pid"
 }

@@ -7,6 +7,8 @@
 #          protobuf-compiler (the pulsar crate's build needs protoc), curl,
 #          openssl (the TLS test makes its certificates with it)
 #   apt:   chromium (the status page's browser test)
+#   apt:   fuse3 (fusermount3, for firstseen-crashfs when the direct mount
+#          of /dev/fuse is not permitted), strace (the fsync count check)
 #   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
 #          Pulsar client, the independent reader in tests), playwright (drives
 #          Debian's chromium), prometheus-client (parses /metrics), pyyaml
@@ -22,6 +24,8 @@ command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v strace >/dev/null || need_apt+=(strace)
 # Debian's Chromium, driven by Playwright, is the status page test's browser.
 [ -x /usr/bin/chromium ] || need_apt+=(chromium fonts-dejavu-core)
 command -v mvn >/dev/null || need_apt+=(maven)

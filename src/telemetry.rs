@@ -83,7 +83,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_backpressure",
         "gauge",
-        "1 while the outbox is over its quota and acks are held",
+        "1 while the outbox is over its quota, or the disk below its reserve, and acks are held",
     ),
     (
         "firstseen_outbox_messages",
@@ -171,7 +171,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_raft_log_flushes_total",
         "counter",
-        "fsyncs of the Raft log; one covers every append queued before it",
+        "Group-commit syncs of the Raft log (sled's flush, then fdatasync); one covers every append queued before it",
     ),
     (
         "firstseen_raft_log_bytes_total",

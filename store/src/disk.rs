@@ -243,6 +243,21 @@ impl Db {
             .filter_map(|e| e.ok().map(|e| e.file_name()))
             .collect();
         if top != known.top {
+            // A new file beside `db` (sled's `conf`, written once when the
+            // database is created and never synced by sled; its snapshot
+            // files) is synced once, when first seen: a torn `conf` makes
+            // sled refuse to open the database.
+            for name in top.difference(&known.top) {
+                let path = dir.join(name);
+                if name == "db" || path.is_dir() {
+                    continue;
+                }
+                match File::open(&path) {
+                    Ok(f) => f.sync_data().map_err(|e| io_at(&path, e))?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_at(&path, e)),
+                }
+            }
             sync_dir(dir)?;
             known.top = top;
         }

@@ -144,6 +144,8 @@ impl TestCluster {
             quota_bytes: 1 << 30,
             max_payload_bytes: 1 << 20,
             extra: String::new(),
+            node_extra: String::new(),
+            data_dir: None,
             http_port: Some(http_port),
             cluster: Some(ClusterSpec {
                 listen: listen.to_string(),

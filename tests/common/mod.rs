@@ -14,6 +14,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod cluster;
+pub mod crashfs;
 pub mod proxy;
 
 pub const HFP: &str = "../shared/data/hfp-5000.txt";
@@ -182,6 +183,11 @@ pub struct NodeSpec {
     pub max_payload_bytes: usize,
     /// Extra TOML appended verbatim.
     pub extra: String,
+    /// Extra keys of the `[node]` table (`key = value` lines).
+    pub node_extra: String,
+    /// Where the node keeps its data, when not in its own temporary
+    /// directory (a crash-consistency filesystem, say).
+    pub data_dir: Option<PathBuf>,
     /// Fixed HTTP port (the cluster harness needs it before start).
     pub http_port: Option<u16>,
     /// Peer settings; `None` for a group of one.
@@ -238,6 +244,8 @@ impl NodeSpec {
             quota_bytes: 1 << 30,
             max_payload_bytes: 1 << 20,
             extra: String::new(),
+            node_extra: String::new(),
+            data_dir: None,
             http_port: None,
             cluster: None,
         }
@@ -255,6 +263,7 @@ id = {id}
 zone = "{zone}"
 data_dir = "{data}"
 http_listen = "127.0.0.1:{http_port}"
+{node_extra}
 
 [dedup]
 max_payload_bytes = {max_payload}
@@ -288,6 +297,7 @@ pulsar_topic = "{topic}"
             filter = self.filter,
             topic = self.topic,
             extra = self.extra,
+            node_extra = self.node_extra,
             cluster = self.cluster.as_ref().map(|c| c.toml()).unwrap_or_default(),
         )
     }
@@ -329,10 +339,16 @@ impl Node {
         self.dir.path().join("node.log")
     }
 
-    fn launch(&mut self) {
-        let text = self
-            .spec
-            .toml(&self.dir.path().join("data"), self.http_port);
+    /// Where the node's data lives.
+    pub fn data_dir(&self) -> PathBuf {
+        self.spec
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("data"))
+    }
+
+    fn spawn(&mut self) {
+        let text = self.spec.toml(&self.data_dir(), self.http_port);
         std::fs::write(self.config_path(), text).unwrap();
         let mut log = std::fs::OpenOptions::new()
             .create(true)
@@ -350,10 +366,119 @@ impl Node {
             .spawn()
             .expect("spawn firstseen");
         self.child = Some(child);
+    }
+
+    fn launch(&mut self) {
+        self.spawn();
         let port = self.http_port;
-        wait_until(Duration::from_secs(20), "node HTTP API", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                panic!(
+                    "node {} exited at start-up ({status}):\n{}",
+                    self.spec.id,
+                    self.log_tail(30)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node HTTP API did not come up within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Starts the node again: `Ok` once its API is up, or `Err` with its
+    /// exit status and the log of this start if it exits first.
+    pub fn try_restart(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<(), (std::process::ExitStatus, String)> {
+        assert!(self.child.is_none(), "stop the node first");
+        let from = std::fs::metadata(self.log_path())
+            .map(|m| m.len())
+            .unwrap_or(0);
+        self.spawn();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                let log = std::fs::read(self.log_path()).unwrap_or_default();
+                let log = String::from_utf8_lossy(&log[from as usize..]).into_owned();
+                return Err((status, log));
+            }
+            if TcpStream::connect(("127.0.0.1", self.http_port)).is_ok() {
+                return Ok(());
+            }
+            assert!(Instant::now() < deadline, "node neither came up nor exited");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Starts the node again and expects it to refuse: returns its exit
+    /// status and the log of this start, or panics if it comes up.
+    pub fn restart_expecting_refusal(
+        &mut self,
+        timeout: Duration,
+    ) -> (std::process::ExitStatus, String) {
+        match self.try_restart(timeout) {
+            Err(refused) => refused,
+            Ok(()) => panic!(
+                "node {} came up on damaged data:\n{}",
+                self.spec.id,
+                self.log_tail(30)
+            ),
+        }
+    }
+
+    /// SIGTERM, then waits for the process: its exit status and how long it
+    /// took, or `None` if it was still running after `limit` (it is then
+    /// killed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().expect("node runs");
+        let started = Instant::now();
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some((status, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Waits for the process to exit by itself, up to `limit`: its exit
+    /// status and how long that took, or `None` (the process is then killed).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().expect("node runs");
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some((status, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// SIGKILL: no shutdown code runs.
@@ -383,7 +508,7 @@ impl Node {
     /// Erases the node's data directory (it must be stopped).
     pub fn wipe(&mut self) {
         assert!(self.child.is_none(), "stop the node first");
-        let _ = std::fs::remove_dir_all(self.dir.path().join("data"));
+        let _ = std::fs::remove_dir_all(self.data_dir());
     }
 
     /// A counter or gauge from /metrics, summed over its label sets.

@@ -1,0 +1,397 @@
+//! G6, durable means on stable storage: nodes whose data directories live
+//! on `firstseen-crashfs`, which drops every write not yet fsynced when the
+//! power goes out (and tears the last one). Results are read back from
+//! Pulsar with the official Python client and `firstseen verify`.
+//!
+//! The seed of the torn writes is printed; set FIRSTSEEN_TEST_SEED to replay
+//! one.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::TestCluster;
+use common::crashfs::CrashFs;
+use common::*;
+
+fn seed() -> u64 {
+    let seed = std::env::var("FIRSTSEEN_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("crashfs seed {seed} (FIRSTSEEN_TEST_SEED={seed} replays it)");
+    seed
+}
+
+/// The published watermark of the test topic as `node` sees it.
+fn published(node: &Node) -> u64 {
+    node.status()
+        .and_then(|s| {
+            s["topics"]
+                .as_array()?
+                .iter()
+                .find(|t| t["topic"] == node.spec.topic.as_str())
+                .and_then(|t| t["published_seq"].as_u64())
+        })
+        .unwrap_or(0)
+}
+
+fn applied(node: &Node) -> u64 {
+    node.status()
+        .and_then(|s| s["last_applied"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A cluster whose every node keeps its data on a crashfs of its own.
+fn on_crashfs(mqtt: &Mosquitto, pulsar: &Pulsar, topic: &str, disks: &[CrashFs]) -> TestCluster {
+    TestCluster::start(mqtt, pulsar, topic, disks.len() as u64, |s| {
+        s.data_dir = Some(disks[(s.id - 1) as usize].mount.join("data"));
+    })
+}
+
+/// The leader loses power mid-replay: SIGKILL, every write it had not
+/// fsynced undone (the last one torn), restart. The others carry on, it
+/// rejoins, and Pulsar holds every message exactly once.
+#[test]
+fn a_power_cut_of_the_leader_mid_replay_loses_nothing() {
+    let Some(pulsar) = shared_pulsar("a_power_cut_of_the_leader_mid_replay_loses_nothing") else {
+        return;
+    };
+    let seed = seed();
+    let disks: Vec<CrashFs> = (0..3).map(|_| CrashFs::start()).collect();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("power-one");
+    let mut c = on_crashfs(&mqtt, &pulsar, &topic, &disks);
+    c.wait_ready();
+    let victim = c.wait_leader(None, Duration::from_secs(30));
+
+    let replay = replay_cmd(mqtt.port, &["--pace", "1500", "--dup-every", "9"])
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "part of the feed published",
+        || published(c.node(victim)) > 1_500,
+    );
+    c.node(victim).kill9();
+    let lost = disks[(victim - 1) as usize].lose_power(seed);
+    eprintln!("power cut of node {victim} (the leader): {lost}");
+    let rest: Vec<u64> = (1..=3).filter(|i| *i != victim).collect();
+    let new = c.wait_leader_among(&rest, Some(victim), Duration::from_secs(30));
+    c.node(victim).restart();
+    let out = replay.wait_with_output().unwrap();
+    assert!(out.status.success());
+    c.node(new)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    let target = applied(c.node(new));
+    wait_until(
+        Duration::from_secs(60),
+        "the node that lost power to catch up",
+        || applied(c.node(victim)) >= target,
+    );
+    assert_eq!(
+        c.node(victim).status().unwrap()["totals"]["window_keys"].as_u64(),
+        Some(HFP_DISTINCT)
+    );
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
+/// Every node loses power at once, mid-replay, after each of them has acked
+/// upstream (so the broker has forgotten those messages for that node). On
+/// restart nothing any node acked is missing and nothing is doubled.
+///
+/// This is the test of the fsync itself: with sled's own flush only
+/// (`sync_file_range`), it fails.
+#[test]
+fn a_power_cut_of_every_node_at_once_loses_no_acked_message() {
+    let Some(pulsar) = shared_pulsar("a_power_cut_of_every_node_at_once_loses_no_acked_message")
+    else {
+        return;
+    };
+    let seed = seed();
+    let disks: Vec<CrashFs> = (0..3).map(|_| CrashFs::start()).collect();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("power-all");
+    let mut c = on_crashfs(&mqtt, &pulsar, &topic, &disks);
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+
+    let replay = replay_cmd(mqtt.port, &["--pace", "1500", "--dup-every", "9"])
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "every node to have acked part of the feed",
+        || {
+            c.nodes
+                .iter()
+                .all(|n| n.metric("firstseen_acks_total") >= 1_500.0)
+        },
+    );
+    let acked: Vec<f64> = c
+        .nodes
+        .iter()
+        .map(|n| n.metric("firstseen_acks_total"))
+        .collect();
+    let published_before = published(c.node(leader));
+    for id in 1..=3 {
+        c.node(id).kill9();
+    }
+    for (i, d) in disks.iter().enumerate() {
+        let lost = d.lose_power(seed.wrapping_add(i as u64));
+        eprintln!("power cut of node {}: {lost}", i + 1);
+    }
+    eprintln!("acked upstream before the cut: {acked:?}; published: {published_before}");
+    for id in 1..=3 {
+        c.node(id).restart();
+    }
+    let out = replay.wait_with_output().unwrap();
+    assert!(out.status.success());
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(180));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
+/// A follower's Raft log file is cut to half its length while it is down:
+/// it refuses to start, naming the file, instead of voting with a log that
+/// lost entries; the other two carry on, exactly once.
+#[test]
+fn a_truncated_log_is_refused_and_the_others_carry_on() {
+    let Some(pulsar) = shared_pulsar("a_truncated_log_is_refused_and_the_others_carry_on") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("truncated");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let victim = if leader == 3 { 2 } else { 3 };
+    replay(mqtt.port, &["--limit", "2500", "--pace", "max"]);
+    let first = hfp_pairs(Some(2500)).len() as u64;
+    c.node(leader)
+        .wait_published(first, Duration::from_secs(60));
+    let target = applied(c.node(leader));
+    wait_until(Duration::from_secs(30), "the victim to catch up", || {
+        applied(c.node(victim)) >= target
+    });
+
+    let (status, took) = c
+        .node(victim)
+        .terminate(Duration::from_secs(20))
+        .expect("the node stops on SIGTERM");
+    assert!(status.success(), "{status} after {took:?}");
+    let db = c.node(victim).data_dir().join("raft/log/db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (status, log) = c
+        .node(victim)
+        .restart_expecting_refusal(Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(
+        log.contains("raft/log/db") && log.contains("damaged"),
+        "the error names the damaged file:\n{log}"
+    );
+    eprintln!(
+        "node {victim} refused its truncated log: {}",
+        log.lines()
+            .find(|l| l.contains("damaged"))
+            .unwrap_or_default()
+    );
+
+    replay(mqtt.port, &["--skip", "2500", "--pace", "max"]);
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
+/// Bytes flipped in the middle of a node's Raft log and state files: the
+/// node either refuses to start, naming a damaged file, or the flips hit
+/// space sled no longer uses and it comes back with everything it had. It
+/// never comes back with less.
+#[test]
+fn flipped_bytes_are_refused_or_harmless_never_a_shorter_log() {
+    let Some(pulsar) = shared_pulsar("flipped_bytes_are_refused_or_harmless_never_a_shorter_log")
+    else {
+        return;
+    };
+    let seed = seed();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("flipped");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    let mut node = Node::start(spec);
+    node.wait_ready();
+    replay(mqtt.port, &["--limit", "3000", "--pace", "max"]);
+    let first = hfp_pairs(Some(3000)).len() as u64;
+    node.wait_published(first, Duration::from_secs(60));
+    let before = applied(&node);
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    let mut rng = seed | 1;
+    for file in ["raft/log/db", "raft/sled/db"] {
+        let path = node.data_dir().join(file);
+        let raw = std::fs::read(&path).unwrap();
+        let mut raw = raw;
+        for _ in 0..4 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // The middle half of the file, where live and dead pages mix.
+            let at = raw.len() / 4 + (rng as usize % (raw.len() / 2));
+            raw[at] ^= 0x5a;
+        }
+        std::fs::write(&path, raw).unwrap();
+    }
+    match node.try_restart(Duration::from_secs(15)) {
+        Err((status, log)) => {
+            assert!(!status.success());
+            assert!(!log.contains("panicked"), "the node panicked:\n{log}");
+            assert!(
+                log.contains("damaged") && log.contains("raft/"),
+                "refused, naming the file:\n{log}"
+            );
+            eprintln!(
+                "refused: {}",
+                log.lines()
+                    .find(|l| l.contains("damaged"))
+                    .unwrap_or_default()
+            );
+        }
+        Ok(()) => {
+            // It came up: then it must have all it had.
+            wait_until(Duration::from_secs(30), "the node's API", || {
+                node.status().is_some()
+            });
+            assert!(
+                applied(&node) >= before,
+                "came back with a shorter log: {} < {before}",
+                applied(&node)
+            );
+            eprintln!("the flips hit unused space; the node came back whole");
+        }
+    }
+}
+
+/// One follower's data directory is on a filesystem that fills up: it stops
+/// acking and writing, says so on /readyz, in /status and in a metric; the
+/// broker keeps its messages (a dead letter too); when space returns it
+/// resumes by itself, and nothing is lost or corrupted.
+#[test]
+fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
+    let Some(pulsar) = shared_pulsar("a_full_disk_holds_acks_and_resumes_when_space_returns")
+    else {
+        return;
+    };
+    let disk = CrashFs::start();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("full-disk");
+    let reserve: u64 = 24 << 20;
+    // Node 3's data dir is on the small filesystem. Node 1 and 2 bootstrap
+    // together with it; the test acts on node 3 only while it follows.
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
+        s.max_payload_bytes = 64 * 1024;
+        if s.id == 3 {
+            s.data_dir = Some(disk.mount.join("data"));
+            s.node_extra = format!("disk_reserve_bytes = {reserve}\n");
+        }
+    });
+    c.wait_ready();
+    let mut leader = c.wait_leader(None, Duration::from_secs(30));
+    if leader == 3 {
+        // Move leadership away from the small disk: restart node 3.
+        c.node(3).kill9();
+        leader = c.wait_leader_among(&[1, 2], Some(3), Duration::from_secs(30));
+        c.node(3).restart();
+        c.wait_ready();
+    }
+    replay(mqtt.port, &["--limit", "1500", "--pace", "max"]);
+    let first = hfp_pairs(Some(1500)).len() as u64;
+    c.node(leader)
+        .wait_published(first, Duration::from_secs(60));
+    wait_until(
+        Duration::from_secs(30),
+        "node 3 to ack the first part",
+        || c.node(3).metric("firstseen_acks_total") >= 1_500.0,
+    );
+
+    // Fill it: only 8 MiB left, a third of the reserve.
+    disk.quota(Some(disk.used() + (8 << 20)));
+    wait_until(
+        Duration::from_secs(10),
+        "node 3 to see its disk low",
+        || c.node(3).get("/readyz").0 == 503,
+    );
+    let (_, why) = c.node(3).get("/readyz");
+    assert!(why.contains("disk_reserve_bytes"), "{why}");
+    let s = c.node(3).status().unwrap();
+    assert_eq!(s["disk"]["low"], true, "{s}");
+    assert_eq!(c.node(3).metric("firstseen_disk_low"), 1.0);
+    let acks_before = c.node(3).metric("firstseen_acks_total");
+    let dead_before = c.node(3).metric("firstseen_dead_letter_total");
+
+    // The rest of the feed, and an oversized message for the dead letters.
+    replay(mqtt.port, &["--skip", "1500", "--pace", "max"]);
+    publish(mqtt.port, "/hfp/oversized", &vec![b'x'; 100 * 1024]);
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_eq!(
+        c.node(3).metric("firstseen_acks_total"),
+        acks_before,
+        "node 3 acked upstream while its disk was full"
+    );
+    assert_eq!(
+        c.node(3).metric("firstseen_dead_letter_total"),
+        dead_before,
+        "node 3 wrote a dead letter while its disk was full"
+    );
+    assert_eq!(c.node(3).status().unwrap()["disk"]["low"], true);
+
+    // Space returns: node 3 catches up, commits its held copies (as
+    // duplicates), writes the dead letter and acks everything it holds.
+    disk.quota(None);
+    wait_until(Duration::from_secs(30), "node 3 to be ready again", || {
+        c.node(3).get("/readyz").0 == 200
+    });
+    wait_until(
+        Duration::from_secs(60),
+        "node 3 to ack what it held",
+        || {
+            let s = c.node(3).status().unwrap();
+            let received = s["upstreams"][0]["received"].as_u64().unwrap_or(0) as f64;
+            c.node(3).metric("firstseen_acks_total") >= received
+        },
+    );
+    assert!(c.node(3).metric("firstseen_dead_letter_total") > dead_before);
+    let letters = std::fs::read_dir(c.node(3).data_dir().join("dead-letter"))
+        .unwrap()
+        .count();
+    assert!(
+        letters >= 1,
+        "the oversized message was set aside on node 3"
+    );
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+
+    // Nothing on its disk was damaged: it stops and starts again cleanly.
+    c.node(3).terminate(Duration::from_secs(20)).expect("stops");
+    c.node(3).restart();
+    c.node(3).wait_ready();
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
