@@ -1175,13 +1175,20 @@ mod tests {
     }
 
     /// A database without a background flusher thread, so that it is
-    /// closed as soon as it is dropped and can be opened again.
+    /// closed soon after it is dropped and can be opened again. sled's own
+    /// I/O threads may still hold the file lock for a moment after the drop
+    /// (seen once under a loaded test run), so the open is retried briefly.
     fn reopenable(path: &std::path::Path) -> sled::Db {
-        sled::Config::new()
-            .path(path)
-            .flush_every_ms(None)
-            .open()
-            .unwrap()
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match sled::Config::new().path(path).flush_every_ms(None).open() {
+                Ok(db) => return db,
+                Err(e) if Instant::now() < deadline && e.to_string().contains("lock") => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("reopen {}: {e}", path.display()),
+            }
+        }
     }
 
     #[test]

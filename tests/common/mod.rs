@@ -416,7 +416,9 @@ impl Node {
                 let log = String::from_utf8_lossy(&log[from as usize..]).into_owned();
                 return Err((status, log));
             }
-            if TcpStream::connect(("127.0.0.1", self.http_port)).is_ok() {
+            // The HTTP port is bound before storage opens, so only an answer
+            // means the node came up.
+            if self.answers() {
                 return Ok(());
             }
             assert!(Instant::now() < deadline, "node neither came up nor exited");
@@ -540,6 +542,21 @@ impl Node {
             return None;
         }
         serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Whether the node's HTTP API answers `/healthz` now.
+    pub fn answers(&self) -> bool {
+        use std::io::Read;
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http_port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if write!(s, "GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n").is_err() {
+            return false;
+        }
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        buf.starts_with("HTTP/1.") && buf.contains(" 200 ")
     }
 
     /// Raw GET of an HTTP path: (status code, body).
