@@ -89,6 +89,8 @@ pub async fn run(
         snapshot_dir: config.node.data_dir.join("raft/snapshots"),
         history: Default::default(),
         disk: disk.clone(),
+        liveness: cluster.liveness.clone(),
+        timing: cluster.timing,
     });
 
     let services = CancellationToken::new();
@@ -100,6 +102,8 @@ pub async fn run(
             proposer: proposer.clone(),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
+            liveness: cluster.liveness.clone(),
+            timing: cluster.timing,
         });
         tokio::spawn(server::serve(listener, service, services.clone()))
     });
@@ -110,6 +114,21 @@ pub async fn run(
         services.clone(),
     ));
     let disk_task = tokio::spawn(disk.clone().watch(services.clone()));
+    let elect_task = tokio::spawn(crate::cluster::elect::drive(
+        cluster.raft.clone(),
+        config.node.id,
+        cluster.peers.clone(),
+        cluster.liveness.clone(),
+        cluster.timing,
+        disk.clone(),
+        services.clone(),
+    ));
+    let lease_task = tokio::spawn(crate::cluster::elect::watch_lease(
+        cluster.raft.clone(),
+        cluster.liveness.clone(),
+        cluster.timing,
+        services.clone(),
+    ));
     let heartbeat_task = tokio::spawn(crate::cluster::follow_disk(
         cluster.raft.clone(),
         disk.clone(),
@@ -124,6 +143,8 @@ pub async fn run(
             config: config.pulsar.clone(),
             shutdown: services.clone(),
             disk: disk.clone(),
+            liveness: cluster.liveness.clone(),
+            lease_timeout: cluster.timing.confirm_timeout(),
         }
         .run(),
     );
@@ -182,7 +203,14 @@ pub async fn run(
     }
     services.cancel();
     finish(publisher, deadline, "publisher").await;
-    for t in [gauge_task, http_task, disk_task, heartbeat_task] {
+    for t in [
+        gauge_task,
+        http_task,
+        disk_task,
+        heartbeat_task,
+        elect_task,
+        lease_task,
+    ] {
         finish(t, deadline, "service").await;
     }
     if let Some(t) = peer_task {

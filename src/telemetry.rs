@@ -76,6 +76,21 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Peer connections refused (handshake, TLS, bad frames)",
     ),
     (
+        "firstseen_peer_connects_total",
+        "counter",
+        "Outgoing peer connection attempts (one long-lived connection per peer; more means reconnects)",
+    ),
+    (
+        "firstseen_peer_accepted_total",
+        "counter",
+        "Incoming peer connections authenticated",
+    ),
+    (
+        "firstseen_elections_started_total",
+        "counter",
+        "Elections this node started after winning a pre-vote",
+    ),
+    (
         "firstseen_upstream_connected",
         "gauge",
         "1 while the upstream connection is up, per upstream",

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BatchPolicy, Pending};
 use crate::ack::AckGate;
-use crate::cluster::Proposer;
+use crate::cluster::{ProposeError, Proposer};
 use crate::ingest::Received;
 use firstseen_store::{Outcome, StateStore};
 
@@ -67,16 +67,43 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         let started = Instant::now();
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
+            let (leader, _) = b.proposer.leader();
             match b.proposer.propose(observations.clone()).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
                     metrics::counter!("firstseen_propose_errors_total").increment(1);
-                    tracing::warn!(error = %e, messages = observations.len(), retry_in_ms = delay.as_millis() as u64, "batch not committed; retrying");
+                    let changed = matches!(e, ProposeError::LeaderChanged { .. });
+                    if changed {
+                        tracing::info!(error = %e, messages = observations.len(), "leader changed: sending the batch to the new one");
+                    } else {
+                        tracing::warn!(error = %e, messages = observations.len(), retry_in_ms = delay.as_millis() as u64, "batch not committed; retrying");
+                    }
+                    // Retried as soon as a new leader is known, or after the
+                    // backoff if the leader stays the same.
+                    let next_leader = async {
+                        if changed {
+                            return;
+                        }
+                        match leader {
+                            Some(l) => {
+                                let mut rx = b.proposer.raft.metrics();
+                                while rx.borrow_and_update().current_leader == Some(l) {
+                                    if rx.changed().await.is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                            None => b.proposer.wait_for_leader(delay).await,
+                        }
+                    };
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
+                        _ = next_leader => {}
                         _ = b.shutdown.cancelled() => return false,
                     }
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    if !changed {
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
                 }
             }
         };

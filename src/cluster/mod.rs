@@ -4,6 +4,8 @@
 //! [`peers`]).
 
 pub mod coalesce;
+pub mod elect;
+pub mod liveness;
 pub mod peers;
 pub mod server;
 pub mod tls;
@@ -24,7 +26,9 @@ use crate::Error;
 use peers::Peers;
 use wire::{ClusterKey, ForwardError, Reply, Request};
 
-/// How long a follower waits for the leader to commit a forwarded batch.
+/// How long a follower waits for the leader to commit a forwarded batch,
+/// unless the leader changes or the connection drops first (both end the
+/// wait at once).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running Raft node and its storage.
@@ -39,17 +43,32 @@ pub struct Cluster {
     pub peers: Peers,
     pub key: ClusterKey,
     pub tls: Option<tls::PeerTls>,
+    /// Evidence of who is alive, for elections, readiness and status.
+    pub liveness: Arc<liveness::Liveness>,
+    pub timing: liveness::Timing,
 }
 
-/// Raft timing. Heartbeats every 250 ms and elections after 1–2 s keep a
-/// leader kill to a few seconds of unavailability while tolerating the
-/// scheduling hiccups of a loaded 2-core machine.
+/// Raft timing from the config (`cluster.heartbeat_ms`,
+/// `cluster.election_timeout_*`).
+pub fn timing(config: &Config) -> liveness::Timing {
+    liveness::Timing {
+        heartbeat: Duration::from_millis(config.cluster.heartbeat_ms),
+        election_min: Duration::from_millis(config.cluster.election_timeout_min_ms),
+        election_max: Duration::from_millis(config.cluster.election_timeout_max_ms),
+    }
+}
+
+/// openraft's config. Heartbeats every 100 ms and a lease of 800 ms by
+/// default: the defaults of 250 ms and 1–2 s made openraft's own timer wait
+/// its lease plus an election timeout, 3–4 s, after a leader died. openraft's
+/// election timer is off: [`elect`] drives elections, after a pre-vote.
 fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
     openraft::Config {
         cluster_name: "firstseen".into(),
-        heartbeat_interval: 250,
-        election_timeout_min: 1_000,
-        election_timeout_max: 2_000,
+        heartbeat_interval: config.cluster.heartbeat_ms,
+        election_timeout_min: config.cluster.election_timeout_min_ms,
+        election_timeout_max: config.cluster.election_timeout_max_ms,
+        enable_elect: false,
         // openraft gives a whole AppendEntries (send, follower flush,
         // reply) one heartbeat interval. A catching-up follower is sent
         // this many entries at a time, so each append stays near a MiB and
@@ -143,7 +162,14 @@ impl Cluster {
             .as_ref()
             .map(tls::PeerTls::load)
             .transpose()?;
-        let peers = Peers::new(config.node.id, key.clone(), source_ip, tls.clone());
+        let liveness = Arc::new(liveness::Liveness::new());
+        let peers = Peers::new(
+            config.node.id,
+            key.clone(),
+            source_ip,
+            tls.clone(),
+            liveness.clone(),
+        );
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
             config.node.id,
@@ -181,6 +207,8 @@ impl Cluster {
             peers,
             key,
             tls,
+            liveness,
+            timing: timing(config),
         })
     }
 
@@ -189,6 +217,7 @@ impl Cluster {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+        self.peers.close();
         let (state, disk) = (self.state.clone(), self.disk.clone());
         let synced = tokio::task::spawn_blocking(move || {
             // The checkpoint syncs the log before it is written.
@@ -204,6 +233,31 @@ impl Cluster {
     }
 }
 
+/// Why a batch was not committed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("no leader elected yet")]
+    NoLeader,
+    /// The leader changed while the batch was on its way: it is sent to the
+    /// new one at once (repeating it is safe, copies come back duplicates).
+    #[error("leader {from} was replaced while the batch was in flight")]
+    LeaderChanged { from: NodeId },
+    #[error("leader {leader} has no peer address")]
+    NoAddress { leader: NodeId },
+    #[error("forward to leader {leader}: {source}")]
+    Forward {
+        leader: NodeId,
+        source: peers::CallError,
+    },
+    #[error("leader {leader}: {source}")]
+    Leader {
+        leader: NodeId,
+        source: ForwardError,
+    },
+    #[error("leader {leader}: reply of the wrong kind")]
+    WrongReply { leader: NodeId },
+}
+
 /// Proposes observation batches to the group.
 #[derive(Clone)]
 pub struct Proposer {
@@ -214,42 +268,65 @@ pub struct Proposer {
     pub coalescer: coalesce::Coalescer,
 }
 
+/// Waits until the leader is no longer `leader` (or Raft stops).
+async fn leader_changes(raft: &Raft, leader: NodeId) {
+    let mut rx = raft.metrics();
+    loop {
+        if rx.borrow_and_update().current_leader != Some(leader) {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl Proposer {
+    /// The leader this node knows, and its peer address.
+    pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let leader = m.current_leader;
+        let addr = leader.and_then(|l| {
+            m.membership_config
+                .nodes()
+                .find(|(id, _)| **id == l)
+                .map(|(_, n)| n.addr.clone())
+        });
+        (leader, addr)
+    }
+
     /// Commits one batch as one entry and returns once it is committed, with
     /// one outcome per observation. On a follower the batch is forwarded to
-    /// the leader, whose reply also comes only after commit (G4).
-    pub async fn propose(&self, observations: Vec<Observation>) -> Result<Vec<Outcome>, Error> {
-        let (leader, addr) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            let leader = m.current_leader;
-            let addr = leader.and_then(|l| {
-                m.membership_config
-                    .nodes()
-                    .find(|(id, _)| **id == l)
-                    .map(|(_, n)| n.addr.clone())
-            });
-            (leader, addr)
-        };
+    /// the leader, whose reply also comes only after commit (G4). A forward
+    /// in flight ends at once when the leader changes or its connection
+    /// drops, so that no timeout stands between an election and the next
+    /// commit.
+    pub async fn propose(
+        &self,
+        observations: Vec<Observation>,
+    ) -> Result<Vec<Outcome>, ProposeError> {
+        let (leader, addr) = self.leader();
         match leader {
-            None => Err(Error::Raft("no leader elected yet".into())),
+            None => Err(ProposeError::NoLeader),
             Some(l) if l == self.node_id => self
                 .commit_here(observations)
                 .await
-                .map_err(|e| Error::Raft(e.to_string())),
+                .map_err(|source| ProposeError::Leader { leader: l, source }),
             Some(l) => {
                 let addr = addr
                     .filter(|a| !a.is_empty())
-                    .ok_or_else(|| Error::Raft(format!("leader {l} has no peer address")))?;
-                match self
-                    .peers
-                    .call(&addr, &Request::Forward(observations), FORWARD_TIMEOUT)
-                    .await
-                {
-                    Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
-                    Ok(Reply::Forward(Err(e))) => Err(Error::Raft(format!("leader {l}: {e}"))),
-                    Ok(_) => Err(Error::Raft(format!("leader {l}: reply of the wrong kind"))),
-                    Err(e) => Err(Error::Raft(format!("forward to leader {l}: {e}"))),
+                    .ok_or(ProposeError::NoAddress { leader: l })?;
+                let request = Request::Forward(observations);
+                let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
+                tokio::select! {
+                    r = call => match r {
+                        Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
+                        Ok(Reply::Forward(Err(source))) => Err(ProposeError::Leader { leader: l, source }),
+                        Ok(_) => Err(ProposeError::WrongReply { leader: l }),
+                        Err(source) => Err(ProposeError::Forward { leader: l, source }),
+                    },
+                    _ = leader_changes(&self.raft, l) => Err(ProposeError::LeaderChanged { from: l }),
                 }
             }
         }
@@ -262,6 +339,22 @@ impl Proposer {
         observations: Vec<Observation>,
     ) -> Result<Vec<Outcome>, ForwardError> {
         self.coalescer.commit(observations).await
+    }
+
+    /// Waits (at most `limit`) until some leader is known.
+    pub async fn wait_for_leader(&self, limit: Duration) {
+        let mut rx = self.raft.metrics();
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                if rx.borrow_and_update().current_leader.is_some() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
     }
 }
 

@@ -1,25 +1,32 @@
-//! The peer listener: authenticates each connection, then answers Raft RPCs
-//! and forwarded batches. A peer that fails the handshake, or sends an
-//! oversized or undecodable frame, is disconnected with a logged reason; the
-//! node itself is never affected.
+//! The peer listener: authenticates each connection once, then serves the
+//! requests it carries, many at a time, each answered with its own id as
+//! soon as it is ready. A peer that fails the handshake, or sends an
+//! oversized or undecodable frame, is disconnected with a logged reason;
+//! the node itself is never affected.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_raft::{NodeId, Raft};
+use openraft::raft::AppendEntriesResponse;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::liveness::{Liveness, Timing};
 use super::tls::{BoxStream, PeerTls};
-use super::wire::{self, ClusterKey, ForwardError, Reply, Request};
+use super::wire::{self, ClusterKey, Envelope, ForwardError, Reply, Request};
 use super::Proposer;
 
 /// How long a connecting peer has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a frame's body may take once its header arrived.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests of one connection served at once; more wait to be read.
+const IN_FLIGHT_PER_CONN: usize = 256;
 
 /// What a peer connection can reach on this node.
 pub struct PeerService {
@@ -32,10 +39,14 @@ pub struct PeerService {
     pub tls: Option<PeerTls>,
     /// Replication that would write is refused while the disk is low.
     pub disk: Arc<crate::diskspace::DiskSpace>,
+    /// Accepted appends are a follower's evidence that its leader lives.
+    pub liveness: Arc<Liveness>,
+    pub timing: Timing,
 }
 
-/// Accepts peer connections until `shutdown`.
+/// Accepts peer connections until `shutdown`, and waits for them to end.
 pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -51,9 +62,9 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        tracker.spawn(async move {
             tokio::select! {
-                r = connection(stream, peer, &service) => {
+                r = connection(stream, peer, &service, &stop) => {
                     if let Err(reason) = r {
                         metrics::counter!("firstseen_peer_refused_total").increment(1);
                         tracing::warn!(peer = %peer, reason = %reason, "peer connection refused");
@@ -63,6 +74,8 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
             }
         });
     }
+    tracker.close();
+    tracker.wait().await;
 }
 
 /// Serves one connection. Returns `Err(reason)` when the peer is refused; a
@@ -70,9 +83,10 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
 async fn connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    svc: &PeerService,
+    svc: &Arc<PeerService>,
+    stop: &CancellationToken,
 ) -> Result<(), String> {
-    let (mut s, node) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    let (s, node) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut s: BoxStream = match &svc.tls {
             Some(tls) => Box::new(
                 tls.acceptor
@@ -88,27 +102,76 @@ async fn connection(
     .await
     .map_err(|_| "handshake timed out".to_string())??;
     tracing::debug!(peer = %peer, node, "peer authenticated");
-    loop {
-        let mut header = [0u8; 4];
-        match s.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(format!("read failed: {e}")),
+    metrics::counter!("firstseen_peer_accepted_total").increment(1);
+    let (mut rd, mut wr) = tokio::io::split(s);
+    let (replies, mut out) = mpsc::channel::<Vec<u8>>(IN_FLIGHT_PER_CONN);
+    let done = stop.child_token();
+    let writer_done = done.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = tokio::select! {
+            f = out.recv() => f,
+            _ = writer_done.cancelled() => None,
+        } {
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
         }
-        let len = wire::frame_len(header).map_err(|e| format!("node {node}: {e}"))?;
+        writer_done.cancel();
+        let _ = wr.shutdown().await;
+    });
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN));
+    let handlers = TaskTracker::new();
+    let result = loop {
+        let mut header = [0u8; 4];
+        let read = tokio::select! {
+            r = rd.read_exact(&mut header) => r,
+            _ = done.cancelled() => break Ok(()),
+        };
+        match read {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(format!("node {node}: read failed: {e}")),
+        }
+        let len = match wire::frame_len(header) {
+            Ok(l) => l,
+            Err(e) => break Err(format!("node {node}: {e}")),
+        };
         let mut body = vec![0u8; len];
-        tokio::time::timeout(BODY_TIMEOUT, s.read_exact(&mut body))
-            .await
-            .map_err(|_| format!("node {node}: frame body timed out"))?
-            .map_err(|e| format!("node {node}: read failed: {e}"))?;
-        let request: Request =
-            wire::decode(&body).map_err(|e| format!("node {node}: garbled frame: {e}"))?;
-        let reply = dispatch(svc, request).await;
-        let frame = wire::encode(&reply).map_err(|e| format!("cannot encode reply: {e}"))?;
-        s.write_all(&frame)
-            .await
-            .map_err(|e| format!("write failed: {e}"))?;
-    }
+        match tokio::time::timeout(BODY_TIMEOUT, rd.read_exact(&mut body)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => break Err(format!("node {node}: read failed: {e}")),
+            Err(_) => break Err(format!("node {node}: frame body timed out")),
+        }
+        let env: Envelope<Request> = match wire::decode(&body) {
+            Ok(e) => e,
+            Err(e) => break Err(format!("node {node}: garbled frame: {e}")),
+        };
+        svc.liveness.peer_seen(node);
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break Ok(());
+        };
+        let (svc, replies) = (svc.clone(), replies.clone());
+        handlers.spawn(async move {
+            let _slot = slot;
+            let reply = dispatch(&svc, env.body).await;
+            match wire::encode(&Envelope {
+                id: env.id,
+                body: reply,
+            }) {
+                Ok(frame) => {
+                    let _ = replies.send(frame).await;
+                }
+                Err(e) => tracing::error!(error = %e, "cannot encode a peer reply"),
+            }
+        });
+    };
+    // Requests still being served (a forward waiting for its commit) finish
+    // or are dropped with the node; their replies have nowhere to go.
+    done.cancel();
+    handlers.close();
+    drop(replies);
+    let _ = writer.await;
+    result
 }
 
 /// Mutual authentication; returns the peer's node id.
@@ -149,7 +212,7 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
     let writes = match &request {
         Request::AppendEntries(r) => !r.entries.is_empty(),
         Request::InstallSnapshot(_) => true,
-        Request::Vote(_) | Request::Forward(_) => false,
+        Request::Vote(_) | Request::Forward(_) | Request::PreVote(_) => false,
     };
     if writes {
         if let Some(reason) = svc.disk.reason() {
@@ -157,12 +220,37 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
         }
     }
     match request {
-        Request::AppendEntries(r) => Reply::AppendEntries(svc.raft.append_entries(r).await),
+        Request::AppendEntries(r) => {
+            let result = svc.raft.append_entries(r).await;
+            // Accepted from a leader whose term this node follows (a
+            // conflict too: the leader is alive, only the logs differ).
+            if matches!(
+                result,
+                Ok(AppendEntriesResponse::Success
+                    | AppendEntriesResponse::PartialSuccess(_)
+                    | AppendEntriesResponse::Conflict)
+            ) {
+                svc.liveness.leader_contact();
+            }
+            Reply::AppendEntries(result)
+        }
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
-        Request::InstallSnapshot(r) => Reply::InstallSnapshot(svc.raft.install_snapshot(r).await),
+        Request::InstallSnapshot(r) => {
+            let result = svc.raft.install_snapshot(r).await;
+            if result.is_ok() {
+                svc.liveness.leader_contact();
+            }
+            Reply::InstallSnapshot(result)
+        }
         Request::Forward(observations) => {
             Reply::Forward(svc.proposer.commit_here(observations).await)
         }
+        Request::PreVote(req) => Reply::PreVote(super::elect::answer(
+            &svc.raft,
+            &svc.liveness,
+            &svc.timing,
+            &req,
+        )),
     }
 }
 

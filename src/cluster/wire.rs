@@ -3,14 +3,19 @@
 //! `server.rs` and `peers.rs`.
 //!
 //! A connection starts with a mutual challenge–response over the cluster
-//! secret, then carries request/reply frames:
+//! secret, then carries request and reply frames, many at a time:
 //!
 //! ```text
 //! server → client  MAGIC, server nonce (32)
 //! client → server  node id (8), client nonce (32), mac(secret, "client" ‖ server nonce ‖ node id)
 //! server → client  its node id (8), mac(secret, "server" ‖ client nonce ‖ its node id)
-//! then, repeated:  u32 length ‖ bincode(Request)  →  u32 length ‖ bincode(Reply)
+//! then, both ways: u32 length ‖ bincode(Envelope { id, body })
 //! ```
+//!
+//! The client tags each request with an id of its own and the server answers
+//! with the same id, in whatever order the answers are ready: one connection
+//! per pair of nodes carries Raft RPCs, forwarded batches and pre-votes at
+//! once, and is authenticated once.
 //!
 //! The MAC is blake3 in keyed mode, with a key derived from the secret file.
 //! It authenticates the peers to each other; it does not encrypt. Use TLS on
@@ -23,10 +28,41 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
-/// Protocol magic and version, sent first by the server.
-pub const MAGIC: &[u8; 8] = b"FSPEER01";
+/// Protocol magic and version, sent first by the server. Version 2 carries
+/// [`Envelope`]s, many in flight on one connection.
+pub const MAGIC: &[u8; 8] = b"FSPEER02";
+
+/// One frame after the handshake: a request or its reply, with the id the
+/// client gave the request.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    pub id: u64,
+    pub body: T,
+}
+
+/// "Would you vote for me?", asked before a node starts an election, so that
+/// a node that cannot reach a quorum, or whose peers still hear from a live
+/// leader, never raises the term and deposes a healthy leader (Raft's
+/// pre-vote). Nothing is written on either side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreVote {
+    pub candidate: NodeId,
+    /// The term the candidate would campaign in.
+    pub term: u64,
+    /// The candidate's last log id.
+    pub last_log: Option<LogId<NodeId>>,
+}
+
+/// The answer to a [`PreVote`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreVoteReply {
+    pub granted: bool,
+    /// Why not, for the log.
+    pub reason: String,
+}
 
 /// Largest frame accepted. Above any legitimate message (Raft appends are
 /// capped at 4 entries of at most a few MiB); a larger length is garbage or
@@ -97,6 +133,7 @@ pub enum Request {
     /// A follower's batch, for the leader to stamp and commit. The reply comes
     /// after commit, so the follower may then ack upstream (G4).
     Forward(Vec<Observation>),
+    PreVote(PreVote),
 }
 
 /// Why a forwarded batch was not committed.
@@ -117,6 +154,7 @@ pub enum Reply {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Forward(Result<Vec<Outcome>, ForwardError>),
+    PreVote(PreVoteReply),
     /// The request was not handed to Raft: this node cannot take it now (its
     /// disk is below the reserve). The caller treats the node as unreachable
     /// and backs off.
@@ -188,11 +226,17 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_oversize_is_refused() {
-        let f = encode(&Request::Forward(vec![])).unwrap();
+        let f = encode(&Envelope {
+            id: 7,
+            body: Request::Forward(vec![]),
+        })
+        .unwrap();
         let len = frame_len(f[..4].try_into().unwrap()).unwrap();
         assert_eq!(len, f.len() - 4);
-        assert!(matches!(decode::<Request>(&f[4..]).unwrap(), Request::Forward(v) if v.is_empty()));
+        let e: Envelope<Request> = decode(&f[4..]).unwrap();
+        assert_eq!(e.id, 7);
+        assert!(matches!(e.body, Request::Forward(v) if v.is_empty()));
         assert!(matches!(frame_len([0xff; 4]), Err(FrameError::TooLarge(_))));
-        assert!(decode::<Request>(&[9, 9, 9]).is_err());
+        assert!(decode::<Envelope<Request>>(&[9, 9, 9]).is_err());
     }
 }

@@ -110,6 +110,18 @@ pub struct ClusterConfig {
     /// secret but talk in the clear.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// How often the leader sends heartbeats, in milliseconds.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Elections: a follower that hears no leader for a random time between
+    /// `election_timeout_max_ms` and twice that minus the minimum asks its
+    /// peers for a pre-vote, and campaigns only if a majority agrees. The
+    /// maximum is also how long a voter that heard from a leader refuses
+    /// to vote for another (openraft's leader lease).
+    #[serde(default = "default_election_min_ms")]
+    pub election_timeout_min_ms: u64,
+    #[serde(default = "default_election_max_ms")]
+    pub election_timeout_max_ms: u64,
 }
 
 /// Mutual TLS between nodes: every node presents `cert_file` and accepts
@@ -140,6 +152,9 @@ impl Default for ClusterConfig {
             secret_file: None,
             snapshot_logs: default_snapshot_logs(),
             tls: None,
+            heartbeat_ms: default_heartbeat_ms(),
+            election_timeout_min_ms: default_election_min_ms(),
+            election_timeout_max_ms: default_election_max_ms(),
         }
     }
 }
@@ -274,6 +289,15 @@ pub struct RouteConfig {
     pub key: KeySpec,
 }
 
+fn default_heartbeat_ms() -> u64 {
+    100
+}
+fn default_election_min_ms() -> u64 {
+    400
+}
+fn default_election_max_ms() -> u64 {
+    800
+}
 fn default_disk_reserve() -> u64 {
     256 * 1024 * 1024
 }
@@ -565,6 +589,28 @@ impl Config {
         }
         if self.cluster.snapshot_logs < 10 {
             bad("cluster.snapshot_logs", "must be at least 10".into());
+        }
+        let c = &self.cluster;
+        if c.heartbeat_ms < 10 {
+            bad("cluster.heartbeat_ms", "must be at least 10".into());
+        }
+        if c.election_timeout_min_ms < 3 * c.heartbeat_ms {
+            bad(
+                "cluster.election_timeout_min_ms",
+                format!(
+                    "must be at least three heartbeats ({} ms), so that a lost heartbeat or two does not start an election",
+                    3 * c.heartbeat_ms
+                ),
+            );
+        }
+        if c.election_timeout_max_ms <= c.election_timeout_min_ms {
+            bad(
+                "cluster.election_timeout_max_ms",
+                format!(
+                    "must be above cluster.election_timeout_min_ms ({})",
+                    c.election_timeout_min_ms
+                ),
+            );
         }
         if let Some(tls) = &self.cluster.tls {
             for (key, path) in [

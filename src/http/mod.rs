@@ -39,6 +39,9 @@ pub struct AppState {
     pub history: Mutex<VecDeque<Sample>>,
     /// Free space on the data directory's filesystem.
     pub disk: Arc<crate::diskspace::DiskSpace>,
+    /// Evidence of who is alive: what readiness and the role rest on.
+    pub liveness: Arc<crate::cluster::liveness::Liveness>,
+    pub timing: crate::cluster::liveness::Timing,
 }
 
 /// One point of the status page's charts, taken every [`SAMPLE_EVERY`].
@@ -64,8 +67,23 @@ const SAMPLES: usize = 180;
 pub struct Status {
     pub node: u64,
     pub zone: String,
+    /// The leader this node can vouch for: itself if a quorum confirmed its
+    /// leadership recently, the leader it hears from if it heard recently,
+    /// otherwise none.
     pub leader: Option<u64>,
+    /// The leader openraft last knew of, even if this node cannot vouch for
+    /// it now.
+    pub known_leader: Option<u64>,
+    /// True only while this node leads and a quorum confirmed it recently.
     pub is_leader: bool,
+    /// `leader`, `leader_unconfirmed` (leads in its own eyes, but no quorum
+    /// confirmed it recently: cut off, or the others moved on), `follower`,
+    /// `follower_without_leader`, `candidate`, `learner` or `shutdown`.
+    pub role: &'static str,
+    /// Since the last accepted append from a leader, in milliseconds.
+    pub leader_contact_ms: Option<u64>,
+    /// Since this node, as leader, last had a quorum confirm it.
+    pub lease_confirmed_ms: Option<u64>,
     pub term: u64,
     pub last_applied: Option<u64>,
     pub members: Vec<MemberStatus>,
@@ -102,6 +120,13 @@ pub struct MemberStatus {
     pub http: String,
     /// Voter, or learner still catching up.
     pub voter: bool,
+    /// Since the last peer frame exchanged with this member, in
+    /// milliseconds (none for this node itself, or never).
+    pub last_contact_ms: Option<u64>,
+    /// On the leader: the last log index replicated to this member.
+    pub matched_index: Option<u64>,
+    /// On the leader: entries this member is behind the leader's log.
+    pub lag: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -141,17 +166,30 @@ impl AppState {
         let state_disk = self.state.size_on_disk().unwrap_or(0);
         let window = totals.window_keys.max(1) as f64;
         let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let contacts = self.liveness.peer_ages();
+        let last_index = m.last_log_index;
         let members: Vec<MemberStatus> = m
             .membership_config
             .nodes()
-            .map(|(id, n)| MemberStatus {
-                id: *id,
-                zone: n.zone.clone(),
-                addr: n.addr.clone(),
-                http: n.http.clone(),
-                voter: voters.contains(id),
+            .map(|(id, n)| {
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).cloned())
+                    .map(|l| l.map_or(0, |l| l.index));
+                MemberStatus {
+                    id: *id,
+                    zone: n.zone.clone(),
+                    addr: n.addr.clone(),
+                    http: n.http.clone(),
+                    voter: voters.contains(id),
+                    last_contact_ms: contacts.get(id).map(|d| d.as_millis() as u64),
+                    matched_index: matched,
+                    lag: matched.map(|i| last_index.unwrap_or(0).saturating_sub(i)),
+                }
             })
             .collect();
+        let (role, trusted) = self.role(&m);
         let zone_of = |node: u64| {
             members
                 .iter()
@@ -162,8 +200,15 @@ impl AppState {
         Ok(Status {
             node: self.node_id,
             zone: self.zone.clone(),
-            leader: m.current_leader,
-            is_leader: m.current_leader == Some(self.node_id),
+            leader: trusted,
+            known_leader: m.current_leader,
+            is_leader: role == "leader",
+            role,
+            leader_contact_ms: self
+                .liveness
+                .leader_contact_age()
+                .map(|d| d.as_millis() as u64),
+            lease_confirmed_ms: self.liveness.lease_age().map(|d| d.as_millis() as u64),
             term: m.current_term,
             last_applied: m.last_applied.map(|l| l.index),
             members: Vec::new(),
@@ -219,10 +264,58 @@ impl AppState {
         })
     }
 
+    /// What this node can vouch for about its role, and the leader it
+    /// trusts (see [`Status::role`]).
+    fn role(
+        &self,
+        m: &openraft::RaftMetrics<u64, firstseen_raft::Member>,
+    ) -> (&'static str, Option<u64>) {
+        use openraft::ServerState;
+        let stale = self.timing.stale();
+        let fresh = |age: Option<Duration>| age.is_some_and(|a| a <= stale);
+        match m.state {
+            ServerState::Leader if fresh(self.liveness.lease_age()) => {
+                ("leader", Some(self.node_id))
+            }
+            ServerState::Leader => ("leader_unconfirmed", None),
+            ServerState::Follower
+                if m.current_leader.is_some() && fresh(self.liveness.leader_contact_age()) =>
+            {
+                ("follower", m.current_leader)
+            }
+            ServerState::Follower => ("follower_without_leader", None),
+            ServerState::Candidate => ("candidate", None),
+            ServerState::Learner if fresh(self.liveness.leader_contact_age()) => {
+                ("learner", m.current_leader)
+            }
+            ServerState::Learner => ("learner", None),
+            ServerState::Shutdown => ("shutdown", None),
+        }
+    }
+
     fn ready(&self) -> Result<(), String> {
         let m = self.raft.metrics().borrow().clone();
         if m.current_leader.is_none() {
             return Err("no Raft leader known".into());
+        }
+        match self.role(&m) {
+            ("leader_unconfirmed", _) => {
+                return Err(format!(
+                    "leader of term {} in its own eyes, but no quorum confirmed it for {} ms",
+                    m.current_term,
+                    self.liveness.lease_age().map_or(0, |d| d.as_millis())
+                ))
+            }
+            ("follower_without_leader", _) | ("candidate", _) => {
+                return Err(format!(
+                    "no contact with a leader for {} ms",
+                    self.liveness
+                        .leader_contact_age()
+                        .unwrap_or_else(|| self.liveness.uptime())
+                        .as_millis()
+                ))
+            }
+            _ => {}
         }
         if let Some(reason) = self.disk.reason() {
             return Err(reason);

@@ -38,10 +38,6 @@ use crate::Error;
 /// re-creation would then fence the true leader.
 const ACCESS_EXCLUSIVE: i32 = 1;
 
-/// Longest wait for a quorum to confirm the lease (below the 1 s minimum
-/// election timeout).
-const LEASE_TIMEOUT: Duration = Duration::from_millis(750);
-
 /// Batches sent per topic before the oldest one's receipts are awaited. With
 /// one, every batch waited out a broker round trip (and a bookie fsync)
 /// before the next could leave, and messages committed meanwhile queued
@@ -71,6 +67,11 @@ pub struct Publisher {
     /// A leader whose disk is low stops publishing, so that it stops
     /// confirming its lease and the others elect one with room.
     pub disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+    /// Lease confirmations are recorded here, for readiness.
+    pub liveness: std::sync::Arc<crate::cluster::liveness::Liveness>,
+    /// Longest wait for a quorum to confirm the lease: below the election
+    /// timeout, so a leader cut off lets go before a successor can exist.
+    pub lease_timeout: Duration,
 }
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
@@ -361,10 +362,14 @@ impl Publisher {
     /// may never answer, so it is bounded by less than an election timeout:
     /// by then a majority elsewhere may already have a new leader.
     async fn confirm_lease(&self) -> bool {
-        matches!(
-            tokio::time::timeout(LEASE_TIMEOUT, self.raft.ensure_linearizable()).await,
+        let ok = matches!(
+            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
             Ok(Ok(_))
-        )
+        );
+        if ok {
+            self.liveness.lease_confirmed();
+        }
+        ok
     }
 
     /// Sends the next batch of one topic without awaiting its receipts.

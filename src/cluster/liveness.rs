@@ -1,0 +1,154 @@
+//! What this node knows of who is alive, from the traffic it sees, and the
+//! Raft timing it judges that by.
+//!
+//! - the last time a leader's append reached this node and was accepted
+//!   (a follower's evidence that the leader lives);
+//! - the last time this node, as leader, confirmed its leadership with a
+//!   quorum (a leader's evidence that it still leads);
+//! - the last frame exchanged with each peer, for `/status`.
+//!
+//! The election driver ([`super::elect`]), readiness and `/status` all read
+//! it; the peer server, the peer client, the lease watch and the publisher
+//! write it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use firstseen_raft::NodeId;
+
+/// Raft timing, from `cluster.heartbeat_ms` and `cluster.election_timeout_*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    pub election_min: Duration,
+    pub election_max: Duration,
+}
+
+impl Timing {
+    /// How long a voter that heard from a leader refuses to vote for anyone
+    /// else: openraft's leader lease, which is `election_max`.
+    pub fn lease(&self) -> Duration {
+        self.election_max
+    }
+
+    /// How long a quorum confirmation may take before the leader counts it
+    /// as failed: less than the lease, so that a leader cut off from its
+    /// peers lets go before the others can have elected a successor.
+    pub fn confirm_timeout(&self) -> Duration {
+        self.election_min
+    }
+
+    /// Evidence older than this means the node cannot vouch for its role:
+    /// it says so on `/readyz` and `/status`.
+    pub fn stale(&self) -> Duration {
+        self.election_max * 2
+    }
+}
+
+/// Never happened.
+const NEVER: u64 = u64::MAX;
+
+/// Shared evidence of liveness.
+#[derive(Debug)]
+pub struct Liveness {
+    started: Instant,
+    /// Milliseconds after `started`, or [`NEVER`].
+    leader_contact: AtomicU64,
+    lease_confirmed: AtomicU64,
+    peers: Mutex<BTreeMap<NodeId, Instant>>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Liveness {
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            leader_contact: AtomicU64::new(NEVER),
+            lease_confirmed: AtomicU64::new(NEVER),
+            peers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn age(&self, at: &AtomicU64) -> Option<Duration> {
+        match at.load(Ordering::Acquire) {
+            NEVER => None,
+            t => Some(Duration::from_millis(self.now().saturating_sub(t))),
+        }
+    }
+
+    /// A leader's append was accepted here.
+    pub fn leader_contact(&self) {
+        self.leader_contact.store(self.now(), Ordering::Release);
+    }
+
+    /// Since the last accepted append from a leader, if any.
+    pub fn leader_contact_age(&self) -> Option<Duration> {
+        self.age(&self.leader_contact)
+    }
+
+    /// This node, as leader, confirmed its leadership with a quorum.
+    pub fn lease_confirmed(&self) {
+        self.lease_confirmed.store(self.now(), Ordering::Release);
+    }
+
+    /// Since the last quorum confirmation, if any.
+    pub fn lease_age(&self) -> Option<Duration> {
+        self.age(&self.lease_confirmed)
+    }
+
+    /// Since this process started.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// A frame from (or a reply by) `peer` arrived.
+    pub fn peer_seen(&self, peer: NodeId) {
+        if let Ok(mut p) = self.peers.lock() {
+            p.insert(peer, Instant::now());
+        }
+    }
+
+    /// Since the last frame exchanged with each peer.
+    pub fn peer_ages(&self) -> BTreeMap<NodeId, Duration> {
+        self.peers
+            .lock()
+            .map(|p| p.iter().map(|(id, at)| (*id, at.elapsed())).collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_none_until_something_happened() {
+        let l = Liveness::new();
+        assert!(l.leader_contact_age().is_none());
+        assert!(l.lease_age().is_none());
+        l.leader_contact();
+        l.lease_confirmed();
+        l.peer_seen(3);
+        assert!(l.leader_contact_age().unwrap() < Duration::from_secs(1));
+        assert!(l.lease_age().unwrap() < Duration::from_secs(1));
+        assert!(l.peer_ages().contains_key(&3));
+        let t = Timing {
+            heartbeat: Duration::from_millis(100),
+            election_min: Duration::from_millis(400),
+            election_max: Duration::from_millis(800),
+        };
+        assert!(t.confirm_timeout() < t.lease());
+        assert!(t.lease() < t.stale());
+    }
+}
