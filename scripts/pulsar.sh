@@ -73,6 +73,10 @@ systemTopicEnabled=true
 topicLevelPoliciesEnabled=true
 webSocketServiceEnabled=false
 brokerShutdownTimeoutMs=3000
+# A client that stops answering pings (a paused leader) loses its
+# connection, and with it its exclusive producers, after about twice this:
+# 10 s instead of the default 60 s before a successor can publish.
+keepAliveIntervalSeconds=5
 CONF
   cat > "$dir/conf/log4j2.xml" <<'LOG'
 <Configuration status="warn">

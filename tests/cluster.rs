@@ -507,8 +507,24 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
         || published(c.node(old)) > 1_000,
     );
     c.node(old).signal("-STOP");
+    let stopped_at = std::time::Instant::now();
     let rest = others(3, old);
     let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let elected_after = stopped_at.elapsed();
+    // The paused leader still holds its exclusive producer: the broker lets
+    // go of it when the paused process stops answering its keepalive pings
+    // (docs/exactly-once.md, "A paused leader").
+    let before = published(c.node(new));
+    wait_until(
+        Duration::from_secs(90),
+        "the new leader to publish while the old one is paused",
+        || published(c.node(new)) > before,
+    );
+    eprintln!(
+        "leader {old} paused: node {new} elected after {} ms, publishing after {} ms",
+        elected_after.as_millis(),
+        stopped_at.elapsed().as_millis()
+    );
     let out = replay.wait_with_output().unwrap();
     assert!(out.status.success());
     c.node(new)

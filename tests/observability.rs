@@ -217,3 +217,90 @@ fn the_status_page_shows_the_cluster_and_a_degraded_zone() {
         "screenshot written"
     );
 }
+
+/// Field paths documented in docs/status.md: a table under a heading that
+/// names an object (`` ## `totals` ``) or array (`` ## `members[]` ``)
+/// lists that object's fields; other tables list paths from the top.
+fn documented_status_fields() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/status.md")).unwrap();
+    let mut prefix = String::new();
+    let mut out = BTreeSet::new();
+    for line in doc.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            prefix = match h.trim().strip_prefix('`').and_then(|h| h.strip_suffix('`')) {
+                Some(name) => format!("{name}."),
+                None => String::new(),
+            };
+        } else if let Some(rest) = line.strip_prefix("| `") {
+            if let Some(name) = rest.split('`').next() {
+                out.insert(format!("{prefix}{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// Every field path in a JSON value; array elements as `name[]`.
+fn status_fields(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let serde_json::Value::Object(m) = v {
+        for (k, v) in m {
+            match v {
+                serde_json::Value::Object(_) => status_fields(v, &format!("{prefix}{k}."), out),
+                serde_json::Value::Array(items) => {
+                    out.insert(format!("{prefix}{k}[]"));
+                    for item in items {
+                        status_fields(item, &format!("{prefix}{k}[]."), out);
+                    }
+                }
+                _ => {
+                    out.insert(format!("{prefix}{k}"));
+                }
+            }
+        }
+    }
+}
+
+/// docs/status.md lists exactly the fields a running cluster's /status
+/// returns, on the leader and on a follower.
+#[test]
+fn the_status_doc_lists_every_status_field() {
+    let Some(pulsar) = shared_pulsar("the_status_doc_lists_every_status_field") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("status-doc");
+    let c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    replay(mqtt.port, &["--limit", "300", "--pace", "max"]);
+    c.nodes[(leader - 1) as usize]
+        .wait_published(hfp_pairs(Some(300)).len() as u64, Duration::from_secs(60));
+    let mut seen = BTreeSet::new();
+    for n in &c.nodes {
+        status_fields(&n.status().unwrap(), "", &mut seen);
+    }
+    // Array headings are documented as `name[]`, their fields below them.
+    let documented = documented_status_fields();
+    let arrays: BTreeSet<String> = documented
+        .iter()
+        .filter_map(|f| f.split_once("[].").map(|(a, _)| format!("{a}[]")))
+        .collect();
+    let seen_fields: BTreeSet<String> = seen.difference(&arrays).cloned().collect();
+    let undocumented: Vec<_> = seen_fields.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/status.md: {undocumented:?}"
+    );
+    // A documented field inside an array that was empty here cannot show.
+    let missing: Vec<_> = documented
+        .difference(&seen_fields)
+        .filter(|f| {
+            f.split_once("[].")
+                .is_none_or(|(a, _)| seen.iter().any(|s| s.starts_with(&format!("{a}[]."))))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented but not returned: {missing:?}"
+    );
+}

@@ -187,11 +187,35 @@ impl TopicPublisher {
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
     fn fail(&mut self, error: &Error) {
         metrics::counter!("firstseen_publish_errors_total").increment(1);
-        tracing::warn!(topic = %self.topic, error = %error, retry_in_ms = self.backoff.as_millis() as u64, "publisher dropped its producer");
+        let text = error.to_string();
+        let (delay, next) = retry_policy(self.backoff, held_elsewhere(&text));
+        tracing::warn!(topic = %self.topic, error = %text, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
         self.in_flight.clear();
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
+        self.retry_at = Some(Instant::now() + delay);
+        self.backoff = next;
+    }
+}
+
+/// Whether a producer error means another producer still holds the topic:
+/// a predecessor that was paused or cut off keeps its exclusive producer
+/// until the broker drops its connection (keepalive), and this node takes
+/// over the moment it does.
+pub fn held_elsewhere(error: &str) -> bool {
+    error.contains("ProducerBusy")
+        || error.contains("ProducerFenced")
+        || error.contains("exclusive producer")
+}
+
+/// The retry after a producer error, and the backoff after it: a topic held
+/// by another producer is tried again every 250 ms, so a successor does not
+/// sit out a long backoff after the old holder lets go; other errors back
+/// off from 200 ms to 5 s.
+pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Duration) {
+    if held_elsewhere {
+        (Duration::from_millis(250), backoff)
+    } else {
+        (backoff, (backoff * 2).min(Duration::from_secs(5)))
     }
 }
 
@@ -495,4 +519,32 @@ pub async fn admin_dedup_enabled(admin_url: &str, topic: &str) -> Result<bool, E
         .await
         .map_err(|e| Error::Publish(e.to_string()))?;
     Ok(body.trim() == "true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
+        assert!(held_elsewhere(
+            "Connection error: Server error (Some(ProducerBusy)): Exclusive access mode"
+        ));
+        assert!(held_elsewhere(
+            "ProducerFenced: there is an existing exclusive producer"
+        ));
+        assert!(!held_elsewhere("Connection error: disconnected"));
+        let (d, next) = retry_policy(Duration::from_secs(4), true);
+        assert_eq!(
+            (d, next),
+            (Duration::from_millis(250), Duration::from_secs(4))
+        );
+        let (d, next) = retry_policy(Duration::from_secs(4), false);
+        assert_eq!((d, next), (Duration::from_secs(4), Duration::from_secs(5)));
+        let (d, next) = retry_policy(Duration::from_millis(200), false);
+        assert_eq!(
+            (d, next),
+            (Duration::from_millis(200), Duration::from_millis(400))
+        );
+    }
 }
