@@ -14,11 +14,17 @@
 #              with: every message in Pulsar within BENCH_SLACK_SECS of the load's
 #              end, and p99 latency under 1 s
 #   failover   SIGKILL the leader under load: time until Pulsar receives again;
-#              then restart it and time its catch-up
+#              then restart it and time its catch-up; BENCH_FAILOVERS times
+#              (default 3), every run reported, with the median
 #   outage     stop Pulsar, load into the outbox, start Pulsar: drain rate
 #   verify     `firstseen verify` over everything the cluster published
-#   naive      baseline (a): three forwarders without Raft or dedup, same steps
-#   fanout     baseline (b): Mosquitto's delivery rate to three plain subscribers
+#   naive      baseline (a): three forwarders without Raft or dedup, same steps,
+#              on a fresh Mosquitto (the clusters' persistent sessions would
+#              otherwise go on queuing every message during its steps)
+#   fanout     baseline (b): Mosquitto's delivery rate to three plain
+#              subscribers, on a fresh Mosquitto too
+#   sync       what one durable flush costs on this disk: sled's flush alone
+#              against sled's flush + fdatasync
 #   window     disk bytes per key of the dedup window at BENCH_WINDOW_KEYS keys,
 #              on the real state machine (no cluster)
 set -euo pipefail
@@ -44,7 +50,9 @@ peak_window=${BENCH_WINDOW_SECS:-30}
 cd "$root"
 log "building release binaries"
 cargo build -q --release -p firstseen -p firstseen-bench
-fs="$root/target/release/firstseen"
+# BENCH_FIRSTSEEN_BIN runs another build of the node (an older commit, for a
+# before/after) under the same benchmark.
+fs="${BENCH_FIRSTSEEN_BIN:-$root/target/release/firstseen}"
 bench="$root/target/release/firstseen-bench"
 
 work="$root/.bench"
@@ -57,6 +65,7 @@ trap cleanup EXIT
 "$here/pulsar.sh" start "$work/pulsar"
 . "$work/pulsar/env"
 start_mosquitto "$work/mosquitto" "$work/pids"
+tail -n 1 "$work/pids" > "$work/mosquitto-pid"
 run=$(date +%s)
 
 cpu_secs() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
@@ -112,6 +121,18 @@ log "warm-up: 2000 msg/s for ${warm_secs}s (not measured)"
 l=$(leader_index)
 for i in 1 2 3; do cpu0[$i]=$(cpu_secs "$(cat "$cdir/node-$i.pid")"); done
 raft0=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
+# Log syncs (one fdatasync each) and their total time, on every node.
+sync_stats() {
+  local i
+  for i in 1 2 3; do
+    curl -fsS "http://127.0.0.1:${http[$i]}/metrics" | awk '
+      $1 ~ /^firstseen_raft_log_flushes_total/ { f += $2 }
+      $1 ~ /^firstseen_disk_sync_seconds_sum/ && $1 ~ /db="log"/ { s += $2 }
+      $1 ~ /^firstseen_disk_sync_seconds_count/ && $1 ~ /db="log"/ { c += $2 }
+      END { printf "%.0f %.6f %.0f ", f, s, c }'
+  done
+}
+sync0=($(sync_stats))
 
 log "profile peak: 2000 msg/s for ${peak_secs}s (window ${peak_window}s)"
 # RSS of every node every 5 s: flat at a constant rate, or growing?
@@ -131,6 +152,16 @@ for i in 1 2 3; do
 done
 raft1=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
 echo "{\"entries\": $((raft1[0] - raft0[0])), \"bytes\": $((raft1[1] - raft0[1]))}" > "$work/raft.json"
+sync1=($(sync_stats))
+python3 - "$peak_secs" "${sync0[*]}" "${sync1[*]}" > "$work/syncs.json" <<'PY'
+import json, sys
+secs = float(sys.argv[1]); a = [float(x) for x in sys.argv[2].split()]; b = [float(x) for x in sys.argv[3].split()]
+nodes = []
+for i in range(3):
+    f, s, c = (b[3 * i + k] - a[3 * i + k] for k in range(3))
+    nodes.append({"log_syncs_per_sec": round(f / secs, 1), "mean_sync_ms": round(1000 * s / c, 3) if c else None})
+print(json.dumps(nodes))
+PY
 curl -fsS "http://127.0.0.1:${http[$l]}/status" > "$work/status.json"
 echo "$peak" > "$work/peak.json"
 # How long each snapshot export held up apply (the node logs say).
@@ -219,29 +250,36 @@ print(json.dumps({"missed_entries": missed, "secs": round(secs, 2),
 PY
 }
 
-# During the failover load: SIGKILL the leader 8 s in, restart it 10 s later
+# During a failover load: SIGKILL the leader 5 s in, restart it 8 s later
 # and time its catch-up. Output goes to files; stdout belongs to step().
+# $1 names the run.
 failover() {
-  sleep 8
+  sleep 5
   local k at_kill target restarted; k=$(leader_index)
-  echo "$k" > "$work/failover-killed"
+  echo "$k" > "$work/failover-killed-$1"
   date +%s%3N > "$work/mark.tmp"
   kill -9 "$(cat "$cdir/node-$k.pid")"
-  mv "$work/mark.tmp" "$work/mark-$run-failover"
+  mv "$work/mark.tmp" "$work/mark-$run-failover-$1"
   at_kill=$(max_applied)
-  sleep 10
+  sleep 8
   target=$(max_applied)
   restarted=$(date +%s%3N)
   "$fs" run --config "$cdir/node-$k.toml" >> "$cdir/node-$k.log" 2>&1 &
   echo $! >> "$work/pids"; echo $! > "$cdir/node-$k.pid"
-  catch_up "$k" "$restarted" "$at_kill" "$target" > "$work/catchup.json"
+  catch_up "$k" "$restarted" "$at_kill" "$target" > "$work/catchup-$1.json"
 } >&2
 
-settle
-log "profile failover: SIGKILL the leader under 2000 msg/s, restart it 10 s later"
-step 2000 30 "$topic" "$run-failover" failover > "$work/failover.json"
-log "  $(python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["probe"]; c=json.load(open(sys.argv[2])); print("publishing resumed", f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?", "ms after the kill; catch-up", c)' "$work/failover.json" "$work/catchup.json")"
-wait_for 60 curl -fsS "http://127.0.0.1:${http[$(cat "$work/failover-killed")]}/readyz" >/dev/null
+failovers=${BENCH_FAILOVERS:-3}
+: > "$work/failovers.jsonl"
+for f in $(seq 1 "$failovers"); do
+  settle
+  log "profile failover $f/$failovers: SIGKILL the leader under 2000 msg/s, restart it 8 s later"
+  step 2000 20 "$topic" "$run-failover-$f" "failover $f" > "$work/failover-$f.json"
+  python3 -c 'import json,sys; f=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); f["catch_up"]=c; f["killed_node"]=int(open(sys.argv[3]).read()); print(json.dumps(f))' \
+    "$work/failover-$f.json" "$work/catchup-$f.json" "$work/failover-killed-$f" >> "$work/failovers.jsonl"
+  log "  $(python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["probe"]; c=json.load(open(sys.argv[2])); print("publishing resumed", f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?", "ms after the kill; catch-up", c)' "$work/failover-$f.json" "$work/catchup-$f.json")"
+  wait_for 60 curl -fsS "http://127.0.0.1:${http[$(cat "$work/failover-killed-$f")]}/readyz" >/dev/null
+done
 
 settle
 log "profile outage: Pulsar stopped while 2000 msg/s for 10 s are committed"
@@ -268,6 +306,16 @@ log "  $total messages expected; clean: $(cat "$work/verify.ok")"
 
 log "stopping the cluster for the baselines"
 stop_cluster
+# The clusters' six persistent sessions would go on queuing every message
+# published during the baselines (costing Mosquitto the work of six more
+# subscribers): each baseline gets a Mosquitto of its own.
+fresh_mosquitto() {
+  stop_pids "$(tail -n 1 "$work/mosquitto-pid")" || true
+  rm -rf "$work/mosquitto-$1"
+  start_mosquitto "$work/mosquitto-$1" "$work/pids"
+  tail -n 1 "$work/pids" > "$work/mosquitto-pid"
+}
+fresh_mosquitto naive
 
 log "baseline naive: three forwarders without Raft or dedup"
 ntopic="persistent://public/default/bench-naive-$run"
@@ -286,8 +334,12 @@ for rate in $steps; do
 done
 
 stop_pids "${naive_pids[@]}" || true
+fresh_mosquitto fanout
 log "baseline fanout: Mosquitto to three subscribers (nothing else subscribed)"
 "$bench" fanout --port "$mqtt_port" --subs 3 --count 100000 > "$work/fanout.json"
+
+log "sync: one durable flush against sled's own, on this disk"
+"$bench" sync --count 2000 --bytes 7500 --dir "$work" > "$work/sync.json"
 
 log "window: disk bytes per key at $window_keys keys, on the state machine alone"
 "$bench" window --keys "$window_keys" > "$work/window.json"
@@ -302,7 +354,8 @@ peak = load("peak.json"); status = load("status.json"); raft = load("raft.json")
 sus = [json.loads(l) for l in open(f"{work}/sustained.jsonl")]
 naive = [json.loads(l) for l in open(f"{work}/naive.jsonl")]
 fan = load("fanout.json"); window = load("window.json")
-failover = load("failover.json"); catchup = load("catchup.json"); outage = load("outage.json")
+failovers = [json.loads(l) for l in open(f"{work}/failovers.jsonl")]
+outage = load("outage.json"); syncs = load("syncs.json"); sync = load("sync.json")
 verify_ok = open(f"{work}/verify.ok").read().strip() == "true"
 best = lambda rows: max([r["load"]["unique"] / r["load"]["secs"] for r in rows if r["kept_up"]] or [0])
 keys = status["totals"]["window_keys"]
@@ -324,7 +377,18 @@ rss_steady = {
     "first_mb_per_node": [steady[0][i] for i in (1, 2, 3)] if steady else None,
     "last_mb_per_node": [steady[-1][i] for i in (1, 2, 3)] if steady else None,
 }
-fp = failover["probe"]
+def failover_row(f):
+    fp = f["probe"]
+    return {
+        "killed_node": f["killed_node"],
+        "publishing_resumed_after_ms": fp["fault"]["resumed_after_mark_ms"] if fp["fault"] else None,
+        "silence_ms": fp["fault"]["gap_ms"] if fp["fault"] else None,
+        "exactly_once": fp["verify_clean"] and fp["unique"] == fp["expected"],
+        "unique": fp["unique"], "expected": fp["expected"],
+        "catch_up": f["catch_up"],
+    }
+runs = [failover_row(f) for f in failovers]
+resumed = sorted(r["publishing_resumed_after_ms"] for r in runs if r["publishing_resumed_after_ms"] is not None)
 result = {
   "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
   "peak": {
@@ -344,16 +408,15 @@ result = {
     "state_disk_bytes_per_key": round(status["state_disk_bytes"] / keys, 1) if keys else None,
     "window_keys": keys,
     "snapshot_export_ms": [int(x) for x in open(f"{work}/export-ms.txt").read().split()],
+    "log_syncs_per_node": syncs,
   },
   "sustained": {"steps": sus, "max_rate": best(sus)},
   "failover": {
-    "killed_node": int(open(f"{work}/failover-killed").read()),
-    "publishing_resumed_after_ms": fp["fault"]["resumed_after_mark_ms"] if fp["fault"] else None,
-    "silence_ms": fp["fault"]["gap_ms"] if fp["fault"] else None,
-    "exactly_once": fp["verify_clean"] and fp["unique"] == fp["expected"],
-    "unique": fp["unique"], "expected": fp["expected"],
-    "catch_up": catchup,
+    "runs": runs,
+    "publishing_resumed_median_ms": resumed[len(resumed) // 2] if resumed else None,
+    "exactly_once": all(r["exactly_once"] for r in runs),
   },
+  "sync": sync,
   "outage": {**outage, "drain_per_sec": round(outage["buffered"] / (outage["drain_ms"] / 1000)) if outage["drain_ms"] else None},
   "verify_all_clean": verify_ok,
   "naive": {"steps": naive, "max_rate": best(naive)},
@@ -366,6 +429,7 @@ result["ratios"] = {
 }
 json.dump(result, open(out, "w"), indent=2)
 p = result["peak"]; f = result["failover"]; o = result["outage"]
+c0 = f["runs"][0]["catch_up"] if f["runs"] else {"missed_entries": None, "secs": None, "entries_per_sec": None}
 rows = [
   ("HSL peak p50 / p99 / max latency (ms)", f"{p['latency_ms']['p50']:.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}"),
   ("HSL peak exactly once (probe's audit)", p["exactly_once"]),
@@ -374,6 +438,9 @@ rows = [
   ("HSL peak peak RSS per node (MB)", ", ".join(str(r) for r in p["peak_rss_mb_per_node"])),
   ("RSS slope once the window is full (MB/min)", ", ".join(str(r) for r in rss_steady["mb_per_minute_per_node"])),
   ("Raft entries/s, bytes/s (leader's log)", f"{p['raft_entries_per_sec']}, {p['raft_bytes_per_sec']}"),
+  ("log fdatasyncs/s per node at the peak", ", ".join(str(n["log_syncs_per_sec"]) for n in p["log_syncs_per_node"])),
+  ("mean log sync per node at the peak (ms)", ", ".join(str(n["mean_sync_ms"]) for n in p["log_syncs_per_node"])),
+  ("one sync: sled flush / + fdatasync (mean us)", f"{sync['sled_flush_only']['mean_us']:.0f} / {sync['durable_sync']['mean_us']:.0f}"),
   ("node disk bytes per window key: state + log", f"{p['disk_bytes_per_key']} ({p['window_keys']} keys)"),
   ("node disk bytes per window key: state alone", f"{p['state_disk_bytes_per_key']} ({p['window_keys']} keys)"),
   ("state machine disk bytes per key (window profile)", f"{window['bytes_per_key']} ({window['window_keys']} keys)"),
@@ -382,8 +449,9 @@ rows = [
   ("mosquitto fan-out to 3 subscribers (msg/s)", f"{fan['rate_per_subscriber']:.0f}"),
   ("cluster / naive", result["ratios"]["cluster_vs_naive"]),
   ("cluster / fan-out ceiling", result["ratios"]["cluster_vs_fanout"]),
-  ("leader SIGKILL -> publishing resumed (ms)", f"{f['publishing_resumed_after_ms']} (exactly once: {f['exactly_once']})"),
-  ("restarted node catch-up (entries, s, /s)", f"{f['catch_up']['missed_entries']}, {f['catch_up']['secs']}, {f['catch_up']['entries_per_sec']}"),
+  ("leader SIGKILL -> publishing resumed (ms), runs", ", ".join(str(r["publishing_resumed_after_ms"]) for r in f["runs"])),
+  ("  median (ms); exactly once", f"{f['publishing_resumed_median_ms']}; {f['exactly_once']}"),
+  ("restarted node catch-up (entries, s, /s)", f"{c0['missed_entries']}, {c0['secs']}, {c0['entries_per_sec']}"),
   ("outbox drain after Pulsar outage (msgs, ms, /s)", f"{o['buffered']}, {o['drain_ms']}, {o['drain_per_sec']}"),
   ("verify over the whole run", verify_ok),
 ]

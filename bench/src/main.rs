@@ -14,6 +14,7 @@
 //! - `window`: disk bytes per key of the dedup window, on the real state
 //!   machine at millions of keys.
 
+mod sync;
 mod window;
 
 use std::collections::HashSet;
@@ -101,6 +102,18 @@ enum Cmd {
         subs: usize,
         #[arg(long, default_value_t = 100_000)]
         count: u64,
+    },
+    /// What a durable flush costs: sled's flush alone against sled's flush
+    /// plus fdatasync, per entry appended.
+    Sync {
+        #[arg(long, default_value_t = 2_000)]
+        count: usize,
+        /// Bytes per entry (the HSL peak's entries average about 7.5 KB).
+        #[arg(long, default_value_t = 7_500)]
+        bytes: usize,
+        /// Directory on the disk to measure (default: the temp dir).
+        #[arg(long)]
+        dir: Option<String>,
     },
     /// Disk bytes per key of the dedup window, on the real state machine.
     Window {
@@ -496,6 +509,11 @@ async fn main() -> Result<()> {
             subs,
             count,
         } => fanout(host, port, subs, count).await,
+        Cmd::Sync { count, bytes, dir } => {
+            let out = sync::run(sync::Params { count, bytes, dir })?;
+            println!("{out}");
+            Ok(())
+        }
         Cmd::Window {
             keys,
             batch,
