@@ -24,11 +24,11 @@ else:
 '
 }
 
-# Succeeds when TCP port $1 on 127.0.0.1 can be bound without SO_REUSEADDR,
-# the way some servers (BookKeeper's bookie) bind: a port a stopped server
-# left in TIME_WAIT fails this for up to a minute.
-port_free() {
-  python3 -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
+
+# Succeeds when nothing listens on TCP port $1 on ${PULSAR_BIND:-127.0.0.1}:
+# it binds the way servers with SO_REUSEADDR do, so TIME_WAIT does not count.
+port_unbound() {
+  python3 -c 'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[2], int(sys.argv[1])))' "$1" "${PULSAR_BIND:-127.0.0.1}" 2>/dev/null
 }
 
 # Waits until a command succeeds, polling every 0.5 s, for at most $1 seconds.

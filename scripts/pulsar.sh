@@ -6,13 +6,29 @@
 #                                      and write DIR/env (PULSAR_URL, PULSAR_ADMIN_URL, PULSAR_PID)
 #   scripts/pulsar.sh stop DIR         stop the broker started in DIR
 #
-# Ports are taken free from the OS; the broker binds and advertises 127.0.0.1 only.
+# Ports are taken free from the OS; the broker binds and advertises 127.0.0.1
+# only, or PULSAR_BIND when set (the nemesis campaign binds it to a bridge of
+# its own). A restart of the same DIR keeps its ports and takes seconds: the
+# JVM runs with scripts/pulsar/reuseaddr.c preloaded (built into the cache
+# with the system's cc), so ports left in TIME_WAIT do not hold it up.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
 version=$(sed -n 's:.*<pulsar.version>\(.*\)</pulsar.version>.*:\1:p' "$here/pulsar/pom.xml")
 cache="${FIRSTSEEN_CACHE:-$HOME/.cache/firstseen}/pulsar-$version"
+
+bind_ip=${PULSAR_BIND:-127.0.0.1}
+
+# The SO_REUSEADDR shim (see scripts/pulsar/reuseaddr.c), built once.
+reuseaddr_lib() {
+  local lib="$cache/reuseaddr.so"
+  if [ ! -f "$lib" ] || [ "$here/pulsar/reuseaddr.c" -nt "$lib" ]; then
+    mkdir -p "$cache"
+    cc -shared -fPIC -O2 -o "$lib" "$here/pulsar/reuseaddr.c" -ldl
+  fi
+  echo "$lib"
+}
 
 install() {
   if [ -f "$cache/.complete" ]; then return 0; fi
@@ -34,13 +50,11 @@ start() {
   # the address they knew (the outage test relies on it).
   if [ -f "$dir/ports" ]; then
     read -r broker_port web_port bk_port < "$dir/ports"
-    # A broker stopped under load leaves its ports in TIME_WAIT for up to a
-    # minute, and the bookie refuses to bind over that. (Checking the broker
-    # and web ports the lenient way, as servers with SO_REUSEADDR bind, was
-    # tried: the bookie then failed to bind, so all three wait.)
+    # Ports left in TIME_WAIT do not matter (the shim binds with
+    # SO_REUSEADDR); one something still listens on does.
     local p
     for p in $broker_port $web_port $bk_port; do
-      wait_for 120 port_free "$p" || { log "port $p is still in use"; exit 1; }
+      wait_for 30 port_unbound "$p" || { log "port $p is still in use"; exit 1; }
     done
   else
     broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
@@ -51,8 +65,8 @@ start() {
   # by the broker (docs/exactly-once.md explains why that matters).
   cat > "$dir/conf/standalone.conf" <<CONF
 clusterName=standalone
-bindAddress=127.0.0.1
-advertisedAddress=127.0.0.1
+bindAddress=$bind_ip
+advertisedAddress=$bind_ip
 brokerServicePort=$broker_port
 webServicePort=$web_port
 brokerDeduplicationEnabled=true
@@ -87,9 +101,10 @@ CONF
 LOG
   # This start's failure must not be judged by an earlier start's log lines.
   local log_from; log_from=$(stat -c %s "$dir/pulsar.log" 2>/dev/null || echo 0)
+  local shim; shim=$(reuseaddr_lib)
   (
     cd "$dir"
-    exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
+    LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}" exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
       -Dlog4j2.configurationFile="$dir/conf/log4j2.xml" \
       -Dpulsar.log.dir="$dir/logs" \
       -Djava.net.preferIPv4Stack=true \
@@ -98,26 +113,26 @@ LOG
       -cp "$cache/lib/*" org.apache.pulsar.PulsarStandaloneStarter \
       --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
       --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
-      --metadata-dir "$dir/data/metadata" --advertised-address 127.0.0.1
+      --metadata-dir "$dir/data/metadata" --advertised-address "$bind_ip"
   ) >> "$dir/pulsar.log" 2>&1 &
   local pid=$!
   echo "$pid" > "$dir/pid"
-  log "Pulsar standalone starting (pid $pid, broker 127.0.0.1:$broker_port, admin 127.0.0.1:$web_port); log: $dir/pulsar.log"
+  log "Pulsar standalone starting (pid $pid, broker $bind_ip:$broker_port, admin $bind_ip:$web_port); log: $dir/pulsar.log"
   # Ready means the default namespace exists: the starter creates it last.
   if ! wait_ready "${PULSAR_START_TIMEOUT:-240}" "$web_port" "$pid" "$dir/pulsar.log" "$log_from"; then
     log "Pulsar did not become ready; last log lines:"; tail -30 "$dir/pulsar.log" >&2
     stop "$dir"; exit 1
   fi
   cat > "$dir/env" <<ENV
-export PULSAR_URL=pulsar://127.0.0.1:$broker_port
-export PULSAR_ADMIN_URL=http://127.0.0.1:$web_port
+export PULSAR_URL=pulsar://$bind_ip:$broker_port
+export PULSAR_ADMIN_URL=http://$bind_ip:$web_port
 export PULSAR_PID=$pid
 ENV
-  log "Pulsar ready: pulsar://127.0.0.1:$broker_port"
+  log "Pulsar ready: pulsar://$bind_ip:$broker_port"
 }
 
 ready() {
-  kill -0 "$2" && curl -fsS "http://127.0.0.1:$1/admin/v2/namespaces/public" | grep -q 'public/default'
+  kill -0 "$2" && curl -fsS "http://$bind_ip:$1/admin/v2/namespaces/public" | grep -q 'public/default'
 }
 
 # Polls ready() for at most $1 seconds; gives up at once when the broker has

@@ -8,7 +8,9 @@
 #          openssl (the TLS test makes its certificates with it)
 #   apt:   chromium (the status page's browser test)
 #   apt:   fuse3 (fusermount3, for firstseen-crashfs when the direct mount
-#          of /dev/fuse is not permitted), strace (the fsync count check)
+#          of /dev/fuse is not permitted), strace (the fsync count check),
+#          faketime (libfaketime: clock skew and jumps on one node),
+#          iptables (the nemesis campaign's partitions)
 #   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
 #          Pulsar client, the independent reader in tests), playwright (drives
 #          Debian's chromium), prometheus-client (parses /metrics), pyyaml
@@ -26,6 +28,8 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v strace >/dev/null || need_apt+=(strace)
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
+command -v iptables >/dev/null || need_apt+=(iptables)
 # Debian's Chromium, driven by Playwright, is the status page test's browser.
 [ -x /usr/bin/chromium ] || need_apt+=(chromium fonts-dejavu-core)
 command -v mvn >/dev/null || need_apt+=(maven)

@@ -55,6 +55,7 @@ pub async fn run(
         peers: cluster.peers.clone(),
         coalescer: Coalescer::start(
             cluster.raft.clone(),
+            cluster.state.clone(),
             config.dedup.window_secs * 1_000,
             config.batch.max_bytes,
             disk.clone(),

@@ -46,12 +46,13 @@ impl Coalescer {
     /// first batch always goes in, later ones only while they fit.
     pub fn start(
         raft: Raft,
+        state: firstseen_store::StateStore,
         window_ms: u64,
         max_bytes: usize,
         disk: std::sync::Arc<crate::diskspace::DiskSpace>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, window_ms, max_bytes, rx));
+        tokio::spawn(run(raft, state, window_ms, max_bytes, rx));
         Self { tx, disk }
     }
 
@@ -76,14 +77,65 @@ impl Coalescer {
     }
 }
 
+/// The latest clock reading of each node, from the observations this leader
+/// commits: what [`firstseen_store::window::leader_stamp`] stamps with.
+#[derive(Default)]
+struct Clocks {
+    /// Node → (its latest reading, when this leader got it).
+    latest: std::collections::BTreeMap<u64, (u64, std::time::Instant)>,
+    last_stamp: Option<std::time::Instant>,
+}
+
+/// A reading older than this is not evidence of the node's clock now.
+const FRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Clocks {
+    fn saw(&mut self, observations: &[Observation]) {
+        let now = std::time::Instant::now();
+        for o in observations {
+            let e = self.latest.entry(o.node).or_insert((0, now));
+            if o.received_ms >= e.0 {
+                *e = (o.received_ms, now);
+            }
+        }
+    }
+
+    /// The stamp for the next entry, on the leader `me`.
+    fn stamp(&mut self, raft: &Raft, me: u64, own_ms: u64, window_clock_ms: u64) -> u64 {
+        let m = raft.metrics().borrow().clone();
+        let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let fresh: Vec<u64> = voters
+            .iter()
+            .filter(|v| **v != me)
+            .filter_map(|v| self.latest.get(v))
+            .filter(|(_, at)| at.elapsed() < FRESH)
+            .map(|(ms, _)| *ms)
+            .collect();
+        let now = std::time::Instant::now();
+        let elapsed = self
+            .last_stamp
+            .map_or(0, |t| now.duration_since(t).as_millis() as u64);
+        self.last_stamp = Some(now);
+        firstseen_store::window::leader_stamp(
+            own_ms,
+            &fresh,
+            voters.len().max(1),
+            window_clock_ms,
+            elapsed,
+        )
+    }
+}
+
 async fn run(
     raft: Raft,
+    state: firstseen_store::StateStore,
     window_ms: u64,
     max_bytes: usize,
     mut rx: mpsc::UnboundedReceiver<(Vec<Observation>, Reply)>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut carry = None;
+    let mut clocks = Clocks::default();
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
@@ -107,6 +159,12 @@ async fn run(
             group.push(next);
         }
         let raft = raft.clone();
+        for (o, _) in &group {
+            clocks.saw(o);
+        }
+        let me = raft.metrics().borrow().id;
+        let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
+        let stamped_ms = clocks.stamp(&raft, me, now_ms(), window_clock);
         tokio::spawn(async move {
             let _slot = slot;
             let sizes: Vec<usize> = group.iter().map(|(o, _)| o.len()).collect();
@@ -117,7 +175,7 @@ async fn run(
                 replies.push(reply);
             }
             let total = observations.len();
-            let result = match propose(&raft, window_ms, observations).await {
+            let result = match propose(&raft, window_ms, stamped_ms, observations).await {
                 Ok(outcomes) if outcomes.len() != total => Err(ForwardError::Failed(format!(
                     "{} outcomes for {total} observations",
                     outcomes.len()
@@ -141,15 +199,16 @@ async fn run(
     }
 }
 
-/// One entry, stamped with this node's clock: only a leader appends, so the
+/// One entry, with the stamp the leader chose: only a leader appends, so the
 /// window clock only ever reads leader stamps.
 async fn propose(
     raft: &Raft,
     window_ms: u64,
+    stamped_ms: u64,
     observations: Vec<Observation>,
 ) -> Result<Vec<Outcome>, ForwardError> {
     let cmd = Command::Observe {
-        stamped_ms: now_ms(),
+        stamped_ms,
         window_ms,
         observations,
     };

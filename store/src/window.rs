@@ -14,6 +14,47 @@ pub fn advance_clock(clock_ms: u64, stamped_ms: u64) -> u64 {
     clock_ms.max(stamped_ms)
 }
 
+/// The time a leader stamps its next entry with.
+///
+/// Every observation carries the clock of the node that received it, so the
+/// leader knows, besides its own wall clock `own_ms`, the latest reading of
+/// each other voter that sent it something recently (`fresh_peers`). With
+/// readings from a majority of the `voters`, the stamp is their lower
+/// median: one skewed or jumping clock, the leader's included, moves
+/// nothing. Without (other zones silent), the window clock advances by the
+/// time the leader's monotonic clock says passed since its last stamp
+/// (`elapsed_ms`), which no wall clock can move. A cluster that never
+/// stamped anything starts from the leader's own clock. The stamp never
+/// falls below the window clock, so keys are always stamped with the
+/// window's own now.
+///
+/// Why: the window clock is the largest stamp applied, and expiry follows
+/// it. Stamped with the leader's clock alone, a leader whose clock jumped a
+/// day ahead expired the whole window at once, and the copies that arrived
+/// after that (other zones', redeliveries) were new messages: duplicates in
+/// Pulsar (found by the nemesis campaign's clock jumps).
+pub fn leader_stamp(
+    own_ms: u64,
+    fresh_peers: &[u64],
+    voters: usize,
+    window_clock_ms: u64,
+    elapsed_ms: u64,
+) -> u64 {
+    let mut readings: Vec<u64> = std::iter::once(own_ms)
+        .chain(fresh_peers.iter().copied())
+        .collect();
+    let candidate = if readings.len() * 2 > voters {
+        readings.sort_unstable();
+        // The lower median of an even count: the cautious side.
+        readings[(readings.len() - 1) / 2]
+    } else if window_clock_ms == 0 {
+        own_ms
+    } else {
+        window_clock_ms.saturating_add(elapsed_ms)
+    };
+    candidate.max(window_clock_ms)
+}
+
 /// Keys first seen strictly before this instant are outside the window.
 pub fn expiry_cutoff(clock_ms: u64, window_ms: u64) -> u64 {
     clock_ms.saturating_sub(window_ms)
@@ -49,6 +90,41 @@ mod tests {
     fn clock_never_goes_back() {
         assert_eq!(advance_clock(1_000, 500), 1_000);
         assert_eq!(advance_clock(1_000, 1_500), 1_500);
+    }
+
+    #[test]
+    fn one_clock_off_moves_nothing() {
+        let now = 1_800_000_000_000;
+        let day = 86_400_000;
+        // A leader a day ahead, two followers on time: the followers win.
+        assert_eq!(
+            leader_stamp(now + day, &[now, now + 5], 3, now - 10, 0),
+            now + 5
+        );
+        // A follower an hour behind, another on time: an on-time one.
+        assert_eq!(
+            leader_stamp(now, &[now - 3_600_000, now - 2], 3, now - 50, 0),
+            now - 2
+        );
+        // A follower a day ahead: the on-time two.
+        assert_eq!(
+            leader_stamp(now, &[now + day, now + 1], 3, now - 50, 0),
+            now + 1
+        );
+        // A leader a day ahead that has heard from nobody: the window clock
+        // moves on by the leader's monotonic clock, not by its wall clock.
+        assert_eq!(leader_stamp(now + day, &[], 3, now, 250), now + 250);
+        // Never below the window clock.
+        assert_eq!(
+            leader_stamp(now - 5_000, &[now - 5_000, now - 4_000], 3, now, 0),
+            now
+        );
+        // A fresh cluster starts from the leader's clock; a group of one
+        // follows its own.
+        assert_eq!(leader_stamp(now, &[], 3, 0, 0), now);
+        assert_eq!(leader_stamp(now, &[], 1, now - 9, 0), now);
+        // Two voters: both are a majority, the lower one counts.
+        assert_eq!(leader_stamp(now + 9, &[now], 2, 0, 0), now);
     }
 
     #[test]

@@ -146,6 +146,7 @@ impl TestCluster {
             extra: String::new(),
             node_extra: String::new(),
             data_dir: None,
+            env: Vec::new(),
             http_port: Some(http_port),
             cluster: Some(ClusterSpec {
                 listen: listen.to_string(),

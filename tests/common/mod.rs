@@ -188,6 +188,8 @@ pub struct NodeSpec {
     /// Where the node keeps its data, when not in its own temporary
     /// directory (a crash-consistency filesystem, say).
     pub data_dir: Option<PathBuf>,
+    /// Extra environment for the process (libfaketime, say).
+    pub env: Vec<(String, String)>,
     /// Fixed HTTP port (the cluster harness needs it before start).
     pub http_port: Option<u16>,
     /// Peer settings; `None` for a group of one.
@@ -246,6 +248,7 @@ impl NodeSpec {
             extra: String::new(),
             node_extra: String::new(),
             data_dir: None,
+            env: Vec::new(),
             http_port: None,
             cluster: None,
         }
@@ -361,6 +364,7 @@ impl Node {
             .args(["run", "--config"])
             .arg(self.config_path())
             .env("RUST_LOG", "info,pulsar=warn,openraft=warn")
+            .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -622,6 +626,27 @@ impl Drop for Node {
             eprintln!("--- node {} log ---\n{}", self.spec.id, self.log_tail(80));
         }
     }
+}
+
+/// libfaketime, from Debian's `faketime` package (scripts/setup.sh).
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Environment that puts a node's wall clock under libfaketime, offset by
+/// what `file` says (`+3600`, `-600`); the file is read again every second,
+/// so writing it moves the clock of the running node. Monotonic time is left
+/// alone: a wall clock that is wrong is the fault, not timers that run wild.
+pub fn faketime_env(file: &Path) -> Vec<(String, String)> {
+    assert!(
+        Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: scripts/setup.sh installs Debian's faketime"
+    );
+    std::fs::write(file, "+0\n").unwrap();
+    vec![
+        ("LD_PRELOAD".into(), FAKETIME_LIB.into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+    ]
 }
 
 /// What replay.py reported.

@@ -1,0 +1,586 @@
+"""A nemesis campaign: a three-zone cluster under seeded, overlapping faults,
+checked against the history of what was published and acked.
+
+Run it through scripts/nemesis.sh, which installs and builds what it needs.
+It starts, all of its own, on a bridge and in network namespaces it creates:
+Apache Pulsar (scripts/pulsar.sh), Mosquitto, and three firstseen nodes, each
+in its own namespace, with its data on firstseen-crashfs and its wall clock
+under libfaketime. A separate process (load.py) publishes the feed and keeps
+the history. The schedule (schedule.py) comes from the seed; the runner
+resolves each fault's target when it begins and undoes it when it ends. When
+the schedule is over it heals everything, waits for the cluster to drain,
+stops it all, and hands the history, the broker's log of acks (tap.py) and
+the topic, read with the official client, to the checker (check.py).
+
+Output in --out: schedule.json, history.bin, summary.json, campaign.log,
+timeline.png, and the nodes' and brokers' logs.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import check  # noqa: E402
+import net as netmod  # noqa: E402
+import schedule  # noqa: E402
+import tap as tapmod  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def log(msg):
+    line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+    print(line, file=sys.stderr, flush=True)
+    if LOG:
+        LOG.write(line + "\n")
+        LOG.flush()
+
+
+LOG = None
+
+
+def free_port(ip):
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        s = socket.socket()
+        try:
+            s.bind((ip, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port")
+
+
+def wait_for(what, limit, f):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            if f():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {limit} s waiting for {what}")
+
+
+class CrashFs:
+    def __init__(self, binary, base):
+        self.base = base
+        self.mount = os.path.join(base, "mnt")
+        self.control = os.path.join(base, "control.sock")
+        self.proc = subprocess.Popen(
+            [binary, "--backing", os.path.join(base, "backing"), "--mount", self.mount,
+             "--control", self.control],
+            stdout=subprocess.PIPE, stderr=open(os.path.join(base, "crashfs.log"), "w"), text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("firstseen-crashfs did not mount")
+
+    def command(self, cmd):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(60)
+        s.connect(self.control)
+        s.sendall((cmd + "\n").encode())
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        s.close()
+        return reply.decode().strip()
+
+    def used(self):
+        for w in self.command("status").split():
+            if w.startswith("used="):
+                return int(w[5:])
+        return 0
+
+    def stop(self):
+        try:
+            self.command("unmount")
+            self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+            subprocess.run(["umount", "-l", self.mount], capture_output=True)
+
+
+class Node:
+    def __init__(self, c, i):
+        self.c, self.i = c, i
+        self.dir = os.path.join(c.out, f"node-{i}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.fs = CrashFs(c.args.crashfs, os.path.join(self.dir, "fs"))
+        self.ip = c.net.node_ip(i)
+        self.http = free_port("127.0.0.1")
+        self.peer = free_port("127.0.0.1")
+        self.clock_file = os.path.join(self.dir, "faketime")
+        self.set_clock(0)
+        self.proc = None
+        self.paused = False
+
+    def set_clock(self, offset_secs):
+        with open(self.clock_file, "w") as f:
+            f.write(f"{offset_secs:+d}\n")
+
+    def config(self, members):
+        c = self.c
+        return f"""[node]
+id = {self.i}
+zone = "zone-{"abc"[self.i - 1]}"
+data_dir = "{self.fs.mount}/data"
+http_listen = "{self.ip}:{self.http}"
+disk_reserve_bytes = {16 << 20}
+shutdown_timeout_secs = 5
+
+[dedup]
+max_payload_bytes = 65536
+
+[pulsar]
+url = "pulsar://{c.net.host_ip}:{c.pulsar_port}"
+admin_url = "http://{c.net.host_ip}:{c.pulsar_web}"
+
+[[upstreams]]
+name = "feed"
+url = "mqtt://{c.net.host_ip}:{c.mqtt_port}"
+keepalive_secs = 5
+[[upstreams.subscriptions]]
+filter = "/nemesis/#"
+qos = 1
+
+[[routes]]
+filter = "/nemesis/#"
+pulsar_topic = "{c.topic}"
+
+[cluster]
+listen = "{self.ip}:{self.peer}"
+secret_file = "{c.out}/cluster.secret"
+{members}"""
+
+    def start(self):
+        with open(os.path.join(self.dir, "node.toml"), "w") as f:
+            f.write(self.config(self.c.members))
+        env = dict(os.environ)
+        env.update({
+            "LD_PRELOAD": FAKETIME_LIB,
+            "FAKETIME_TIMESTAMP_FILE": self.clock_file,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_CACHE_DURATION": "1",
+            "RUST_LOG": "info,pulsar=warn,openraft=warn",
+        })
+        logf = open(os.path.join(self.dir, "node.log"), "a")
+        logf.write(f"===== start at {time.time():.3f} =====\n")
+        logf.flush()
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.c.net.ns(self.i), self.c.args.bin, "run", "--config",
+             os.path.join(self.dir, "node.toml")],
+            env=env, stdout=subprocess.DEVNULL, stderr=logf)
+        self.paused = False
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.running():
+            os.kill(self.proc.pid, sig)
+
+    def kill(self):
+        if self.running():
+            if self.paused:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self.paused = False
+
+    def stop(self, limit=15):
+        if not self.running():
+            return None
+        if self.paused:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.paused = False
+        t = time.monotonic()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=limit)
+            return time.monotonic() - t
+        except subprocess.TimeoutExpired:
+            log(f"node {self.i} did not stop within {limit} s of SIGTERM: killing it")
+            self.kill()
+            return None
+
+    def status(self):
+        with urllib.request.urlopen(f"http://{self.ip}:{self.http}/status", timeout=1) as r:
+            return json.load(r)
+
+
+class Campaign:
+    def __init__(self, args):
+        self.args = args
+        self.out = os.path.abspath(args.out)
+        self.run = f"{args.seed:x}"[-8:]
+        self.topic = f"persistent://public/default/nemesis-{self.run}-{int(time.time())}"
+        tag = "%03x" % random.randrange(0xfff)
+        self.net = netmod.Net(tag, random.randrange(100, 250), random.randrange(1, 250), 3)
+        self.nodes = []
+        self.mqtt = None
+        self.tap = None
+        self.events = []
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    # --- brokers -----------------------------------------------------------
+
+    def start_pulsar(self):
+        env = dict(os.environ, PULSAR_BIND=self.net.host_ip)
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/pulsar.sh"), "start",
+                            os.path.join(self.out, "pulsar")], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"pulsar.sh start failed: {r.stderr[-2000:]}")
+        values = {}
+        for line in open(os.path.join(self.out, "pulsar", "env")):
+            k, v = line.replace("export ", "").strip().split("=", 1)
+            values[k] = v
+        self.pulsar_url = values["PULSAR_URL"]
+        self.pulsar_port = int(self.pulsar_url.rsplit(":", 1)[1])
+        self.pulsar_web = int(values["PULSAR_ADMIN_URL"].rsplit(":", 1)[1])
+
+    def stop_pulsar(self):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/pulsar.sh"), "stop",
+                        os.path.join(self.out, "pulsar")], capture_output=True)
+
+    def start_mqtt(self):
+        d = os.path.join(self.out, "mosquitto")
+        os.makedirs(d, exist_ok=True)
+        if not hasattr(self, "mqtt_port"):
+            self.mqtt_port = free_port(self.net.host_ip)
+        conf = os.path.join(d, "mosquitto.conf")
+        with open(conf, "w") as f:
+            f.write(f"listener {self.mqtt_port} {self.net.host_ip}\nallow_anonymous true\n"
+                    f"persistence true\npersistence_location {d}/\nautosave_interval 1\n"
+                    "max_queued_messages 100000000\nmax_inflight_messages 1000\n"
+                    "log_dest stdout\nlog_timestamp false\n"
+                    + ("log_type debug\n" if self.args.broker_log else "log_type error\nlog_type warning\n")
+                    + ("user root\n" if os.getuid() == 0 else ""))
+        self.mqtt = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.PIPE,
+                                     stderr=open(os.path.join(d, "stderr.log"), "a"), text=True,
+                                     bufsize=1 << 16)
+        if self.tap:
+            self.tap.follow(self.mqtt.stdout)
+        else:
+            threading.Thread(target=lambda s=self.mqtt.stdout: [None for _ in s], daemon=True).start()
+
+        def up():
+            s = socket.create_connection((self.net.host_ip, self.mqtt_port), timeout=1)
+            s.close()
+            return True
+        wait_for("mosquitto", 20, up)
+
+    def stop_mqtt(self):
+        if self.mqtt and self.mqtt.poll() is None:
+            self.mqtt.terminate()
+            try:
+                self.mqtt.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log("mosquitto did not stop within 20 s: killing it")
+                self.mqtt.kill()
+                self.mqtt.wait()
+
+    # --- cluster -----------------------------------------------------------
+
+    def setup(self):
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, "cluster.secret"), "w") as f:
+            f.write(os.urandom(16).hex() + "\n")
+        self.net.up()
+        log(f"network: bridge {self.net.bridge} {self.net.host_ip}, nodes {[self.net.node_ip(i) for i in (1, 2, 3)]}")
+        self.start_pulsar()
+        log(f"pulsar: {self.pulsar_url}")
+        self.mqtt_port = free_port(self.net.host_ip)
+        size = int(self.args.rate * self.args.minutes * 60) + 10
+        if self.args.broker_log:
+            self.tap = tapmod.Tap(size, [f"firstseen-{i}-feed" for i in (1, 2, 3)])
+        self.start_mqtt()
+        log(f"mosquitto: {self.net.host_ip}:{self.mqtt_port} (broker log tap: {bool(self.tap)})")
+        self.nodes = [Node(self, i) for i in (1, 2, 3)]
+        self.members = "".join(
+            f'[[cluster.members]]\nid = {n.i}\nzone = "zone-{"abc"[n.i - 1]}"\n'
+            f'addr = "{n.ip}:{n.peer}"\nhttp = "{n.ip}:{n.http}"\n' for n in self.nodes)
+        for n in self.nodes:
+            n.start()
+        wait_for("every node ready", 90, lambda: all(self.ready(n) for n in self.nodes))
+        log("three nodes ready")
+
+    def ready(self, n):
+        with urllib.request.urlopen(f"http://{n.ip}:{n.http}/readyz", timeout=1) as r:
+            return r.status == 200
+
+    def leader(self):
+        for n in self.nodes:
+            try:
+                lead = n.status().get("leader")
+                if lead:
+                    return lead
+            except Exception:
+                continue
+        return None
+
+    def resolve(self, target, window_victims):
+        w, v = schedule.victim_of(target)
+        if w is not None and w in window_victims:
+            return window_victims[w]
+        lead = self.leader() or 1
+        if v == "leader":
+            i = lead
+        elif v == "follower":
+            i = random.choice([x for x in (1, 2, 3) if x != lead])
+        else:
+            i = int(v)
+        if w is not None:
+            window_victims[w] = i
+        return i
+
+    # --- faults -----------------------------------------------------------
+
+    def begin(self, f, i):
+        """Starts fault `f` on node `i` (if it has one); returns its undo."""
+        n = self.nodes[i - 1] if i else None
+        k = f["kind"]
+        if k == "kill":
+            n.kill()
+            return n.start
+        if k == "pause":
+            if n.running():
+                n.signal(signal.SIGSTOP)
+                n.paused = True
+
+            def cont():
+                if n.running() and n.paused:
+                    n.signal(signal.SIGCONT)
+                n.paused = False
+            return cont
+        if k in ("cut", "one_way_cut", "lossy"):
+            rules = self.net.add(i, k)
+            return lambda: self.net.remove(i, rules)
+        if k == "cut_pulsar":
+            rules = self.net.add(i, k, (self.pulsar_port, self.pulsar_web))
+            return lambda: self.net.remove(i, rules)
+        if k == "cut_mqtt":
+            rules = self.net.add(i, k, (self.mqtt_port,))
+            return lambda: self.net.remove(i, rules)
+        if k == "power_loss":
+            n.kill()
+            lost = n.fs.command(f"lose-power-torn {f['arg']}")
+            self.note(f"node {i} lost power: {lost}")
+            return n.start
+        if k == "disk_full":
+            n.fs.command(f"quota {n.fs.used() + (4 << 20)}")
+            return lambda: n.fs.command("quota off")
+        if k in ("clock_skew", "clock_jump"):
+            n.set_clock(f["arg"])
+            return lambda: n.set_clock(0)
+        if k == "power_loss_all":
+            for m in self.nodes:
+                m.kill()
+            for j, m in enumerate(self.nodes):
+                lost = m.fs.command(f"lose-power-torn {f['arg'] + j}")
+                self.note(f"node {m.i} lost power: {lost}")
+
+            def restart_all():
+                for m in self.nodes:
+                    m.start()
+            return restart_all
+        if k == "pulsar_restart":
+            t = time.monotonic()
+            self.stop_pulsar()
+            self.start_pulsar()
+            self.note(f"pulsar restarted in {time.monotonic() - t:.1f} s")
+            return None
+        if k == "mqtt_restart":
+            t = time.monotonic()
+            self.stop_mqtt()
+            self.start_mqtt()
+            self.note(f"mosquitto restarted in {time.monotonic() - t:.1f} s")
+            return None
+        raise ValueError(k)
+
+    def note(self, msg):
+        log(msg)
+        with self.lock:
+            self.events.append({"t": round(time.time() - self.t0, 2), "note": msg})
+
+    def run_schedule(self, faults):
+        pending = sorted(((f.start, 0, idx) for idx, f in enumerate(faults)))
+        undo = {}
+        victims = {}
+        timeline = []
+        for f in faults:
+            pending.append((max(f.end, f.start), 1, faults.index(f)))
+        pending.sort()
+        for at, phase, idx in pending:
+            f = faults[idx].to_json()
+            delay = self.t0 + at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            if self.stopping:
+                break
+            if phase == 0:
+                i = self.resolve(f["target"], victims) if f["target"] else None
+                try:
+                    undo[idx] = self.begin(f, i)
+                    f["node"] = i
+                    timeline.append(f)
+                    self.note(f"begin {f['kind']}{'' if i is None else f' on node {i}'}")
+                except Exception as e:
+                    self.note(f"could not begin {f['kind']} on {i}: {e}")
+            else:
+                u = undo.pop(idx, None)
+                if u:
+                    try:
+                        u()
+                        self.note(f"end {f['kind']}")
+                    except Exception as e:
+                        self.note(f"could not end {f['kind']}: {e}")
+        return timeline
+
+    def heal(self):
+        self.net.heal_all()
+        for n in self.nodes:
+            n.set_clock(0)
+            n.fs.command("quota off")
+            if n.running() and n.paused:
+                n.signal(signal.SIGCONT)
+                n.paused = False
+            if not n.running():
+                n.start()
+
+    # --- the whole campaign ------------------------------------------------
+
+    def go(self):
+        a = self.args
+        secs = a.minutes * 60
+        profile = schedule.SOAK if a.profile == "soak" else schedule.SHORT
+        faults = schedule.generate(a.seed, secs, profile)
+        json.dump([f.to_json() for f in faults], open(os.path.join(self.out, "schedule.json"), "w"), indent=1)
+        log(f"seed {a.seed}: {len(faults)} faults over {a.minutes} min at {a.rate} msg/s: {schedule.counts(faults)}")
+        self.setup()
+        load = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "load.py"), "--host", self.net.host_ip,
+             "--port", str(self.mqtt_port), "--rate", str(a.rate), "--seconds", str(secs),
+             "--run", self.run, "--template", a.template, "--out", self.out],
+            stdout=subprocess.PIPE, text=True)
+        self.t0 = time.time()
+        timeline = self.run_schedule(faults)
+        self.heal()
+        self.note("schedule over: healed")
+        out, _ = load.communicate()
+        load_info = json.loads(out)
+        log(f"load: {load_info}")
+        # Drain: every node ready and the leader's outbox empty.
+        try:
+            wait_for("the cluster to be ready again", 180, lambda: all(self.ready(n) for n in self.nodes))
+
+            def drained():
+                lead = self.leader()
+                s = self.nodes[lead - 1].status()
+                return s["totals"]["outbox_messages"] == 0
+            wait_for("the outbox to drain", 300, drained)
+        except RuntimeError as e:
+            self.note(str(e))
+        stop_times = [n.stop() for n in self.nodes]
+        log(f"nodes stopped in {stop_times} s")
+        self.stop_mqtt()
+        msgs = check.read_pulsar(self.pulsar_url, self.topic, expect_at_least=load_info["acked"])
+        t_pub, t_ack = check.load_history(os.path.join(self.out, "history.bin"))
+        bridged = None
+        first_ack = None
+        if self.tap:
+            first_ack = self.tap.first_ack[:len(t_pub)]
+            bridged = sum(1 for x in first_ack if x == x)
+        verdict = check.analyze(t_pub, t_ack, msgs, timeline, load_info, a.rate, first_ack, bridged)
+        verdict.update({"seed": a.seed, "minutes": a.minutes, "rate": a.rate, "profile": a.profile,
+                        "faults_by_kind": schedule.counts(faults), "events": self.events,
+                        "elections": self.elections(), "load": load_info})
+        json.dump(verdict, open(os.path.join(self.out, "summary.json"), "w"), indent=1)
+        try:
+            import plot
+            plot.timeline(t_pub, msgs, timeline, load_info, os.path.join(self.out, "timeline.png"),
+                          title=f"seed {a.seed}, {a.minutes} min at {a.rate} msg/s")
+        except Exception as e:
+            log(f"no plot: {e}")
+        log(check.summary_line(verdict))
+        return verdict
+
+    def elections(self):
+        n = 0
+        for node in self.nodes:
+            try:
+                with open(os.path.join(node.dir, "node.log")) as f:
+                    n += sum(1 for line in f if "pre-vote won" in line)
+            except OSError:
+                pass
+        return n
+
+    def cleanup(self):
+        self.stopping = True
+        for n in self.nodes:
+            try:
+                n.stop(limit=10)
+            except Exception:
+                n.kill()
+        self.stop_mqtt()
+        self.stop_pulsar()
+        for n in self.nodes:
+            n.fs.stop()
+        self.net.down()
+
+
+def main():
+    global LOG
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--minutes", type=float, default=4)
+    ap.add_argument("--rate", type=float, default=300)
+    ap.add_argument("--profile", choices=["short", "soak"], default="short")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--crashfs", required=True)
+    ap.add_argument("--template", required=True)
+    ap.add_argument("--broker-log", action="store_true",
+                    help="read Mosquitto's debug log to see each bridge's acks")
+    a = ap.parse_args()
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(1 << 31)
+    if os.path.exists(a.out):
+        shutil.rmtree(a.out)
+    os.makedirs(a.out)
+    LOG = open(os.path.join(a.out, "campaign.log"), "w")
+    log(f"nemesis seed {a.seed} (replay: scripts/nemesis.sh --seed {a.seed} --minutes {a.minutes:g} --rate {a.rate:g} --profile {a.profile})")
+    c = Campaign(a)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        verdict = c.go()
+    finally:
+        c.cleanup()
+    sys.exit(0 if verdict["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

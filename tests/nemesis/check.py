@@ -1,0 +1,168 @@
+"""The independent checker: the history against what Pulsar holds.
+
+It shares no code with firstseen. It reads the whole topic with the official
+Pulsar client and takes each message's id from its payload (the client put
+it there), its `firstseen-seq` property and the broker's publish time. Then,
+as Jepsen's total-queue checker does:
+
+- lost: the broker acked the publish, and the message is not in Pulsar;
+  of those, acked-uncommitted: a bridge acked it upstream too (the broker's
+  log says so), and the group has no durable record of it (G4, G6);
+- duplicated: a message in Pulsar more than once (G2);
+- unexpected: a message in Pulsar that was never published;
+- out of order: `firstseen-seq` not 1, 2, 3, … in topic order (G3);
+- availability: the longest time without progress (no bridge ack, or no
+  new message in Pulsar without the broker's log) around each fault, and
+  the time from each fault's end until progress is steady again.
+"""
+
+import array
+import json
+import math
+
+
+def load_history(path):
+    raw = array.array("d")
+    with open(path, "rb") as f:
+        raw.frombytes(f.read())
+    return raw[0::2], raw[1::2]
+
+
+def read_pulsar(url, topic, expect_at_least=0, idle_secs=20):
+    """Every message of `topic`: (id, seq, publish time in s), in order."""
+    import pulsar  # the official client
+    import time as _time
+    client = pulsar.Client(url, operation_timeout_seconds=30)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    out = []
+    last = _time.monotonic()
+    while True:
+        try:
+            msg = reader.read_next(timeout_millis=1000)
+        except Exception:
+            if _time.monotonic() - last > idle_secs or (expect_at_least and len(out) >= expect_at_least
+                                                        and _time.monotonic() - last > 3):
+                break
+            continue
+        last = _time.monotonic()
+        data = msg.data()
+        # {"id":123,"run":"…", … — the id is the first field.
+        try:
+            i = int(data[6:data.index(b",")])
+        except ValueError:
+            i = -1
+        props = msg.properties()
+        seq = int(props.get("firstseen-seq", "-1"))
+        out.append((i, seq, msg.publish_timestamp() / 1000.0))
+    reader.close()
+    client.close()
+    return out
+
+
+def gaps(times, start, end):
+    """The longest stretch within [start, end] with none of `times` (sorted),
+    and where it began."""
+    best, at, prev = 0.0, start, start
+    for t in times:
+        if t < start:
+            continue
+        if t > end:
+            break
+        if t - prev > best:
+            best, at = t - prev, prev
+        prev = t
+    if end - prev > best:
+        best, at = end - prev, prev
+    return best, at
+
+
+def steady_after(times, t0, rate, until, window=3.0, share=0.8):
+    """Seconds after t0 until progress holds `share` of `rate` for `window`
+    seconds; None if it never does before `until`."""
+    import bisect
+    t = t0
+    while t + window <= until:
+        n = bisect.bisect_left(times, t + window) - bisect.bisect_left(times, t)
+        if n >= share * rate * window:
+            return round(t - t0, 2)
+        t += 0.5
+    return None
+
+
+def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridged=None):
+    """The verdict, as a dict. `faults` are the schedule's, with times in
+    seconds after `load["start"]`."""
+    n = len(t_pub)
+    seen = {}
+    unexpected = 0
+    for i, seq, _ in pulsar_msgs:
+        if 0 <= i < n and not math.isnan(t_pub[i]):
+            seen[i] = seen.get(i, 0) + 1
+        else:
+            unexpected += 1
+    acked = [i for i in range(n) if not math.isnan(t_ack[i])]
+    lost = [i for i in acked if i not in seen]
+    duplicated = [i for i, c in seen.items() if c > 1]
+    seqs = [s for _, s, _ in pulsar_msgs]
+    out_of_order = sum(1 for k, s in enumerate(seqs) if s != k + 1)
+    acked_uncommitted = None
+    if first_ack is not None:
+        acked_uncommitted = [i for i in lost if not math.isnan(first_ack[i])]
+    # Progress: bridge acks when the broker's log was read, else arrivals
+    # in Pulsar (later, and also held up by Pulsar's own faults).
+    if first_ack is not None:
+        progress = sorted(x for x in first_ack if not math.isnan(x))
+        progress_kind = "bridge acks"
+    else:
+        progress = sorted(t for _, _, t in pulsar_msgs)
+        progress_kind = "arrivals in Pulsar"
+    start = load["start"]
+    load_end = start + load["seconds"]
+    per_fault = []
+    for f in faults:
+        a, b = start + f["start"], start + max(f["end"], f["start"])
+        stall, at = gaps(progress, a, min(b + 10, load_end))
+        per_fault.append({**f, "stall_s": round(stall, 2),
+                          "steady_after_s": steady_after(progress, b, rate, load_end)})
+    stalls = sorted(p["stall_s"] for p in per_fault)
+
+    def pct(xs, q):
+        return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else None
+
+    longest, at = gaps(progress, start, load_end)
+    lat = sorted((t - t_pub[i]) * 1000 for i, _, t in pulsar_msgs if 0 <= i < n and not math.isnan(t_pub[i]))
+    return {
+        "messages": n,
+        "broker_acked": len(acked),
+        "in_pulsar": len(pulsar_msgs),
+        "distinct_in_pulsar": len(seen),
+        "lost": len(lost),
+        "lost_ids": lost[:20],
+        "acked_uncommitted": None if acked_uncommitted is None else len(acked_uncommitted),
+        "acked_uncommitted_ids": None if acked_uncommitted is None else acked_uncommitted[:20],
+        "duplicated": len(duplicated),
+        "duplicated_ids": duplicated[:20],
+        "unexpected": unexpected,
+        "out_of_order": out_of_order,
+        "bridged": bridged,
+        "progress_measured_by": progress_kind,
+        "longest_stall_s": round(longest, 2),
+        "longest_stall_at_s": round(at - start, 1),
+        "stall_per_fault_s": {"p50": pct(stalls, 0.5), "p99": pct(stalls, 0.99),
+                              "max": stalls[-1] if stalls else None},
+        "latency_ms": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "max": lat[-1] if lat else None},
+        "faults": per_fault,
+        "ok": not lost and not duplicated and not unexpected and out_of_order == 0,
+    }
+
+
+def summary_line(v):
+    return (f"messages {v['messages']}, broker acked {v['broker_acked']}, in Pulsar {v['in_pulsar']}: "
+            f"lost {v['lost']} (acked upstream {v['acked_uncommitted']}), duplicated {v['duplicated']}, "
+            f"unexpected {v['unexpected']}, out of order {v['out_of_order']}; "
+            f"longest stall {v['longest_stall_s']} s; verdict {'OK' if v['ok'] else 'FAILED'}")
+
+
+if __name__ == "__main__":
+    import sys
+    print(json.dumps(analyze(*load_history(sys.argv[1]), [], [], {"start": 0, "seconds": 0}, 1)))
