@@ -99,30 +99,43 @@ CONF
     <Logger name="org.apache.pulsar.broker.PulsarService" level="info"/></Loggers>
 </Configuration>
 LOG
-  # This start's failure must not be judged by an earlier start's log lines.
-  local log_from; log_from=$(stat -c %s "$dir/pulsar.log" 2>/dev/null || echo 0)
   local shim; shim=$(reuseaddr_lib)
-  (
-    cd "$dir"
-    LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}" exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
-      -Dlog4j2.configurationFile="$dir/conf/log4j2.xml" \
-      -Dpulsar.log.dir="$dir/logs" \
-      -Djava.net.preferIPv4Stack=true \
-      --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/jdk.internal.misc=ALL-UNNAMED \
-      --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.net=ALL-UNNAMED \
-      -cp "$cache/lib/*" org.apache.pulsar.PulsarStandaloneStarter \
-      --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
-      --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
-      --metadata-dir "$dir/data/metadata" --advertised-address "$bind_ip"
-  ) >> "$dir/pulsar.log" 2>&1 &
-  local pid=$!
-  echo "$pid" > "$dir/pid"
-  log "Pulsar standalone starting (pid $pid, broker $bind_ip:$broker_port, admin $bind_ip:$web_port); log: $dir/pulsar.log"
-  # Ready means the default namespace exists: the starter creates it last.
-  if ! wait_ready "${PULSAR_START_TIMEOUT:-240}" "$web_port" "$pid" "$dir/pulsar.log" "$log_from"; then
+  local attempt pid log_from
+  for attempt in 1 2 3 4 5 6; do
+    # This start's failure must not be judged by an earlier start's log lines.
+    log_from=$(stat -c %s "$dir/pulsar.log" 2>/dev/null || echo 0)
+    (
+      cd "$dir"
+      LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}" exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
+        -Dlog4j2.configurationFile="$dir/conf/log4j2.xml" \
+        -Dpulsar.log.dir="$dir/logs" \
+        -Djava.net.preferIPv4Stack=true \
+        --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/jdk.internal.misc=ALL-UNNAMED \
+        --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.net=ALL-UNNAMED \
+        -cp "$cache/lib/*" org.apache.pulsar.PulsarStandaloneStarter \
+        --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
+        --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
+        --metadata-dir "$dir/data/metadata" --advertised-address "$bind_ip"
+    ) >> "$dir/pulsar.log" 2>&1 &
+    pid=$!
+    echo "$pid" > "$dir/pid"
+    log "Pulsar standalone starting (pid $pid, broker $bind_ip:$broker_port, admin $bind_ip:$web_port); log: $dir/pulsar.log"
+    # Ready means the default namespace exists: the starter creates it last.
+    if wait_ready "${PULSAR_START_TIMEOUT:-240}" "$web_port" "$pid" "$dir/pulsar.log" "$log_from"; then
+      break
+    fi
+    # A port the last run's connections still hold in a state SO_REUSEADDR
+    # does not cover (seen once under load, right after a stop): wait a
+    # little and try again, on the same ports clients know.
+    if [ "$attempt" -lt 6 ] && tail -c +"$((log_from + 1))" "$dir/pulsar.log" | grep -q "Address already in use"; then
+      log "a Pulsar port is still in use; retrying in 5 s (attempt $attempt)"
+      STOP_TIMEOUT=30 stop_pids "$pid" || true
+      sleep 5
+      continue
+    fi
     log "Pulsar did not become ready; last log lines:"; tail -30 "$dir/pulsar.log" >&2
     stop "$dir"; exit 1
-  fi
+  done
   cat > "$dir/env" <<ENV
 export PULSAR_URL=pulsar://$bind_ip:$broker_port
 export PULSAR_ADMIN_URL=http://$bind_ip:$web_port

@@ -424,13 +424,13 @@ class Campaign:
             self.events.append({"t": round(time.time() - self.t0, 2), "note": msg})
 
     def run_schedule(self, faults):
-        pending = sorted(((f.start, 0, idx) for idx, f in enumerate(faults)))
+        # Every fault's beginning and end, in time order; at equal times an
+        # end comes first, so a victim is healed before the next fault.
+        pending = sorted([(f.start, 1, idx) for idx, f in enumerate(faults)]
+                         + [(max(f.end, f.start), 0, idx) for idx, f in enumerate(faults)])
         undo = {}
         victims = {}
         timeline = []
-        for f in faults:
-            pending.append((max(f.end, f.start), 1, faults.index(f)))
-        pending.sort()
         for at, phase, idx in pending:
             f = faults[idx].to_json()
             delay = self.t0 + at - time.time()
@@ -438,7 +438,7 @@ class Campaign:
                 time.sleep(delay)
             if self.stopping:
                 break
-            if phase == 0:
+            if phase == 1:
                 i = self.resolve(f["target"], victims) if f["target"] else None
                 try:
                     undo[idx] = self.begin(f, i)
@@ -575,11 +575,18 @@ def main():
     def on_signal(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_signal)
+    code = 2
     try:
         verdict = c.go()
+        code = 0 if verdict["ok"] else 1
+    except KeyboardInterrupt:
+        log("interrupted")
+    except Exception:
+        import traceback
+        log("the campaign could not run:\n" + traceback.format_exc())
     finally:
         c.cleanup()
-    sys.exit(0 if verdict["ok"] else 1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
