@@ -81,6 +81,7 @@ def wait_for(what, limit, f):
 class CrashFs:
     def __init__(self, binary, base):
         self.base = base
+        os.makedirs(base, exist_ok=True)
         self.mount = os.path.join(base, "mnt")
         self.control = os.path.join(base, "control.sock")
         self.proc = subprocess.Popen(
@@ -478,12 +479,14 @@ class Campaign:
         json.dump([f.to_json() for f in faults], open(os.path.join(self.out, "schedule.json"), "w"), indent=1)
         log(f"seed {a.seed}: {len(faults)} faults over {a.minutes} min at {a.rate} msg/s: {schedule.counts(faults)}")
         self.setup()
+        self.t0 = time.time() + 2.0
+        live = check.LiveReader(self.pulsar_url, self.topic, int(a.rate * secs) + 10)
         load = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "load.py"), "--host", self.net.host_ip,
              "--port", str(self.mqtt_port), "--rate", str(a.rate), "--seconds", str(secs),
-             "--run", self.run, "--template", a.template, "--out", self.out],
+             "--run", self.run, "--template", a.template, "--out", self.out,
+             "--start-at", str(self.t0)],
             stdout=subprocess.PIPE, text=True)
-        self.t0 = time.time()
         timeline = self.run_schedule(faults)
         self.heal()
         self.note("schedule over: healed")
@@ -504,6 +507,7 @@ class Campaign:
         stop_times = [n.stop() for n in self.nodes]
         log(f"nodes stopped in {stop_times} s")
         self.stop_mqtt()
+        arrived = live.finish()
         msgs = check.read_pulsar(self.pulsar_url, self.topic, expect_at_least=load_info["acked"])
         t_pub, t_ack = check.load_history(os.path.join(self.out, "history.bin"))
         bridged = None
@@ -511,14 +515,15 @@ class Campaign:
         if self.tap:
             first_ack = self.tap.first_ack[:len(t_pub)]
             bridged = sum(1 for x in first_ack if x == x)
-        verdict = check.analyze(t_pub, t_ack, msgs, timeline, load_info, a.rate, first_ack, bridged)
+        verdict = check.analyze(t_pub, t_ack, msgs, timeline, load_info, a.rate, first_ack, bridged,
+                                arrived[:len(t_pub)])
         verdict.update({"seed": a.seed, "minutes": a.minutes, "rate": a.rate, "profile": a.profile,
                         "faults_by_kind": schedule.counts(faults), "events": self.events,
                         "elections": self.elections(), "load": load_info})
         json.dump(verdict, open(os.path.join(self.out, "summary.json"), "w"), indent=1)
         try:
             import plot
-            plot.timeline(t_pub, msgs, timeline, load_info, os.path.join(self.out, "timeline.png"),
+            plot.timeline(t_pub, arrived, timeline, load_info, os.path.join(self.out, "timeline.png"),
                           title=f"seed {a.seed}, {a.minutes} min at {a.rate} msg/s")
         except Exception as e:
             log(f"no plot: {e}")

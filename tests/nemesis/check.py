@@ -32,7 +32,8 @@ def read_pulsar(url, topic, expect_at_least=0, idle_secs=20):
     """Every message of `topic`: (id, seq, publish time in s), in order."""
     import pulsar  # the official client
     import time as _time
-    client = pulsar.Client(url, operation_timeout_seconds=30)
+    client = pulsar.Client(url, operation_timeout_seconds=30,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
     out = []
     last = _time.monotonic()
@@ -57,6 +58,50 @@ def read_pulsar(url, topic, expect_at_least=0, idle_secs=20):
     reader.close()
     client.close()
     return out
+
+
+class LiveReader:
+    """Reads the topic while the campaign runs and notes when each message
+    first arrived, by the harness's clock: the nodes' clocks are skewed on
+    purpose, so the producer's publish time cannot be trusted for latency.
+    The client reconnects by itself through Pulsar's restarts."""
+
+    def __init__(self, url, topic, size):
+        import threading
+        self.arrived = [math.nan] * size
+        self.url, self.topic = url, topic
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        import time as _time
+        import pulsar
+        client = pulsar.Client(self.url, operation_timeout_seconds=30,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        reader = client.create_reader(self.topic, pulsar.MessageId.earliest)
+        while not self.stop:
+            try:
+                msg = reader.read_next(timeout_millis=500)
+            except Exception:
+                continue
+            data = msg.data()
+            try:
+                i = int(data[6:data.index(b",")])
+            except ValueError:
+                continue
+            if 0 <= i < len(self.arrived) and math.isnan(self.arrived[i]):
+                self.arrived[i] = _time.time()
+        try:
+            reader.close()
+            client.close()
+        except Exception:
+            pass
+
+    def finish(self):
+        self.stop = True
+        self.thread.join(timeout=10)
+        return self.arrived
 
 
 def gaps(times, start, end):
@@ -89,9 +134,11 @@ def steady_after(times, t0, rate, until, window=3.0, share=0.8):
     return None
 
 
-def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridged=None):
+def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridged=None,
+            arrived=None):
     """The verdict, as a dict. `faults` are the schedule's, with times in
-    seconds after `load["start"]`."""
+    seconds after `load["start"]`; `arrived` is the live reader's arrival
+    time per message, for latency."""
     n = len(t_pub)
     seen = {}
     unexpected = 0
@@ -113,9 +160,12 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
     if first_ack is not None:
         progress = sorted(x for x in first_ack if not math.isnan(x))
         progress_kind = "bridge acks"
+    elif arrived is not None:
+        progress = sorted(x for x in arrived if not math.isnan(x))
+        progress_kind = "arrivals in Pulsar"
     else:
         progress = sorted(t for _, _, t in pulsar_msgs)
-        progress_kind = "arrivals in Pulsar"
+        progress_kind = "publish times in Pulsar"
     start = load["start"]
     load_end = start + load["seconds"]
     per_fault = []
@@ -130,7 +180,16 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
         return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else None
 
     longest, at = gaps(progress, start, load_end)
-    lat = sorted((t - t_pub[i]) * 1000 for i, _, t in pulsar_msgs if 0 <= i < n and not math.isnan(t_pub[i]))
+    publish_stall = None
+    if arrived is not None:
+        arrivals = sorted(x for x in arrived if not math.isnan(x))
+        publish_stall = round(gaps(arrivals, start, load_end)[0], 2)
+    if arrived is not None:
+        lat = sorted((arrived[i] - t_pub[i]) * 1000 for i in range(min(n, len(arrived)))
+                     if not math.isnan(arrived[i]) and not math.isnan(t_pub[i]))
+    else:
+        lat = sorted((t - t_pub[i]) * 1000 for i, _, t in pulsar_msgs
+                     if 0 <= i < n and not math.isnan(t_pub[i]))
     return {
         "messages": n,
         "broker_acked": len(acked),
@@ -148,9 +207,11 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
         "progress_measured_by": progress_kind,
         "longest_stall_s": round(longest, 2),
         "longest_stall_at_s": round(at - start, 1),
+        "longest_publish_stall_s": publish_stall,
         "stall_per_fault_s": {"p50": pct(stalls, 0.5), "p99": pct(stalls, 0.99),
                               "max": stalls[-1] if stalls else None},
-        "latency_ms": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "max": lat[-1] if lat else None},
+        "latency_ms": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "max": lat[-1] if lat else None,
+                       "measured_by": "live reader" if arrived is not None else "producer publish time"},
         "faults": per_fault,
         "ok": not lost and not duplicated and not unexpected and out_of_order == 0,
     }

@@ -15,10 +15,10 @@ by id. A summary goes to stdout as JSON.
 
 import argparse
 import array
+import collections
 import json
 import math
 import sys
-import threading
 import time
 
 import paho.mqtt.client as mqtt
@@ -48,34 +48,43 @@ def main():
     ap.add_argument("--template", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--dup-every", type=int, default=20)
+    ap.add_argument("--start-at", type=float, default=None,
+                    help="wall time to begin at, so the campaign's clock and the history agree")
     args = ap.parse_args()
 
     total = int(args.rate * args.seconds)
     t_pub = array.array("d", [math.nan]) * total
     t_ack = array.array("d", [math.nan]) * total
+    # Message ids → the messages waiting for their PUBACK. paho reuses ids
+    # after 65,535, and while the broker is down more than that may wait,
+    # so each id holds a queue. Only the main thread touches it.
     mids = {}
-    lock = threading.Lock()
-    state = {"connected": False, "connects": 0, "disconnects": 0}
+    # PUBACKs as paho's network thread reports them: (mid, time). A deque's
+    # append and popleft are atomic, so no lock is held around paho's calls
+    # (holding one there deadlocked against paho's own locks).
+    acks = collections.deque()
+    state = {"connects": 0, "disconnects": 0}
 
     def on_publish(client, userdata, mid, reason_code, properties):
-        now = time.time()
-        with lock:
-            # paho reuses message ids after 65,535; while the broker is down
-            # more than that may be queued, so each id holds a queue.
-            waiting = mids.get(mid)
-            i = waiting.pop(0) if waiting else None
-            if waiting is not None and not waiting:
-                del mids[mid]
-        if i is not None and math.isnan(t_ack[i]):
-            t_ack[i] = now
+        acks.append((mid, time.time()))
 
     def on_connect(client, userdata, flags, reason_code, properties):
-        state["connected"] = True
         state["connects"] += 1
 
     def on_disconnect(client, userdata, flags, reason_code, properties):
-        state["connected"] = False
         state["disconnects"] += 1
+
+    def match():
+        while acks:
+            mid, at = acks.popleft()
+            waiting = mids.get(mid)
+            if not waiting:
+                continue
+            i = waiting.pop(0)
+            if not waiting:
+                del mids[mid]
+            if math.isnan(t_ack[i]):
+                t_ack[i] = at
 
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"nemesis-load-{args.run}",
                          clean_session=True)
@@ -89,6 +98,8 @@ def main():
     client.loop_start()
 
     bodies = templates(args.template)
+    if args.start_at:
+        time.sleep(max(0.0, args.start_at - time.time()))
     started = time.monotonic()
     wall0 = time.time()
     published = 0
@@ -101,19 +112,21 @@ def main():
         payload = '{"id":%d,"run":"%s",%s' % (i, args.run, body[1:])
         topic = "/nemesis/%s/%d/%d" % (args.run, i % 97, i)
         copies = 2 if args.dup_every and i % args.dup_every == 0 else 1
-        for _ in range(copies):
-            with lock:
-                info = client.publish(topic, payload, qos=1)
-                mids.setdefault(info.mid, []).append(i)
-            published += 1
         t_pub[i] = time.time()
+        for _ in range(copies):
+            info = client.publish(topic, payload, qos=1)
+            mids.setdefault(info.mid, []).append(i)
+            published += 1
+        if i % 64 == 0:
+            match()
     # Give the broker time to ack what is still in flight or queued.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with lock:
-            if not mids:
-                break
+        match()
+        if not mids:
+            break
         time.sleep(0.2)
+    match()
     client.loop_stop()
     client.disconnect()
     with open(f"{args.out}/history.bin", "wb") as f:

@@ -16,18 +16,21 @@ COLORS = {
 }
 
 
-def timeline(t_pub, msgs, faults, load, path, title=""):
+def timeline(t_pub, arrived, faults, load, path, title=""):
+    """`arrived[i]`: when message i first reached the live reader."""
     start = load["start"]
     end = start + load["seconds"] + 30
     width = 1.0
     nbins = int((end - start) / width) + 1
     arrivals = [0] * nbins
     lat = [[] for _ in range(int(nbins / 5) + 1)]
-    for i, _, t in msgs:
+    for i, t in enumerate(arrived):
+        if math.isnan(t):
+            continue
         b = int((t - start) / width)
         if 0 <= b < nbins:
             arrivals[b] += 1
-        if 0 <= i < len(t_pub) and not math.isnan(t_pub[i]):
+        if i < len(t_pub) and not math.isnan(t_pub[i]):
             k = int((t - start) / 5)
             if 0 <= k < len(lat):
                 lat[k].append((t - t_pub[i]) * 1000)
