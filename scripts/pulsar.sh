@@ -91,6 +91,12 @@ brokerShutdownTimeoutMs=3000
 # connection, and with it its exclusive producers, after about twice this:
 # 10 s instead of the default 60 s before a successor can publish.
 keepAliveIntervalSeconds=5
+# BookKeeper reads this file too. Without it the bookie takes a random port
+# from the ephemeral range on its first start and must bind that same port
+# on every restart (it is in the bookie's cookie), where any client socket
+# may hold it: a restart under load failed with "Address already in use".
+# With it the bookie binds --bookkeeper-port, below the ephemeral range.
+allowEphemeralPorts=true
 CONF
   cat > "$dir/conf/log4j2.xml" <<'LOG'
 <Configuration status="warn">
