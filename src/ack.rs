@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use rumqttc::{AsyncClient, EventLoop, Publish, QoS};
+use crate::ingest::session::{Client, Session};
 
 /// What the batcher needs to ack one upstream message later.
 #[derive(Debug, Clone, Copy)]
@@ -24,7 +24,8 @@ pub struct AckToken {
     /// Connection epoch the message arrived in.
     pub epoch: u64,
     pub pkid: u16,
-    pub qos: QoS,
+    /// 1 (PUBACK) or 2 (PUBREC).
+    pub qos: u8,
 }
 
 /// What happened to a batch of acks.
@@ -39,7 +40,7 @@ pub struct AckStats {
 
 struct GateState {
     epoch: u64,
-    client: Option<AsyncClient>,
+    client: Option<Client>,
 }
 
 /// The ack path of one upstream connection.
@@ -64,7 +65,7 @@ impl AckGate {
     }
 
     /// Sets the client acks are sent through.
-    pub fn attach(&self, client: AsyncClient) {
+    pub fn attach(&self, client: Client) {
         self.state.lock().expect("ack gate poisoned").client = Some(client);
     }
 
@@ -77,10 +78,10 @@ impl AckGate {
     /// older tokens are stale, and acks already queued in rumqttc are purged
     /// (`EventLoop::clean` drops queued PUBACKs). Both under the lock that
     /// [`AckGate::ack`] holds while checking and queueing.
-    pub fn next_epoch(&self, eventloop: &mut EventLoop) {
+    pub fn next_epoch(&self, session: &mut Session) {
         let mut s = self.state.lock().expect("ack gate poisoned");
         s.epoch += 1;
-        eventloop.clean();
+        session.clean();
     }
 
     /// Acks `tokens` (all of this upstream) in order.
@@ -95,9 +96,7 @@ impl AckGate {
                 stats.stale += 1;
                 continue;
             }
-            let mut p = Publish::new("", t.qos, Vec::new());
-            p.pkid = t.pkid;
-            match client.try_ack(&p) {
+            match client.try_ack(t.pkid, t.qos) {
                 Ok(()) => stats.sent += 1,
                 Err(_) => stats.dropped += 1,
             }

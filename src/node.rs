@@ -69,7 +69,7 @@ pub async fn run(
             .map(|r| Route {
                 filter: r.filter.clone(),
                 pulsar_topic: r.pulsar_topic.clone(),
-                key: r.key,
+                key: r.key.clone(),
             })
             .collect(),
     );

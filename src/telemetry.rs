@@ -61,6 +61,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Payloads above dedup.max_payload_bytes, per upstream",
     ),
     (
+        "firstseen_key_fallbacks_total",
+        "counter",
+        "Messages a JSON field key could not be made for (not JSON, or a field missing), per policy: bytes (byte key) or dead-letter",
+    ),
+    (
         "firstseen_dead_letter_total",
         "counter",
         "Messages written to the dead-letter directory, per reason",

@@ -72,6 +72,23 @@ fn check_config_accepts_a_good_file_and_names_the_key_of_a_bad_one() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("upstreams[0].url"), "{out}");
 
+    let (code, out) = check_config(&BASE.replace(
+        "url = \"mqtt://127.0.0.1:1883\"",
+        "url = \"mqtt://127.0.0.1:1883\"\nprotocol = \"4\"",
+    ));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("upstreams[0].protocol"), "{out}");
+
+    let (code, out) = check_config(&BASE.replace(
+        "pulsar_topic = \"persistent://public/default/hfp\"",
+        "pulsar_topic = \"persistent://public/default/hfp\"\nkey = { json = [\"/VP/veh\", \"VP/tst\"] }",
+    ));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("routes[0].key") && out.contains("`VP/tst` is not a JSON pointer"),
+        "{out}"
+    );
+
     let (code, out) = check_config("[node\nid=1");
     assert_eq!(code, 1, "{out}");
     assert!(

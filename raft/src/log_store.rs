@@ -21,7 +21,7 @@ use openraft::{
 use tokio::sync::mpsc;
 
 use firstseen_store::disk::Db;
-use firstseen_store::{Command, Observation, StateStore, StoreError};
+use firstseen_store::{Command, StateStore, StoreError};
 
 use crate::guard::{Guard, Marks};
 use crate::{NodeId, RaftError, TypeConfig};
@@ -160,7 +160,8 @@ fn flush_thread(
 ) {
     use std::sync::mpsc::RecvTimeoutError;
     let mut waiting = Vec::new();
-    let mut durable: Option<LogId<NodeId>> = None;
+    // (truncation generation, last entry) of the last successful sync.
+    let mut synced: Option<(u64, Option<LogId<NodeId>>)> = None;
     let mut guarded_at = Instant::now();
     loop {
         match rx.recv_timeout(Guard::EVERY) {
@@ -180,8 +181,8 @@ fn flush_thread(
             };
             let result = db.sync();
             metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
-            if result.is_ok() && lock(&written).generation == generation {
-                durable = durable.max(upto);
+            if result.is_ok() {
+                synced = Some((generation, upto));
             }
             let result = result.map_err(|e| std::io::Error::other(e.to_string()));
             for callback in waiting.drain(..) {
@@ -196,15 +197,27 @@ fn flush_thread(
                 );
             }
         }
-        if guarded_at.elapsed() >= Guard::EVERY {
-            guarded_at = Instant::now();
-            let mut g = lock(&guard);
-            if durable > g.marks().durable {
-                if let Err(e) = g.update(|m| m.durable = durable) {
+        let mut g = lock(&guard);
+        // Checked under the guard's lock: a truncation bumps the generation
+        // before it lowers the guard, so a sync that raced one never raises
+        // the mark above entries it removed.
+        if let Some((generation, upto)) = synced.take() {
+            if lock(&written).generation == generation {
+                if let Err(e) = g.note_durable(upto) {
                     tracing::warn!(error = %e, "could not record the durable log position in the guard");
                 }
             }
         }
+        if guarded_at.elapsed() >= Guard::EVERY {
+            guarded_at = Instant::now();
+            if let Err(e) = g.sync() {
+                tracing::warn!(error = %e, "could not sync the guard");
+            }
+        }
+    }
+    // The log is closing: the guard gets its exact last position.
+    if let Err(e) = lock(&guard).sync() {
+        tracing::warn!(error = %e, "could not sync the guard");
     }
 }
 
@@ -323,9 +336,10 @@ impl LogStore {
         Ok(store)
     }
 
-    /// The observations of entry `index`, even if openraft has purged it:
-    /// the outbox reads unpublished payloads from here.
-    pub fn observations(&self, index: u64) -> Result<Vec<Observation>, StoreError> {
+    /// The observing command of entry `index`, even if openraft has purged
+    /// it: the outbox reads unpublished payloads (and their properties) from
+    /// here.
+    pub fn command(&self, index: u64) -> Result<Command, StoreError> {
         let raw = self
             .log
             .get(index.to_be_bytes())
@@ -334,7 +348,7 @@ impl LogStore {
         let entry: Entry<TypeConfig> =
             decode(&raw).map_err(|e| StoreError::Log(format!("entry {index}: {e}")))?;
         match entry.payload {
-            EntryPayload::Normal(Command::Observe { observations, .. }) => Ok(observations),
+            EntryPayload::Normal(cmd) if cmd.as_observe().is_some() => Ok(cmd),
             _ => Err(StoreError::Log(format!(
                 "entry {index} holds no observations"
             ))),

@@ -6,7 +6,7 @@
 //! keeps every entry from the state's hold on, so a reference resolves until
 //! its message is published.
 
-use firstseen_store::{Observation, OutboxItem, OutboxMessage, StateStore, StoreError};
+use firstseen_store::{Command, OutboxItem, OutboxMessage, StateStore, StoreError};
 
 use crate::LogStore;
 
@@ -31,7 +31,7 @@ impl Outbox {
         limit: usize,
     ) -> Result<Vec<(u64, OutboxMessage)>, StoreError> {
         let items = self.state.outbox_from(topic, from, limit)?;
-        let mut entry: Option<(u64, Vec<Observation>)> = None;
+        let mut entry: Option<(u64, Command)> = None;
         let mut out = Vec::with_capacity(items.len());
         for (seq, item) in items {
             let message = match item {
@@ -42,9 +42,19 @@ impl Outbox {
                     first_seen_ms,
                 } => {
                     if entry.as_ref().is_none_or(|(i, _)| *i != log_index) {
-                        entry = Some((log_index, self.log.observations(log_index)?));
+                        entry = Some((log_index, self.log.command(log_index)?));
                     }
-                    let observations = &mut entry.as_mut().expect("loaded above").1;
+                    let cmd = &mut entry.as_mut().expect("loaded above").1;
+                    let properties = cmd.properties(pos as usize).cloned().map(Box::new);
+                    let observations = match cmd {
+                        Command::Observe { observations, .. }
+                        | Command::ObserveWithProperties { observations, .. } => observations,
+                        Command::Published { .. } => {
+                            return Err(StoreError::Log(format!(
+                                "entry {log_index} holds no observations"
+                            )))
+                        }
+                    };
                     let obs = observations.get_mut(pos as usize).ok_or_else(|| {
                         StoreError::Log(format!("entry {log_index} has no observation {pos}"))
                     })?;
@@ -55,6 +65,7 @@ impl Outbox {
                         payload: std::mem::take(&mut obs.payload),
                         node: obs.node,
                         first_seen_ms,
+                        properties,
                     }
                 }
             };

@@ -177,7 +177,7 @@ fn export_to_file(store: &StateStore, log: &LogStore, dir: &Path) -> Result<Expo
         len: 0,
     });
     store
-        .export(&mut out, &mut |index| log.observations(index))
+        .export(&mut out, &mut |index| log.command(index))
         .map_err(any)?;
     out.flush().map_err(any)?;
     let hashing = out.into_inner().map_err(|e| any(e.into_error()))?;

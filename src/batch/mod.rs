@@ -82,6 +82,7 @@ mod tests {
                 node: 1,
                 received_ms: 0,
             }),
+            properties: None,
             ack: None,
         }
     }
@@ -117,6 +118,7 @@ mod tests {
         p.push(
             Received {
                 observation: None,
+                properties: None,
                 ack: None,
             },
             Instant::now(),

@@ -59,7 +59,13 @@ pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
 
 /// Commits one batch and acks it. Returns false when shutdown interrupted it.
 async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
-    let observations: Vec<_> = items.iter().filter_map(|i| i.observation.clone()).collect();
+    let mut batch = firstseen_store::Batch::default();
+    for i in &items {
+        if let Some(o) = &i.observation {
+            batch.push(o.clone(), i.properties.clone());
+        }
+    }
+    let observations = &batch.observations;
     if !observations.is_empty() {
         if !wait_for_quota(b).await {
             return false;
@@ -68,7 +74,7 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
             let (leader, _) = b.proposer.leader();
-            match b.proposer.propose(observations.clone()).await {
+            match b.proposer.propose(batch.clone()).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
                     metrics::counter!("firstseen_propose_errors_total").increment(1);

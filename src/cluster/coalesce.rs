@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use firstseen_raft::{Command, Raft, Response};
-use firstseen_store::{Observation, Outcome};
+use firstseen_raft::{Raft, Response};
+use firstseen_store::{Batch, Observation, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -29,13 +29,14 @@ type Reply = oneshot::Sender<Result<Vec<Outcome>, ForwardError>>;
 /// Handle to the merging task; cheap to clone.
 #[derive(Clone)]
 pub struct Coalescer {
-    tx: mpsc::UnboundedSender<(Vec<Observation>, Reply)>,
+    tx: mpsc::UnboundedSender<(Batch, Reply)>,
     /// A leader whose disk is low commits nothing (`crate::diskspace`).
     disk: std::sync::Arc<crate::diskspace::DiskSpace>,
 }
 
-fn bytes(observations: &[Observation]) -> usize {
-    observations
+fn bytes(batch: &Batch) -> usize {
+    batch
+        .observations
         .iter()
         .map(|o| o.payload.len() + o.mqtt_topic.len() + o.pulsar_topic.len())
         .sum()
@@ -56,12 +57,9 @@ impl Coalescer {
         Self { tx, disk }
     }
 
-    /// Commits `observations` (possibly in one entry with other batches) and
-    /// returns their outcomes, in order, once the entry is committed.
-    pub async fn commit(
-        &self,
-        observations: Vec<Observation>,
-    ) -> Result<Vec<Outcome>, ForwardError> {
+    /// Commits `batch` (possibly in one entry with other batches) and
+    /// returns its outcomes, in order, once the entry is committed.
+    pub async fn commit(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
         if let Some(reason) = self.disk.reason() {
             return Err(ForwardError::Failed(format!(
                 "leader cannot commit: {reason}"
@@ -69,7 +67,7 @@ impl Coalescer {
         }
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send((observations, reply))
+            .send((batch, reply))
             .map_err(|_| ForwardError::Failed("node is shutting down".into()))?;
         answer
             .await
@@ -131,7 +129,7 @@ async fn run(
     state: firstseen_store::StateStore,
     window_ms: u64,
     max_bytes: usize,
-    mut rx: mpsc::UnboundedReceiver<(Vec<Observation>, Reply)>,
+    mut rx: mpsc::UnboundedReceiver<(Batch, Reply)>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut carry = None;
@@ -159,23 +157,23 @@ async fn run(
             group.push(next);
         }
         let raft = raft.clone();
-        for (o, _) in &group {
-            clocks.saw(o);
+        for (b, _) in &group {
+            clocks.saw(&b.observations);
         }
         let me = raft.metrics().borrow().id;
         let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
         let stamped_ms = clocks.stamp(&raft, me, now_ms(), window_clock);
         tokio::spawn(async move {
             let _slot = slot;
-            let sizes: Vec<usize> = group.iter().map(|(o, _)| o.len()).collect();
-            let mut observations = Vec::with_capacity(sizes.iter().sum());
+            let sizes: Vec<usize> = group.iter().map(|(b, _)| b.len()).collect();
+            let mut merged = Batch::default();
             let mut replies = Vec::with_capacity(group.len());
-            for (o, reply) in group {
-                observations.extend(o);
+            for (b, reply) in group {
+                merged.extend(b);
                 replies.push(reply);
             }
-            let total = observations.len();
-            let result = match propose(&raft, window_ms, stamped_ms, observations).await {
+            let total = merged.len();
+            let result = match propose(&raft, window_ms, stamped_ms, merged).await {
                 Ok(outcomes) if outcomes.len() != total => Err(ForwardError::Failed(format!(
                     "{} outcomes for {total} observations",
                     outcomes.len()
@@ -205,13 +203,9 @@ async fn propose(
     raft: &Raft,
     window_ms: u64,
     stamped_ms: u64,
-    observations: Vec<Observation>,
+    batch: Batch,
 ) -> Result<Vec<Outcome>, ForwardError> {
-    let cmd = Command::Observe {
-        stamped_ms,
-        window_ms,
-        observations,
-    };
+    let cmd = batch.into_command(stamped_ms, window_ms);
     match raft.client_write(cmd).await {
         Ok(resp) => match resp.data {
             Response::Observed(outcomes) => Ok(outcomes),

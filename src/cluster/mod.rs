@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_raft::{Member, NodeId, Raft};
-use firstseen_store::{Observation, Outcome, StateStore};
+use firstseen_store::{Batch, Outcome, StateStore};
 use openraft::error::{InitializeError, RaftError};
 use openraft::ChangeMembers;
 
@@ -302,22 +302,19 @@ impl Proposer {
     /// in flight ends at once when the leader changes or its connection
     /// drops, so that no timeout stands between an election and the next
     /// commit.
-    pub async fn propose(
-        &self,
-        observations: Vec<Observation>,
-    ) -> Result<Vec<Outcome>, ProposeError> {
+    pub async fn propose(&self, batch: Batch) -> Result<Vec<Outcome>, ProposeError> {
         let (leader, addr) = self.leader();
         match leader {
             None => Err(ProposeError::NoLeader),
             Some(l) if l == self.node_id => self
-                .commit_here(observations)
+                .commit_here(batch)
                 .await
                 .map_err(|source| ProposeError::Leader { leader: l, source }),
             Some(l) => {
                 let addr = addr
                     .filter(|a| !a.is_empty())
                     .ok_or(ProposeError::NoAddress { leader: l })?;
-                let request = Request::Forward(observations);
+                let request = Request::Forward(batch);
                 let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
                 tokio::select! {
                     r = call => match r {
@@ -334,11 +331,8 @@ impl Proposer {
 
     /// Commits a batch on this node, which must be the leader, possibly in
     /// one entry with other batches waiting at the same time.
-    pub async fn commit_here(
-        &self,
-        observations: Vec<Observation>,
-    ) -> Result<Vec<Outcome>, ForwardError> {
-        self.coalescer.commit(observations).await
+    pub async fn commit_here(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
+        self.coalescer.commit(batch).await
     }
 
     /// Waits (at most `limit`) until some leader is known.

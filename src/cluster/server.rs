@@ -27,6 +27,75 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests of one connection served at once; more wait to be read.
 const IN_FLIGHT_PER_CONN: usize = 256;
+/// Connections that have not yet authenticated, served at once. A real
+/// cluster needs a handful (one per peer, once); a flood of half-open
+/// connections is refused beyond this instead of each holding a task, a
+/// socket and a TLS state for the handshake timeout.
+const MAX_HANDSHAKES: usize = 64;
+/// At most one refusal of each kind is logged per this interval; the rest
+/// are counted in `firstseen_peer_refused_total` and summed into the next
+/// line of that kind.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Kinds of refusal tracked apart; beyond this, new kinds share one entry.
+const REFUSAL_KINDS: usize = 32;
+
+/// Logs refused peers, at most once per [`REFUSAL_LOG_EVERY`] for each kind
+/// of refusal, so that a flood neither floods the log disk nor hides a
+/// different reason behind the first.
+#[derive(Default)]
+struct RefusalLog {
+    /// kind → (last logged, refused since).
+    state: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+/// The kind of a refusal: its reason without the node id, the details after
+/// the first colon and any numbers ("node 9: garbled frame: …" and "node 3:
+/// garbled frame: …" are one kind).
+fn refusal_kind(reason: &str) -> String {
+    let rest = match reason.strip_prefix("node ") {
+        Some(r) => r.split_once(": ").map_or(reason, |(id, rest)| {
+            if id.bytes().all(|b| b.is_ascii_digit()) {
+                rest
+            } else {
+                reason
+            }
+        }),
+        None => reason,
+    };
+    rest.split(':')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_ascii_digit())
+        .collect()
+}
+
+impl RefusalLog {
+    fn refused(&self, peer: SocketAddr, reason: &str) {
+        metrics::counter!("firstseen_peer_refused_total").increment(1);
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kind = refusal_kind(reason);
+        if !map.contains_key(&kind) && map.len() >= REFUSAL_KINDS {
+            kind = "other".into();
+        }
+        let now = std::time::Instant::now();
+        let entry = map.entry(kind);
+        let due = matches!(&entry, std::collections::hash_map::Entry::Vacant(_))
+            || matches!(&entry, std::collections::hash_map::Entry::Occupied(o) if o.get().0.elapsed() >= REFUSAL_LOG_EVERY);
+        let slot = entry.or_insert((now, 0));
+        if due {
+            let more = std::mem::take(&mut slot.1);
+            slot.0 = now;
+            if more > 0 {
+                tracing::warn!(peer = %peer, reason = %reason, refused_since_last = more, "peer connection refused ({more} more of this kind since the last report)");
+            } else {
+                tracing::warn!(peer = %peer, reason = %reason, "peer connection refused");
+            }
+        } else {
+            slot.1 += 1;
+        }
+    }
+}
 
 /// What a peer connection can reach on this node.
 pub struct PeerService {
@@ -47,6 +116,8 @@ pub struct PeerService {
 /// Accepts peer connections until `shutdown`, and waits for them to end.
 pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let refusals = Arc::new(RefusalLog::default());
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -59,15 +130,19 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
             },
             _ = shutdown.cancelled() => break,
         };
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            refusals.refused(peer, "too many connections still authenticating");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         let stop = shutdown.clone();
+        let refusals = refusals.clone();
         tracker.spawn(async move {
             tokio::select! {
-                r = connection(stream, peer, &service, &stop) => {
+                r = connection(stream, peer, &service, &stop, permit) => {
                     if let Err(reason) = r {
-                        metrics::counter!("firstseen_peer_refused_total").increment(1);
-                        tracing::warn!(peer = %peer, reason = %reason, "peer connection refused");
+                        refusals.refused(peer, &reason);
                     }
                 }
                 _ = stop.cancelled() => {}
@@ -85,6 +160,7 @@ async fn connection(
     peer: SocketAddr,
     svc: &Arc<PeerService>,
     stop: &CancellationToken,
+    handshake_slot: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), String> {
     let (s, node) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut s: BoxStream = match &svc.tls {
@@ -101,6 +177,7 @@ async fn connection(
     })
     .await
     .map_err(|_| "handshake timed out".to_string())??;
+    drop(handshake_slot);
     tracing::debug!(peer = %peer, node, "peer authenticated");
     metrics::counter!("firstseen_peer_accepted_total").increment(1);
     let (mut rd, mut wr) = tokio::io::split(s);
@@ -242,9 +319,7 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             }
             Reply::InstallSnapshot(result)
         }
-        Request::Forward(observations) => {
-            Reply::Forward(svc.proposer.commit_here(observations).await)
-        }
+        Request::Forward(batch) => Reply::Forward(svc.proposer.commit_here(batch).await),
         Request::PreVote(req) => Reply::PreVote(super::elect::answer(
             &svc.raft,
             &svc.liveness,
@@ -257,5 +332,30 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
 impl From<crate::Error> for ForwardError {
     fn from(e: crate::Error) -> Self {
         ForwardError::Failed(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refusal_kind;
+
+    #[test]
+    fn refusals_of_one_kind_share_a_kind_whatever_the_node_or_numbers() {
+        assert_eq!(
+            refusal_kind("node 9: garbled frame: bad tag 7"),
+            refusal_kind("node 31: garbled frame: short read")
+        );
+        assert_eq!(
+            refusal_kind("node 2: frame of 4294967295 bytes exceeds the limit of 67108864 bytes"),
+            refusal_kind("node 5: frame of 99 bytes exceeds the limit of 8 bytes")
+        );
+        assert_ne!(
+            refusal_kind("node 9: garbled frame: x"),
+            refusal_kind("TLS handshake failed: unknown CA")
+        );
+        assert_eq!(
+            refusal_kind("no handshake from peer: eof"),
+            "no handshake from peer"
+        );
     }
 }

@@ -22,7 +22,7 @@
 //! networks you do not trust.
 
 use firstseen_raft::{NodeId, TypeConfig};
-use firstseen_store::{Observation, Outcome};
+use firstseen_store::{Batch, Outcome};
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -132,7 +132,7 @@ pub enum Request {
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     /// A follower's batch, for the leader to stamp and commit. The reply comes
     /// after commit, so the follower may then ack upstream (G4).
-    Forward(Vec<Observation>),
+    Forward(Batch),
     PreVote(PreVote),
 }
 
@@ -228,14 +228,14 @@ mod tests {
     fn frames_round_trip_and_oversize_is_refused() {
         let f = encode(&Envelope {
             id: 7,
-            body: Request::Forward(vec![]),
+            body: Request::Forward(Batch::default()),
         })
         .unwrap();
         let len = frame_len(f[..4].try_into().unwrap()).unwrap();
         assert_eq!(len, f.len() - 4);
         let e: Envelope<Request> = decode(&f[4..]).unwrap();
         assert_eq!(e.id, 7);
-        assert!(matches!(e.body, Request::Forward(v) if v.is_empty()));
+        assert!(matches!(e.body, Request::Forward(b) if b.is_empty()));
         assert!(matches!(frame_len([0xff; 4]), Err(FrameError::TooLarge(_))));
         assert!(decode::<Envelope<Request>>(&[9, 9, 9]).is_err());
     }

@@ -110,6 +110,11 @@ pub struct ClusterConfig {
     /// secret but talk in the clear.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Lets a node whose `listen` is not a loopback address run without
+    /// `tls`: peers then authenticate but talk in the clear, and anyone on the
+    /// path reads every message. Off by default.
+    #[serde(default)]
+    pub allow_plaintext: bool,
     /// How often the leader sends heartbeats, in milliseconds.
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
@@ -152,6 +157,7 @@ impl Default for ClusterConfig {
             secret_file: None,
             snapshot_logs: default_snapshot_logs(),
             tls: None,
+            allow_plaintext: false,
             heartbeat_ms: default_heartbeat_ms(),
             election_timeout_min_ms: default_election_min_ms(),
             election_timeout_max_ms: default_election_max_ms(),
@@ -264,8 +270,38 @@ pub struct UpstreamConfig {
     /// MQTT keepalive, seconds.
     #[serde(default = "default_keepalive")]
     pub keepalive_secs: u64,
+    /// `"3.1.1"` (the default) or `"5"`: which MQTT version to speak.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// MQTT 5: how long the broker keeps this node's session (and its queue
+    /// of unacked messages) after a disconnect. The default, 4294967295,
+    /// means for as long as the broker allows, like a 3.1.1 persistent
+    /// session. Ignored for 3.1.1.
+    #[serde(default = "default_session_expiry")]
+    pub session_expiry_secs: u32,
     /// Topic filters to subscribe to.
     pub subscriptions: Vec<SubscriptionConfig>,
+}
+
+/// The MQTT version an upstream speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Protocol {
+    #[default]
+    #[serde(rename = "3.1.1")]
+    V311,
+    /// MQTT 5: user properties, content type and the rest reach Pulsar as
+    /// message properties (docs/configuration.md).
+    #[serde(rename = "5")]
+    V5,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::V311 => "3.1.1",
+            Protocol::V5 => "5",
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -284,7 +320,9 @@ pub struct RouteConfig {
     pub filter: String,
     /// Pulsar topic, e.g. `persistent://public/default/hfp`.
     pub pulsar_topic: String,
-    /// What the dedup key hashes.
+    /// What the dedup key hashes: `"topic+payload"`, `"payload"`, or JSON
+    /// fields, `{ json = ["/VP/veh", ...], topic = false, missing = "bytes" }`
+    /// (see `src/key.rs` for the canonical form).
     #[serde(default)]
     pub key: KeySpec,
 }
@@ -336,6 +374,9 @@ fn default_publish_batch() -> usize {
 }
 fn default_keepalive() -> u64 {
     30
+}
+fn default_session_expiry() -> u32 {
+    u32::MAX
 }
 fn default_qos() -> u8 {
     1
@@ -565,6 +606,9 @@ impl Config {
                     format!("`{}` is not a valid MQTT topic filter", r.filter),
                 );
             }
+            for (key, problem) in r.key.problems() {
+                bad(&format!("routes[{i}].key.{key}"), problem);
+            }
             if r.pulsar_topic.trim().is_empty() || r.pulsar_topic.contains('\0') {
                 bad(
                     &format!("routes[{i}].pulsar_topic"),
@@ -621,6 +665,19 @@ impl Config {
                 if let Err(e) = std::fs::metadata(path) {
                     bad(key, format!("cannot read {}: {e}", path.display()));
                 }
+            }
+        }
+        if let Some(listen) = self.cluster.listen {
+            if !listen.ip().is_loopback()
+                && self.cluster.tls.is_none()
+                && !self.cluster.allow_plaintext
+            {
+                bad(
+                    "cluster.tls",
+                    format!(
+                        "required because cluster.listen ({listen}) is not a loopback address: without it peer traffic (every message, the Raft log) crosses the network in the clear; set [cluster.tls], or cluster.allow_plaintext = true on a network you trust"
+                    ),
+                );
             }
         }
         if !self.cluster.members.is_empty() {
@@ -699,7 +756,7 @@ pulsar_topic = "persistent://public/default/hfp"
         let c = parse(GOOD).unwrap();
         assert_eq!(c.dedup.window_secs, 3_600);
         assert_eq!(c.upstreams[0].subscriptions[0].qos, 1);
-        assert_eq!(c.routes[0].key, KeySpec::TopicPayload);
+        assert_eq!(c.routes[0].key, KeySpec::TOPIC_PAYLOAD);
         assert_eq!(c.client_id(&c.upstreams[0]), "firstseen-1-hsl");
     }
 

@@ -8,15 +8,14 @@
 
 pub mod deadletter;
 pub mod route;
+pub mod session;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_store::{NodeId, Observation};
-use rumqttc::{
-    AsyncClient, Event, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode, Transport,
-};
+use rumqttc::Transport;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +24,7 @@ use crate::config::{Config, OversizePolicy, UpstreamConfig};
 use crate::now_ms;
 use deadletter::DeadLetter;
 use route::Route;
+use session::{Event, Message, Session};
 
 /// The largest MQTT packet rumqttc will read. Set to the protocol maximum so
 /// that an oversized payload reaches our documented policy instead of
@@ -41,6 +41,8 @@ pub struct Received {
     /// The copy to propose, or `None` for a message handled here (dead-letter
     /// or drop) that still needs its ack in receive order.
     pub observation: Option<Observation>,
+    /// Its MQTT 5 properties, if it had any.
+    pub properties: Option<Box<firstseen_store::Properties>>,
     /// `None` for QoS 0, which is never acked.
     pub ack: Option<AckToken>,
 }
@@ -130,36 +132,40 @@ impl Upstream {
             .collect()
     }
 
-    fn options(&self) -> Result<MqttOptions, crate::Error> {
+    fn options(&self) -> Result<session::Options, crate::Error> {
         let addr = UpstreamAddr::parse(&self.config.url).map_err(crate::Error::Config)?;
-        let mut o = MqttOptions::new(self.client_id.clone(), addr.host, addr.port);
-        o.set_keep_alive(Duration::from_secs(self.config.keepalive_secs))
-            // The session (and the broker's queue of unacked messages) must
-            // outlive this process: that is what makes a crash lose nothing.
-            .set_clean_session(false)
-            .set_manual_acks(true)
-            .set_max_packet_size(MAX_MQTT_PACKET, MAX_MQTT_PACKET)
-            .set_request_channel_capacity(REQUEST_CAPACITY);
-        if addr.tls {
-            o.set_transport(Transport::tls_with_default_config());
-        }
-        if let Some(user) = &self.config.username {
-            let password = match (&self.config.password, &self.config.password_file) {
-                (Some(p), _) => p.clone(),
-                (None, Some(f)) => std::fs::read_to_string(f)
-                    .map_err(|e| {
-                        crate::Error::Config(format!(
-                            "upstreams[{}].password_file: {e}",
-                            self.index
-                        ))
-                    })?
-                    .trim_end()
-                    .to_string(),
-                (None, None) => String::new(),
-            };
-            o.set_credentials(user.clone(), password);
-        }
-        Ok(o)
+        let credentials = match &self.config.username {
+            Some(user) => {
+                let password = match (&self.config.password, &self.config.password_file) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(f)) => std::fs::read_to_string(f)
+                        .map_err(|e| {
+                            crate::Error::Config(format!(
+                                "upstreams[{}].password_file: {e}",
+                                self.index
+                            ))
+                        })?
+                        .trim_end()
+                        .to_string(),
+                    (None, None) => String::new(),
+                };
+                Some((user.clone(), password))
+            }
+            None => None,
+        };
+        Ok(session::Options {
+            v5: self.config.protocol == crate::config::Protocol::V5,
+            client_id: self.client_id.clone(),
+            host: addr.host,
+            port: addr.port,
+            keepalive: Duration::from_secs(self.config.keepalive_secs),
+            credentials,
+            transport: addr.tls.then(Transport::tls_with_default_config),
+            max_packet: MAX_MQTT_PACKET,
+            request_capacity: REQUEST_CAPACITY,
+            session_expiry_secs: self.config.session_expiry_secs,
+            qos2: self.config.subscriptions.iter().any(|s| s.qos == 2),
+        })
     }
 
     /// Runs until `shutdown`, then keeps the connection up until `acks_done`
@@ -171,13 +177,13 @@ impl Upstream {
         acks_done: CancellationToken,
     ) -> Result<(), crate::Error> {
         let options = self.options()?;
-        let (client, mut eventloop) = AsyncClient::new(options, REQUEST_CAPACITY);
+        let (client, mut session) = Session::new(options);
         self.gate.attach(client.clone());
-        let filters: Vec<SubscribeFilter> = self
+        let filters: Vec<(String, u8)> = self
             .config
             .subscriptions
             .iter()
-            .map(|s| SubscribeFilter::new(s.filter.clone(), qos(s.qos)))
+            .map(|s| (s.filter.clone(), s.qos))
             .collect();
         let name = self.config.name.clone();
         let mut backoff = Duration::from_millis(100);
@@ -191,50 +197,48 @@ impl Upstream {
                     continue;
                 }
                 _ = acks_done.cancelled(), if tx.is_none() => break,
-                event = eventloop.poll() => event,
+                event = session.poll() => event,
             };
             match event {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                Ok(Event::Connected { session_present }) => {
                     backoff = Duration::from_millis(100);
                     self.status.connected.store(true, Ordering::Relaxed);
                     metrics::gauge!("firstseen_upstream_connected", "upstream" => name.clone())
                         .set(1.0);
-                    tracing::info!(upstream = %name, session_present = ack.session_present, "upstream connected");
-                    if !ack.session_present {
+                    tracing::info!(upstream = %name, session_present, protocol = %self.config.protocol, "upstream connected");
+                    if !session_present {
                         // A new session has no subscriptions; an existing one
                         // keeps them and its queued messages.
-                        if let Err(e) = client.try_subscribe_many(filters.clone()) {
-                            tracing::error!(upstream = %name, error = %e, "could not queue subscribe");
+                        if client.try_subscribe(&filters).is_err() {
+                            tracing::error!(upstream = %name, "could not queue subscribe");
                         }
                     }
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    for (i, code) in ack.return_codes.iter().enumerate() {
-                        if matches!(code, SubscribeReasonCode::Failure) {
-                            let f = filters.get(i).map(|f| f.path.as_str()).unwrap_or("?");
-                            tracing::error!(upstream = %name, filter = f, "broker refused subscription");
-                            self.note_error(format!("broker refused subscription to `{f}`"));
-                        }
+                Ok(Event::Subscribed { refused }) => {
+                    for (i, reason) in refused {
+                        let f = filters.get(i).map(|f| f.0.as_str()).unwrap_or("?");
+                        tracing::error!(upstream = %name, filter = f, reason = %reason, "broker refused subscription");
+                        self.note_error(format!("broker refused subscription to `{f}`: {reason}"));
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                Ok(Event::Message(m)) => {
                     let Some(sender) = &tx else {
                         // Shutting down: leave it unacked, the broker redelivers it.
                         continue;
                     };
-                    let received = self.receive(p).await;
+                    let received = self.receive(m).await;
                     if sender.send(received).await.is_err() {
                         tracing::warn!(upstream = %name, "batcher stopped; leaving upstream");
                         break;
                     }
                 }
-                Ok(_) => {}
+                Ok(Event::Other) => {}
                 Err(e) => {
                     self.status.connected.store(false, Ordering::Relaxed);
                     metrics::gauge!("firstseen_upstream_connected", "upstream" => name.clone())
                         .set(0.0);
                     metrics::counter!("firstseen_upstream_disconnects_total", "upstream" => name.clone()).increment(1);
-                    self.gate.next_epoch(&mut eventloop);
+                    self.gate.next_epoch(&mut session);
                     let reason = describe(&e, &self.config.url);
                     tracing::warn!(upstream = %name, error = %reason, retry_in_ms = backoff.as_millis() as u64, "upstream connection failed");
                     self.note_error(reason);
@@ -246,16 +250,9 @@ impl Upstream {
                 }
             }
         }
-        let _ = client.try_disconnect();
+        client.try_disconnect();
         // Give the DISCONNECT (and any last acks) a moment to be written.
-        let _ = tokio::time::timeout(Duration::from_millis(500), async {
-            while let Ok(ev) = eventloop.poll().await {
-                if matches!(ev, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                    break;
-                }
-            }
-        })
-        .await;
+        session.flush_disconnect(Duration::from_millis(500)).await;
         self.status.connected.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -265,21 +262,22 @@ impl Upstream {
     }
 
     /// Turns one PUBLISH into what the batcher needs.
-    async fn receive(&self, p: rumqttc::Publish) -> Received {
+    async fn receive(&self, p: Message) -> Received {
         let now = now_ms();
         self.status.received.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("firstseen_messages_received_total", "upstream" => self.config.name.clone()).increment(1);
-        let ack = (p.qos != QoS::AtMostOnce).then(|| AckToken {
+        let ack = (p.qos > 0).then(|| AckToken {
             upstream: self.index,
             epoch: self.gate.epoch(),
             pkid: p.pkid,
             qos: p.qos,
         });
-        let qos_level = p.qos as u8;
+        let qos_level = p.qos;
         let Some(route) = route::route_for(&self.routes, &p.topic) else {
             self.set_aside("unrouted", &p, now).await;
             return Received {
                 observation: None,
+                properties: None,
                 ack,
             };
         };
@@ -294,14 +292,45 @@ impl Upstream {
             }
             return Received {
                 observation: None,
+                properties: None,
                 ack,
             };
         }
+        let key = match crate::key::key(&route.key, &p.topic, &p.payload) {
+            Ok(k) => k,
+            Err(why) => {
+                let missing = match &route.key {
+                    crate::key::KeySpec::Fields(f) => f.missing,
+                    crate::key::KeySpec::Bytes(_) => crate::key::Missing::Bytes,
+                };
+                metrics::counter!("firstseen_key_fallbacks_total", "policy" => match missing {
+                    crate::key::Missing::Bytes => "bytes",
+                    crate::key::Missing::DeadLetter => "dead-letter",
+                })
+                .increment(1);
+                tracing::debug!(upstream = %self.config.name, topic = %p.topic, reason = %why, "no field key");
+                match missing {
+                    crate::key::Missing::Bytes => crate::key::byte_key(
+                        crate::key::ByteKey::TopicPayload,
+                        &p.topic,
+                        &p.payload,
+                    ),
+                    crate::key::Missing::DeadLetter => {
+                        self.set_aside("key-field-missing", &p, now).await;
+                        return Received {
+                            observation: None,
+                            properties: None,
+                            ack,
+                        };
+                    }
+                }
+            }
+        };
         let observation = Observation {
-            key: crate::key::key(route.key, &p.topic, &p.payload),
+            key,
             mqtt_topic: p.topic,
             pulsar_topic: route.pulsar_topic.clone(),
-            payload: p.payload.to_vec(),
+            payload: p.payload,
             qos: qos_level,
             retain: p.retain,
             node: self.node,
@@ -309,6 +338,7 @@ impl Upstream {
         };
         Received {
             observation: Some(observation),
+            properties: p.properties,
             ack,
         }
     }
@@ -316,7 +346,7 @@ impl Upstream {
     /// Stores a message in the dead-letter directory. If even that fails
     /// (disk full), the task waits and retries rather than ack a message it
     /// has not kept: the broker holds it meanwhile.
-    async fn set_aside(&self, reason: &str, p: &rumqttc::Publish, now: u64) {
+    async fn set_aside(&self, reason: &str, p: &Message, now: u64) {
         metrics::counter!("firstseen_dead_letter_total", "reason" => reason.to_string())
             .increment(1);
         let mut delay = Duration::from_millis(200);
@@ -330,7 +360,7 @@ impl Upstream {
             }
             match self
                 .dead_letter
-                .store(reason, &p.topic, p.qos as u8, p.retain, &p.payload, now)
+                .store(reason, &p.topic, p.qos, p.retain, &p.payload, now)
                 .await
             {
                 Ok(path) => {
@@ -347,18 +377,10 @@ impl Upstream {
     }
 }
 
-fn qos(level: u8) -> QoS {
-    match level {
-        0 => QoS::AtMostOnce,
-        1 => QoS::AtLeastOnce,
-        _ => QoS::ExactlyOnce,
-    }
-}
-
 /// An operator-readable reason for a connection failure; a name that does not
 /// resolve says so and names the host.
-fn describe(e: &rumqttc::ConnectionError, url: &str) -> String {
-    let text = e.to_string();
+fn describe(text: &str, url: &str) -> String {
+    let text = text.to_string();
     let lower = text.to_lowercase();
     if lower.contains("failed to lookup")
         || lower.contains("name or service not known")

@@ -90,12 +90,12 @@ mod tests {
             Route {
                 filter: "/hfp/v1/journey/#".into(),
                 pulsar_topic: "j".into(),
-                key: KeySpec::TopicPayload,
+                key: KeySpec::TOPIC_PAYLOAD,
             },
             Route {
                 filter: "#".into(),
                 pulsar_topic: "all".into(),
-                key: KeySpec::Payload,
+                key: KeySpec::PAYLOAD,
             },
         ];
         assert_eq!(

@@ -487,7 +487,7 @@ async fn send(
     m: OutboxMessage,
 ) -> Result<pulsar::producer::SendFuture, Error> {
     let key = hex::encode(m.key);
-    Ok(producer
+    let mut message = producer
         .create_message()
         .with_content(m.payload)
         .with_key(key.clone())
@@ -496,9 +496,13 @@ async fn send(
         .with_property(props::MQTT_TOPIC, m.mqtt_topic)
         .with_property(props::NODE, m.node.to_string())
         .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
-        .event_time(m.first_seen_ms)
-        .send_non_blocking()
-        .await?)
+        .event_time(m.first_seen_ms);
+    if let Some(p) = &m.properties {
+        for (k, v) in props::mqtt5(p) {
+            message = message.with_property(k, v);
+        }
+    }
+    Ok(message.send_non_blocking().await?)
 }
 
 /// Asks the admin API whether deduplication applies to `topic`.

@@ -12,6 +12,53 @@ pub const NODE: &str = "firstseen-node";
 /// Leader-stamped first-seen time, ms since epoch (also the event time).
 pub const FIRST_SEEN_MS: &str = "firstseen-first-seen-ms";
 
+/// MQTT 5 properties, when the message had them (docs/configuration.md,
+/// "MQTT 5 properties in Pulsar"). Each name is `mqtt-` and the MQTT name,
+/// so none can clash with firstseen's own (`firstseen-*`) or `mqtt-topic`.
+pub const CONTENT_TYPE: &str = "mqtt-content-type";
+/// `0` (unspecified bytes) or `1` (UTF-8), as the publisher declared it.
+pub const PAYLOAD_FORMAT: &str = "mqtt-payload-format";
+/// Seconds the message had left before it expired, when it reached the bridge.
+pub const MESSAGE_EXPIRY: &str = "mqtt-message-expiry-secs";
+pub const RESPONSE_TOPIC: &str = "mqtt-response-topic";
+/// Correlation data, as lowercase hex (it is binary).
+pub const CORRELATION_DATA: &str = "mqtt-correlation-data";
+/// User property `NAME` becomes `mqtt-user-NAME`; a name that repeats gets
+/// `.2`, `.3`, … on its later values, in the order they came.
+pub const USER_PREFIX: &str = "mqtt-user-";
+
+/// The Pulsar properties of a message's MQTT 5 properties, in a fixed order.
+pub fn mqtt5(p: &firstseen_store::Properties) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(v) = &p.content_type {
+        out.push((CONTENT_TYPE.to_string(), v.clone()));
+    }
+    if let Some(v) = p.payload_format {
+        out.push((PAYLOAD_FORMAT.to_string(), v.to_string()));
+    }
+    if let Some(v) = p.message_expiry_secs {
+        out.push((MESSAGE_EXPIRY.to_string(), v.to_string()));
+    }
+    if let Some(v) = &p.response_topic {
+        out.push((RESPONSE_TOPIC.to_string(), v.clone()));
+    }
+    if let Some(v) = &p.correlation_data {
+        out.push((CORRELATION_DATA.to_string(), hex::encode(v)));
+    }
+    let mut seen: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    for (name, value) in &p.user {
+        let n = seen.entry(name.as_str()).or_insert(0);
+        *n += 1;
+        let key = if *n == 1 {
+            format!("{USER_PREFIX}{name}")
+        } else {
+            format!("{USER_PREFIX}{name}.{n}")
+        };
+        out.push((key, value.clone()));
+    }
+    out
+}
+
 /// Looks a property up in a Pulsar message's metadata.
 pub fn get<'a>(metadata: &'a pulsar::proto::MessageMetadata, name: &str) -> Option<&'a str> {
     metadata
@@ -19,4 +66,43 @@ pub fn get<'a>(metadata: &'a pulsar::proto::MessageMetadata, name: &str) -> Opti
         .iter()
         .find(|kv| kv.key == name)
         .map(|kv| kv.value.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mqtt5_properties_get_collision_free_names() {
+        let p = firstseen_store::Properties {
+            user: vec![
+                ("unit".into(), "m/s".into()),
+                ("hop".into(), "a".into()),
+                ("hop".into(), "b".into()),
+            ],
+            content_type: Some("application/json".into()),
+            payload_format: Some(1),
+            message_expiry_secs: Some(30),
+            response_topic: Some("replies/1".into()),
+            correlation_data: Some(vec![0xde, 0xad]),
+        };
+        let got = mqtt5(&p);
+        let want: Vec<(String, String)> = [
+            ("mqtt-content-type", "application/json"),
+            ("mqtt-payload-format", "1"),
+            ("mqtt-message-expiry-secs", "30"),
+            ("mqtt-response-topic", "replies/1"),
+            ("mqtt-correlation-data", "dead"),
+            ("mqtt-user-unit", "m/s"),
+            ("mqtt-user-hop", "a"),
+            ("mqtt-user-hop.2", "b"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
+        assert!(got
+            .iter()
+            .all(|(k, _)| k != SEQ && k != KEY && k != MQTT_TOPIC));
+    }
 }

@@ -35,7 +35,77 @@ pub struct Observation {
     pub received_ms: u64,
 }
 
+/// What an MQTT 5 publish carries besides its payload, kept so that every
+/// node publishes the same message to Pulsar (docs/configuration.md,
+/// "MQTT 5 properties in Pulsar"). Not part of the dedup key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Properties {
+    /// User properties, in the order they came; a name may repeat.
+    pub user: Vec<(String, String)>,
+    pub content_type: Option<String>,
+    /// 0: unspecified bytes, 1: UTF-8.
+    pub payload_format: Option<u8>,
+    /// Seconds the message had left before it expired, as the broker sent it.
+    pub message_expiry_secs: Option<u32>,
+    pub response_topic: Option<String>,
+    pub correlation_data: Option<Vec<u8>>,
+}
+
+/// Observations on their way to the log, with their MQTT 5 properties: what
+/// a batcher proposes and a follower forwards. `properties` is empty when no
+/// observation has any, else as long as `observations`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub observations: Vec<Observation>,
+    pub properties: Vec<Option<Box<Properties>>>,
+}
+
+impl Batch {
+    pub fn push(&mut self, o: Observation, p: Option<Box<Properties>>) {
+        if p.is_some() && self.properties.len() < self.observations.len() {
+            self.properties.resize(self.observations.len(), None);
+        }
+        self.observations.push(o);
+        if p.is_some() || !self.properties.is_empty() {
+            self.properties.push(p);
+        }
+    }
+
+    /// Appends every copy of `other`, in order.
+    pub fn extend(&mut self, other: Batch) {
+        let Batch {
+            observations,
+            properties,
+        } = other;
+        if properties.is_empty() {
+            for o in observations {
+                self.push(o, None);
+            }
+        } else {
+            for (o, p) in observations.into_iter().zip(properties) {
+                self.push(o, p);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.observations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.observations.is_empty()
+    }
+
+    /// The log entry for this batch, stamped by the leader.
+    pub fn into_command(self, stamped_ms: u64, window_ms: u64) -> Command {
+        Command::observe(stamped_ms, window_ms, self.observations, self.properties)
+    }
+}
+
 /// A command in the Raft log. One log entry holds exactly one command.
+///
+/// New variants go at the end: bincode numbers variants by position, so an
+/// old entry keeps decoding as what it was.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// A batch of observations from one node.
@@ -54,6 +124,68 @@ pub enum Command {
     /// The publisher's receipt: everything up to `seq` on `pulsar_topic` is
     /// in Pulsar, so every node may trim its outbox up to there.
     Published { pulsar_topic: String, seq: u64 },
+    /// [`Command::Observe`] with MQTT 5 properties: `properties[i]` belongs
+    /// to `observations[i]`. Proposed only when some observation has any,
+    /// so the log of a cluster without MQTT 5 upstreams is as before.
+    ObserveWithProperties {
+        stamped_ms: u64,
+        window_ms: u64,
+        observations: Vec<Observation>,
+        properties: Vec<Option<Box<Properties>>>,
+    },
+}
+
+impl Command {
+    /// A batch of observations, with their properties where they have any.
+    pub fn observe(
+        stamped_ms: u64,
+        window_ms: u64,
+        observations: Vec<Observation>,
+        properties: Vec<Option<Box<Properties>>>,
+    ) -> Command {
+        if properties.iter().all(Option::is_none) {
+            Command::Observe {
+                stamped_ms,
+                window_ms,
+                observations,
+            }
+        } else {
+            Command::ObserveWithProperties {
+                stamped_ms,
+                window_ms,
+                observations,
+                properties,
+            }
+        }
+    }
+
+    /// (stamp, window, observations) of an observing command.
+    pub fn as_observe(&self) -> Option<(u64, u64, &[Observation])> {
+        match self {
+            Command::Observe {
+                stamped_ms,
+                window_ms,
+                observations,
+            }
+            | Command::ObserveWithProperties {
+                stamped_ms,
+                window_ms,
+                observations,
+                ..
+            } => Some((*stamped_ms, *window_ms, observations)),
+            Command::Published { .. } => None,
+        }
+    }
+
+    /// The properties of observation `pos`, if it has any.
+    pub fn properties(&self, pos: usize) -> Option<&Properties> {
+        match self {
+            Command::ObserveWithProperties { properties, .. } => {
+                properties.get(pos).and_then(|p| p.as_deref())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// What applying one observation decided. A duplicate is an outcome, not an error.
@@ -101,6 +233,39 @@ pub struct OutboxMessage {
     pub node: NodeId,
     /// Window clock when the first copy was applied; becomes the event time.
     pub first_seen_ms: u64,
+    /// MQTT 5 properties, for the Pulsar message.
+    pub properties: Option<Box<Properties>>,
+}
+
+/// [`OutboxMessage`] as versions before MQTT 5 properties wrote it (inline
+/// outbox records and snapshots).
+#[derive(Deserialize)]
+struct OutboxMessageV1 {
+    key: Key,
+    mqtt_topic: String,
+    payload: Vec<u8>,
+    node: NodeId,
+    first_seen_ms: u64,
+}
+
+impl OutboxMessage {
+    /// Decodes a stored message, of this version or the one before.
+    pub fn decode(raw: &[u8]) -> Result<Self, bincode::Error> {
+        match bincode::deserialize::<OutboxMessage>(raw) {
+            Ok(m) => Ok(m),
+            Err(e) => match bincode::deserialize::<OutboxMessageV1>(raw) {
+                Ok(v1) => Ok(OutboxMessage {
+                    key: v1.key,
+                    mqtt_topic: v1.mqtt_topic,
+                    payload: v1.payload,
+                    node: v1.node,
+                    first_seen_ms: v1.first_seen_ms,
+                    properties: None,
+                }),
+                Err(_) => Err(e),
+            },
+        }
+    }
 }
 
 /// Where an outbox message's content is: normally still in the Raft log

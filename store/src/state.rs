@@ -69,9 +69,9 @@ const CHECKPOINT_ENTRIES: u64 = 2_000;
 type RunMessages = Vec<(u32, u64)>;
 type RecordKey = [u8; 8];
 
-/// Reads the observations of a Raft log entry, for a snapshot that must carry
+/// Reads the command of a Raft log entry, for a snapshot that must carry
 /// the unpublished messages the log holds.
-pub type ResolveEntry<'a> = dyn FnMut(u64) -> Result<Vec<Observation>, StoreError> + 'a;
+pub type ResolveEntry<'a> = dyn FnMut(u64) -> Result<Command, StoreError> + 'a;
 
 /// Everything small about the state, written whole at each checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,16 +308,17 @@ impl StateStore {
         let mut inner = self.lock();
         let response = match cmd {
             None => Response::None,
-            Some(Command::Observe {
-                stamped_ms,
-                window_ms,
-                observations,
-            }) => {
-                self.apply_observe(&mut inner, *stamped_ms, *window_ms, observations, log_index)?
-            }
             Some(Command::Published { pulsar_topic, seq }) => {
                 self.apply_published(&mut inner, pulsar_topic, *seq)?
             }
+            // Properties do not change what is applied: they travel with the
+            // payload, which the outbox reads from the log entry.
+            Some(cmd) => match cmd.as_observe() {
+                Some((stamped_ms, window_ms, observations)) => {
+                    self.apply_observe(&mut inner, stamped_ms, window_ms, observations, log_index)?
+                }
+                None => Response::None,
+            },
         };
         inner.head.applied = applied.to_vec();
         inner.dirty = true;
@@ -538,7 +539,7 @@ impl StateStore {
         let range = window::outbox_key(topic, before + 1)..=window::outbox_key(topic, upto);
         for item in self.inline.range(range) {
             let (k, v) = item?;
-            let m: OutboxMessage = decode(&v)?;
+            let m = OutboxMessage::decode(&v).map_err(|e| StoreError::Codec(e.to_string()))?;
             inline.push((k.to_vec(), window::outbox_charge(&m.mqtt_topic, &m.payload)));
         }
         let totals = &mut inner.head.totals;
@@ -729,7 +730,8 @@ impl StateStore {
         for item in self.inline.range(range).take(limit) {
             let (k, v) = item?;
             let seq = window::outbox_seq(&k).ok_or_else(|| corrupt("outbox key"))?;
-            out.push((seq, OutboxItem::Inline(decode(&v)?)));
+            let m = OutboxMessage::decode(&v).map_err(|e| StoreError::Codec(e.to_string()))?;
+            out.push((seq, OutboxItem::Inline(m)));
         }
         let next = out.last().map_or(from, |(s, _)| s + 1);
         // The run holding `next` starts at or before it.
@@ -857,7 +859,8 @@ impl StateStore {
             let first = window::outbox_seq(&k).ok_or_else(|| corrupt("outbox run key"))?;
             let run = record::decode_run(&v).ok_or_else(|| corrupt("outbox run"))?;
             let done = published.get(&topic).copied().unwrap_or(0);
-            let observations = resolve(run.log_index)?;
+            let cmd = resolve(run.log_index)?;
+            let observations = cmd.as_observe().map(|(_, _, o)| o).unwrap_or_default();
             for (i, (pos, _)) in run.messages.iter().enumerate() {
                 let seq = first + i as u64;
                 if seq <= done {
@@ -875,6 +878,7 @@ impl StateStore {
                     payload: obs.payload.clone(),
                     node: obs.node,
                     first_seen_ms: run.first_seen_ms,
+                    properties: cmd.properties(*pos as usize).cloned().map(Box::new),
                 };
                 write_record(
                     out,
@@ -1348,10 +1352,7 @@ mod tests {
         let mut buf = Vec::new();
         // The unpublished messages are read from the log (here, the one
         // entry applied) and travel inline.
-        let entry = match observe(1, 60_000, vec![obs(1, 1, "a"), obs(2, 2, "b")]) {
-            Command::Observe { observations, .. } => observations,
-            _ => unreachable!(),
-        };
+        let entry = observe(1, 60_000, vec![obs(1, 1, "a"), obs(2, 2, "b")]);
         a.export(&mut buf, &mut |i| {
             assert_eq!(i, 7);
             Ok(entry.clone())

@@ -129,22 +129,40 @@ impl Mosquitto {
             if is_root() { "user root\n" } else { "" }
         );
         std::fs::write(&conf, text).unwrap();
+        let mut m = Self {
+            child: None,
+            port,
+            dir,
+        };
+        m.spawn();
+        m
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new("mosquitto")
             .arg("-c")
-            .arg(&conf)
+            .arg(self.dir.path().join("mosquitto.conf"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("mosquitto is installed (scripts/test.sh installs it)");
-        let m = Self {
-            child: Some(child),
-            port,
-            dir,
-        };
+        self.child = Some(child);
+        let port = self.port;
         wait_until(Duration::from_secs(10), "mosquitto to listen", || {
             TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
-        m
+    }
+
+    /// Stops the broker with SIGTERM (it saves its sessions and queued
+    /// messages) and starts it again on the same port and store.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let _ = c.wait();
+        }
+        self.spawn();
     }
 
     pub fn url(&self) -> String {
@@ -185,6 +203,12 @@ pub struct NodeSpec {
     pub extra: String,
     /// Extra keys of the `[node]` table (`key = value` lines).
     pub node_extra: String,
+    /// Extra keys of the `[[upstreams]]` table (`protocol = "5"`, say).
+    pub upstream_extra: String,
+    /// QoS of the subscription.
+    pub qos: u8,
+    /// `[[routes]]` tables tried before the test topic's own route.
+    pub routes_before: String,
     /// Where the node keeps its data, when not in its own temporary
     /// directory (a crash-consistency filesystem, say).
     pub data_dir: Option<PathBuf>,
@@ -247,6 +271,9 @@ impl NodeSpec {
             max_payload_bytes: 1 << 20,
             extra: String::new(),
             node_extra: String::new(),
+            upstream_extra: String::new(),
+            qos: 1,
+            routes_before: String::new(),
             data_dir: None,
             env: Vec::new(),
             http_port: None,
@@ -282,10 +309,12 @@ url = "{pulsar}"
 name = "hsl"
 url = "{mqtt}"
 keepalive_secs = 5
+{upstream_extra}
 [[upstreams.subscriptions]]
 filter = "{filter}"
-qos = 1
+qos = {qos}
 
+{routes_before}
 [[routes]]
 filter = "{filter}"
 pulsar_topic = "{topic}"
@@ -301,6 +330,9 @@ pulsar_topic = "{topic}"
             topic = self.topic,
             extra = self.extra,
             node_extra = self.node_extra,
+            upstream_extra = self.upstream_extra,
+            routes_before = self.routes_before,
+            qos = self.qos,
             cluster = self.cluster.as_ref().map(|c| c.toml()).unwrap_or_default(),
         )
     }

@@ -170,6 +170,8 @@ pulsar_topic = "{c.topic}"
 [cluster]
 listen = "{self.ip}:{self.peer}"
 secret_file = "{c.out}/cluster.secret"
+# The campaign's own bridge: plain peer traffic is the point of a cut.
+allow_plaintext = true
 {members}"""
 
     def start(self):

@@ -22,6 +22,8 @@ def main():
     ap.add_argument("--topic", required=True)
     ap.add_argument("--idle", type=float, default=20.0)
     ap.add_argument("--with-payloads", action="store_true", help="include topic+payload digests")
+    ap.add_argument("--with-properties", action="store_true",
+                    help="include every message's properties (in topic order)")
     args = ap.parse_args()
 
     client = pulsar.Client(args.url, logger=logging.getLogger("silent"))
@@ -30,6 +32,7 @@ def main():
     keys = collections.Counter()
     seqs = []
     pairs = []
+    properties = []
     count = 0
     while reader.has_message_available():
         try:
@@ -44,6 +47,8 @@ def main():
         seqs.append(int(seq) if seq is not None else None)
         if args.with_payloads:
             pairs.append([props.get("mqtt-topic"), msg.data().decode("utf-8", "replace")])
+        if args.with_properties:
+            properties.append(dict(props))
     out = {
         "count": count,
         "distinct_keys": len(keys),
@@ -52,6 +57,8 @@ def main():
     }
     if args.with_payloads:
         out["pairs"] = pairs
+    if args.with_properties:
+        out["properties"] = properties
     print(json.dumps(out))
     sys.stdout.flush()
     # The client's C++ teardown sometimes aborts the process after the work
