@@ -150,6 +150,9 @@ shutdown_timeout_secs = 5
 
 [dedup]
 max_payload_bytes = 65536
+# Shorter than the default hour, so that the window's expiry runs during a
+# campaign (the load's ids are unique, so only real copies share a key).
+window_secs = 600
 
 [pulsar]
 url = "pulsar://{c.net.host_ip}:{c.pulsar_port}"
@@ -172,6 +175,9 @@ listen = "{self.ip}:{self.peer}"
 secret_file = "{c.out}/cluster.secret"
 # The campaign's own bridge: plain peer traffic is the point of a cut.
 allow_plaintext = true
+# Snapshots, log purges and snapshot installs every few seconds instead of
+# every few minutes, so that they too happen under faults.
+snapshot_logs = 1000
 {members}"""
 
     def start(self):
