@@ -32,6 +32,7 @@ pub mod node;
 pub mod publish;
 pub mod telemetry;
 pub mod verify;
+pub mod watchdog;
 
 /// Everything that can go wrong in the firstseen crate.
 #[derive(Debug, thiserror::Error)]

@@ -115,6 +115,12 @@ pub async fn run(
         services.clone(),
     ));
     let disk_task = tokio::spawn(disk.clone().watch(services.clone()));
+    let watchdog_task = tokio::spawn(crate::watchdog::watch(
+        cluster.raft.clone(),
+        cluster.disk.log.clone(),
+        cluster.disk.state.clone(),
+        services.clone(),
+    ));
     let elect_task = tokio::spawn(crate::cluster::elect::drive(
         cluster.raft.clone(),
         config.node.id,
@@ -208,6 +214,7 @@ pub async fn run(
         gauge_task,
         http_task,
         disk_task,
+        watchdog_task,
         heartbeat_task,
         elect_task,
         lease_task,

@@ -408,3 +408,80 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
 }
+
+/// A follower whose disk fills up with no reserve to warn it: a write fails
+/// inside sled, after which sled 0.34 can wait forever for that write to
+/// become stable, or openraft stops its core. Either way the node must not
+/// run on as a silent zombie: its storage watchdog exits with status 74 so
+/// that a supervisor restarts it, and once space returns it rejoins with
+/// nothing lost or doubled.
+#[test]
+fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
+    let Some(pulsar) =
+        shared_pulsar("a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers")
+    else {
+        return;
+    };
+    let disk = CrashFs::start();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("storage-fails");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
+        if s.id == 3 {
+            s.data_dir = Some(disk.mount.join("data"));
+            // No reserve: the disk runs out under sled's own writes.
+            s.node_extra = "disk_reserve_bytes = 0\n".into();
+        }
+    });
+    c.wait_ready();
+    let mut leader = c.wait_leader(None, Duration::from_secs(30));
+    if leader == 3 {
+        c.node(3).kill9();
+        leader = c.wait_leader_among(&[1, 2], Some(3), Duration::from_secs(30));
+        c.node(3).restart();
+        c.wait_ready();
+    }
+    replay(mqtt.port, &["--limit", "500", "--pace", "max"]);
+    c.node(leader)
+        .wait_published(hfp_pairs(Some(500)).len() as u64, Duration::from_secs(60));
+
+    disk.quota(Some(disk.used() + (1 << 20)));
+    replay(mqtt.port, &["--skip", "500", "--pace", "max"]);
+    let exited = c.node(3).wait_exit(Duration::from_secs(90));
+    let log = std::fs::read_to_string(c.node(3).log_path()).unwrap_or_default();
+    let Some((status, after)) = exited else {
+        panic!(
+            "node 3 ran on for 90 s with a failed disk instead of exiting:\n{}",
+            c.node(3).log_tail(30)
+        );
+    };
+    assert_eq!(status.code(), Some(74), "{}", c.node(3).log_tail(30));
+    assert!(
+        log.contains("storage can no longer be trusted"),
+        "{}",
+        c.node(3).log_tail(30)
+    );
+    let reason = log
+        .lines()
+        .find(|l| l.contains("storage can no longer be trusted"))
+        .unwrap_or_default();
+    eprintln!("node 3 exited with status 74, {after:?} into the wait: {reason}");
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+
+    // What a supervisor does once the operator has made room.
+    disk.quota(None);
+    c.node(3).restart();
+    c.node(3).wait_ready();
+    let applied = |n: &mut Node| {
+        n.status()
+            .and_then(|s| s["last_applied"].as_u64())
+            .unwrap_or(0)
+    };
+    wait_until(Duration::from_secs(60), "node 3 to catch up", || {
+        let target = applied(c.node(leader));
+        applied(c.node(3)) >= target
+    });
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}

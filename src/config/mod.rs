@@ -357,8 +357,16 @@ fn default_max_payload() -> usize {
 fn default_batch_messages() -> usize {
     1_000
 }
+/// 256 KiB: openraft gives a whole AppendEntries one heartbeat (100 ms),
+/// and a follower that fell behind is sent `max_payload_entries` (4)
+/// entries at a time. With 4 MiB entries (merged batches of a replayed
+/// backlog) a debug build on two cores never answered within the budget:
+/// the same append was resent forever and a two-node majority committed
+/// nothing (found when a third node's disk failed mid-replay). A quarter
+/// MiB keeps an append near 1 MiB; batches are bounded by
+/// `batch.max_messages` first at the HSL feed's message sizes anyway.
 fn default_batch_bytes() -> usize {
-    4 * 1024 * 1024
+    256 * 1024
 }
 fn default_linger_ms() -> u64 {
     2

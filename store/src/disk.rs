@@ -56,6 +56,14 @@ struct Inner {
     file: Option<File>,
     /// Names already made stable, so a sync only touches what is new.
     known: Mutex<Known>,
+    /// Syncs in progress, and when one last began with none running or
+    /// ended (ms after `born`). Read by the node's storage watchdog: after a
+    /// failed write (a full disk), sled 0.34 can wait forever for the write
+    /// to become stable, and such a node held its peers' connections and
+    /// said nothing (nemesis seed 21).
+    syncs_running: std::sync::atomic::AtomicU64,
+    sync_progress_ms: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 #[derive(Default)]
@@ -155,6 +163,9 @@ impl Db {
                 dir: Some(dir.to_path_buf()),
                 file: Some(file),
                 known: Mutex::new(Known::default()),
+                syncs_running: Default::default(),
+                sync_progress_ms: Default::default(),
+                born: Instant::now(),
             }),
         };
         // Whatever sled created while opening (db, conf, blobs/) becomes
@@ -173,6 +184,9 @@ impl Db {
                 dir: None,
                 file: None,
                 known: Mutex::new(Known::default()),
+                syncs_running: Default::default(),
+                sync_progress_ms: Default::default(),
+                born: Instant::now(),
             }),
         }
     }
@@ -196,9 +210,21 @@ impl Db {
     /// Blocking: sled's flush, then one `fdatasync` of the database file and
     /// one of each new blob (see the module docs).
     pub fn sync(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
         let started = Instant::now();
-        self.inner.db.flush()?;
-        self.sync_files()?;
+        let at = |i: Instant| i.duration_since(self.inner.born).as_millis() as u64;
+        if self.inner.syncs_running.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.inner
+                .sync_progress_ms
+                .store(at(started), Ordering::Release);
+        }
+        let result = self.inner.db.flush().map_err(StoreError::from);
+        let result = result.and_then(|_| self.sync_files());
+        self.inner
+            .sync_progress_ms
+            .store(at(Instant::now()), Ordering::Release);
+        self.inner.syncs_running.fetch_sub(1, Ordering::AcqRel);
+        result?;
         metrics::counter!("firstseen_disk_syncs_total", "db" => self.inner.name).increment(1);
         metrics::histogram!("firstseen_disk_sync_seconds", "db" => self.inner.name)
             .record(started.elapsed().as_secs_f64());
@@ -262,6 +288,18 @@ impl Db {
             known.top = top;
         }
         Ok(())
+    }
+
+    /// How long syncs have been running without one finishing, if one is
+    /// running.
+    pub fn sync_stuck_for(&self) -> Option<std::time::Duration> {
+        use std::sync::atomic::Ordering;
+        if self.inner.syncs_running.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let since = self.inner.sync_progress_ms.load(Ordering::Acquire);
+        let now = self.inner.born.elapsed().as_millis() as u64;
+        Some(std::time::Duration::from_millis(now.saturating_sub(since)))
     }
 
     /// Bytes sled uses on disk for this database.
