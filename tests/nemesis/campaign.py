@@ -12,8 +12,10 @@ the schedule is over it heals everything, waits for the cluster to drain,
 stops it all, and hands the history, the broker's log of acks (tap.py) and
 the topic, read with the official client, to the checker (check.py).
 
-Output in --out: schedule.json, history.bin, summary.json, campaign.log,
-timeline.png, and the nodes' and brokers' logs.
+Output in --out: schedule.json, history.bin (the client's own record),
+history.jsonl.gz (one line per message, with what the broker, the bridges and
+Pulsar did with it), summary.json, campaign.log, timeline.png, and the nodes'
+and brokers' logs.
 """
 
 import argparse
@@ -235,6 +237,31 @@ snapshot_logs = 1000
     def status(self):
         with urllib.request.urlopen(f"http://{self.ip}:{self.http}/status", timeout=1) as r:
             return json.load(r)
+
+
+def write_history(path, t_pub, t_ack, first_ack, arrived, msgs):
+    """The history as JSON lines, one per message: when the client published it,
+    when the broker acked it, when a bridge acked it (the broker's log), when it
+    arrived in Pulsar (live reader), and the Pulsar sequence numbers it got. Times
+    are seconds since the epoch by the harness's clock; null for never."""
+    import gzip
+    import math
+    copies = {}
+    for i, seq, _ in msgs:
+        copies.setdefault(i, []).append(seq)
+
+    def t(x):
+        return None if x is None or math.isnan(x) else round(x, 4)
+    with gzip.open(path, "wt") as f:
+        for i in range(len(t_pub)):
+            f.write(json.dumps({
+                "id": i, "published": t(t_pub[i]), "broker_acked": t(t_ack[i]),
+                "bridge_acked": t(first_ack[i]) if first_ack is not None else None,
+                "arrived": t(arrived[i]) if i < len(arrived) else None,
+                "pulsar_seqs": copies.get(i, [])}) + "\n")
+        for i, seqs in copies.items():
+            if not 0 <= i < len(t_pub):
+                f.write(json.dumps({"id": i, "unexpected": True, "pulsar_seqs": seqs}) + "\n")
 
 
 class Campaign:
@@ -560,6 +587,8 @@ class Campaign:
                         "recovered": recovered, "elections": self.elections(),
                         "self_exits": self.self_exits,
                         "load": load_info})
+        write_history(os.path.join(self.out, "history.jsonl.gz"), t_pub, t_ack, first_ack,
+                      arrived[:len(t_pub)], msgs)
         if not recovered:
             verdict["ok"] = False
             log("not every node was ready again after the faults healed: verdict FAILED")

@@ -38,6 +38,12 @@ class ScheduleTest(unittest.TestCase):
             faults = schedule.generate(seed, 300)
             self.assertTrue(all(f.end <= 280 for f in faults))
 
+    def test_every_short_campaign_loses_every_node_at_least_once(self):
+        # What makes a build that acks before its commit fail the short profile.
+        for seed in range(50):
+            kinds = [f.kind for f in schedule.generate(seed, 240)]
+            self.assertIn("power_loss_all", kinds, seed)
+
     def test_an_hour_long_soak_meets_every_kind_a_hundred_times(self):
         c = schedule.counts(schedule.generate(7, 3600, schedule.SOAK))
         for kind in schedule.KINDS:
