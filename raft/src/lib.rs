@@ -121,17 +121,44 @@ pub struct Storage {
 /// Refuses damaged files with [`RaftError::Damaged`] (or the store's
 /// equivalent), naming the file: a log shorter than its guard, a vote older
 /// than the guard's, a state the log cannot serve.
+///
+/// A state database that fails to open or to load is rebuilt instead: it is
+/// derived data, and the current snapshot plus the Raft log hold everything
+/// it held. sled 0.34 does not always recover a database that lost unsynced
+/// writes (the soak's losses of power on every node left state databases
+/// that sled called corrupt, or panicked on); the log, synced on every
+/// append and checked against the guard, is never rebuilt this way.
 pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
-    let disk = {
+    let (log_db, state_db, state, rebuilt) = {
         let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Disk::open(&dir))
+        tokio::task::spawn_blocking(move || open_databases(&dir))
             .await
             .map_err(|e| RaftError::Codec(format!("opening storage: {e}")))??
     };
-    let state = StateStore::open_on(&disk)?;
+    let snapshots = dir.join("snapshots");
+    if rebuilt {
+        let restored = state_machine::restore_current(&state, &snapshots).await?;
+        if let Some(p) = log_store::purged_in(&log_db)? {
+            if restored.is_none_or(|r| r.index < p.index) {
+                return Err(RaftError::Damaged {
+                    path: snapshots.join("current.meta"),
+                    reason: format!(
+                        "the state must be rebuilt, but the snapshot ends at {restored:?} and the log was purged up to {p}"
+                    ),
+                });
+            }
+        }
+        tracing::warn!(
+            snapshot = ?restored,
+            "state rebuilt from the current snapshot; the log is re-applied from there"
+        );
+    }
+    let disk = Disk {
+        log: log_db,
+        state: state_db,
+    };
     let log = LogStore::open(&disk.log, state.clone())?;
-    let state_machine =
-        StateMachine::open(state.clone(), log.clone(), dir.join("snapshots")).await?;
+    let state_machine = StateMachine::open(state.clone(), log.clone(), snapshots).await?;
     let outbox = Outbox::new(state.clone(), log.clone());
     Ok(Storage {
         disk,
@@ -140,4 +167,110 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         state,
         outbox,
     })
+}
+
+/// The log database, the state database and the state loaded from it, and
+/// whether the state had to be started afresh. Blocking.
+fn open_databases(
+    dir: &Path,
+) -> Result<
+    (
+        firstseen_store::disk::Db,
+        firstseen_store::disk::Db,
+        StateStore,
+        bool,
+    ),
+    RaftError,
+> {
+    firstseen_store::disk::create_dir_durable(dir)?;
+    let log_db = Disk::open_log(dir)?;
+    let purged = log_store::purged_in(&log_db)?;
+    let has_snapshot = dir.join("snapshots").join("current.meta").exists();
+    // `check`: off for the fresh state of a rebuild, which the current
+    // snapshot brings past the purge point next.
+    let load = |log_db: &firstseen_store::disk::Db, check: bool| {
+        let state_db = Disk::open_state(dir)?;
+        let state = StateStore::open_with_log(&state_db, Some(log_db.clone()))?;
+        // sled opens some damaged files as an empty database without a
+        // word (a file overwritten whole did): a state behind the purge
+        // point cannot be the one this node ran with. Only checked with a
+        // snapshot to rebuild from: a node purges only after one.
+        let applied = state_machine::applied_in(&state)?;
+        if let Some(p) = purged.filter(|_| check && has_snapshot) {
+            if applied.is_none_or(|a| a.index < p.index) {
+                return Err(RaftError::Damaged {
+                    path: Disk::state_dir(dir).join("db"),
+                    reason: format!(
+                        "the state is applied up to {applied:?} but the log was purged up to {p}"
+                    ),
+                });
+            }
+        }
+        Ok::<_, RaftError>((state_db, state))
+    };
+    // sled 0.34 panics on some damaged pages instead of returning an error.
+    let load = |log_db: &firstseen_store::disk::Db, check: bool| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(log_db, check)))
+            .unwrap_or_else(|panic| {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "sled panicked while loading it".into());
+                Err(RaftError::Damaged {
+                    path: Disk::state_dir(dir).join("db"),
+                    reason,
+                })
+            })
+    };
+    match load(&log_db, true) {
+        Ok((state_db, state)) => Ok((log_db, state_db, state, false)),
+        // An I/O error (a lock still held, permissions, a full disk) says
+        // nothing about the data: it is reported, never "repaired".
+        Err(e) if !is_damage(&e) => Err(e),
+        Err(e) => {
+            let from = Disk::state_dir(dir);
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or_default();
+            let to = dir.join(format!("sled.damaged-{stamp}"));
+            tracing::error!(
+                error = %e,
+                moved_to = %to.display(),
+                "the state database cannot be read; moving it aside and rebuilding the state from the current snapshot and the Raft log (delete the damaged copy once you no longer need it)"
+            );
+            std::fs::rename(&from, &to).map_err(|source| RaftError::Io {
+                path: from.clone(),
+                source,
+            })?;
+            firstseen_store::disk::sync_dir(dir)?;
+            let (state_db, state) = load(&log_db, false)?;
+            Ok((log_db, state_db, state, true))
+        }
+    }
+}
+
+/// Whether an error opening or loading the state database means its data is
+/// damaged (rather than unreachable).
+fn is_damage(e: &RaftError) -> bool {
+    use firstseen_store::StoreError as S;
+    let sled_damage = |e: &sled::Error| {
+        matches!(
+            e,
+            sled::Error::Corruption { .. }
+                | sled::Error::ReportableBug(_)
+                | sled::Error::Unsupported(_)
+        )
+    };
+    match e {
+        RaftError::Damaged { .. } | RaftError::Codec(_) => true,
+        RaftError::Sled(s) => sled_damage(s),
+        RaftError::Store(s) => match s {
+            S::Damaged { .. } | S::Corrupt(_) | S::Codec(_) => true,
+            S::Sled(s) => sled_damage(s),
+            S::Log(_) | S::Io(_) | S::File { .. } => false,
+        },
+        RaftError::Io { .. } => false,
+    }
 }

@@ -233,6 +233,18 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
     bincode::deserialize(raw).map_err(io_err)
 }
 
+/// The purge point recorded in a log database, before the log store opens
+/// it: a state applied below it can no longer be brought up to date.
+pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
+    let meta = db.sled().open_tree("raft_meta")?;
+    match meta.get(LAST_PURGED)? {
+        Some(raw) => Ok(Some(
+            decode::<LogId<NodeId>>(&raw).map_err(|e| RaftError::Codec(e.to_string()))?,
+        )),
+        None => Ok(None),
+    }
+}
+
 impl LogStore {
     /// Opens the log trees in `db` and starts its group-commit thread and
     /// reaper task, so it must be called inside a tokio runtime. Both end

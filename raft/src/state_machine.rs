@@ -221,6 +221,53 @@ fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError>
     Ok(())
 }
 
+/// The last log id a loaded state has applied, from its marker.
+pub fn applied_in(store: &StateStore) -> Result<Option<LogId<NodeId>>, RaftError> {
+    match store.applied_marker()? {
+        Some(raw) => Ok(bincode::deserialize::<AppliedMarker>(&raw)
+            .map_err(|e| RaftError::Codec(e.to_string()))?
+            .0),
+        None => Ok(None),
+    }
+}
+
+/// Loads the current snapshot in `dir`, checked against its meta, into an
+/// empty `store` and records it as applied: what a rebuilt state starts
+/// from. Returns the snapshot's last log id, or `None` when the node never
+/// had one (the log then still holds every entry: nothing is purged before
+/// a snapshot exists).
+pub async fn restore_current(
+    store: &StateStore,
+    dir: &Path,
+) -> Result<Option<LogId<NodeId>>, RaftError> {
+    let damaged = |reason: String| RaftError::Damaged {
+        path: dir.join(CURRENT_META),
+        reason,
+    };
+    let Some(snapshot) = open_current(dir)
+        .await
+        .map_err(|e| damaged(format!("cannot rebuild the state from it: {e}")))?
+    else {
+        return Ok(None);
+    };
+    let meta = snapshot.meta;
+    let file = snapshot.snapshot.into_std().await;
+    let marker = bincode::serialize(&(meta.last_log_id, meta.last_membership.clone()))
+        .map_err(|e| RaftError::Codec(e.to_string()))?;
+    let store = store.clone();
+    let id = meta.snapshot_id.clone();
+    tokio::task::spawn_blocking(move || {
+        store.import_with_progress(&mut BufReader::new(file), |n| {
+            tracing::info!(snapshot = %id, records = n, "rebuilding the state");
+        })?;
+        store.apply(None, 0, &marker)?;
+        store.flush()
+    })
+    .await
+    .map_err(|e| RaftError::Codec(format!("rebuilding the state: {e}")))??;
+    Ok(meta.last_log_id)
+}
+
 /// The current snapshot, after checking its data file against the meta.
 async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<TypeConfig>>> {
     let meta_path = dir.join(CURRENT_META);

@@ -78,9 +78,9 @@ pub struct Options {
     /// sled's page cache.
     pub cache_bytes: u64,
     /// sled's own background flush, if any. sled's flusher thread ends each
-    /// round with an fsync of the database file, so a state database may
-    /// become stable on its own between checkpoints; that is safe only
-    /// because every checkpoint syncs the log first.
+    /// round with an fsync of the database file but never syncs `blobs/`,
+    /// which breaks the order [`Db::sync`] keeps: neither of the node's
+    /// databases uses it.
     pub flush_every_ms: Option<u64>,
 }
 
@@ -330,17 +330,39 @@ impl Disk {
     /// Opens both databases under `dir` (`dir/log`, `dir/sled`).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         create_dir_durable(dir)?;
-        let state = Db::open(
+        let state = Self::open_state(dir)?;
+        let log = Self::open_log(dir)?;
+        Ok(Self { log, state })
+    }
+
+    /// Where the state database of a node's storage `dir` lives.
+    pub fn state_dir(dir: &Path) -> PathBuf {
+        dir.join("sled")
+    }
+
+    /// Opens (or creates) the state database under `dir`.
+    pub fn open_state(dir: &Path) -> Result<Db, StoreError> {
+        Db::open(
             "state",
-            &dir.join("sled"),
+            &Self::state_dir(dir),
             Options {
                 cache_bytes: STATE_CACHE_BYTES,
-                // Not on the commit path: checkpoints and this background
-                // flush bound how much a crash re-applies from the log.
-                flush_every_ms: Some(1_000),
+                // No background flush: sled's own flusher makes the database
+                // file stable without syncing `blobs/` first, which breaks the
+                // order `Db::sync` keeps. The state becomes stable only
+                // through `Db::sync` (blobs, then the file) at every
+                // `StateStore::flush`: before each purge of the log and at
+                // shutdown. A crash re-applies the log from there; the log
+                // still holds those entries, since a purge comes after the
+                // flush.
+                flush_every_ms: None,
             },
-        )?;
-        let log = Db::open(
+        )
+    }
+
+    /// Opens (or creates) the Raft log's database under `dir`.
+    pub fn open_log(dir: &Path) -> Result<Db, StoreError> {
+        Db::open(
             "log",
             &dir.join("log"),
             Options {
@@ -348,8 +370,7 @@ impl Disk {
                 // Every append is synced explicitly (group commit).
                 flush_every_ms: None,
             },
-        )?;
-        Ok(Self { log, state })
+        )
     }
 }
 
