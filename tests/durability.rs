@@ -490,13 +490,14 @@ fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
 const STATE_WRITER_DIR: &str = "FIRSTSEEN_TEST_STATE_WRITER_DIR";
 
 /// sled writes a value above a quarter of a segment to a file of its own
-/// under `blobs/`, and its background flusher makes the database file stable
-/// without syncing that file. With the flusher on for the state database, a
-/// power cut a few seconds after such a write left a database that pointed
-/// at a blob the disk never got: the soak's first loss of power on every
-/// node made all three state databases unreadable. The state is now made
-/// stable only by `Db::sync`, blobs first. The writer is a child process,
-/// killed before the power goes, so that nothing flushes on the way out.
+/// under `blobs/`; `Db::sync` makes those stable before the database file
+/// that points at them. A power cut after a sync and a few unsynced large
+/// values must leave a database that opens, with the synced value and each
+/// large one either whole or absent. (It passes with sled's background
+/// flusher on too, so it does not show that the flusher was what damaged
+/// the soak's state databases; the rebuild below is what handles those.)
+/// The writer is a child process, killed before the power goes, so that
+/// nothing flushes on the way out.
 #[test]
 fn the_state_database_survives_a_power_cut_after_a_large_value() {
     if let Ok(dir) = std::env::var(STATE_WRITER_DIR) {
