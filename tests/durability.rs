@@ -302,6 +302,20 @@ fn flipped_bytes_are_refused_or_harmless_never_a_shorter_log() {
     }
 }
 
+/// The leader once it is not node 3 (the node on the small disk): node 3
+/// is restarted while it leads, so the tests act on it only as a follower.
+fn leader_other_than_3(c: &mut TestCluster) -> u64 {
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    if leader != 3 {
+        return leader;
+    }
+    c.node(3).kill9();
+    let leader = c.wait_leader_among(&[1, 2], Some(3), Duration::from_secs(30));
+    c.node(3).restart();
+    c.wait_ready();
+    leader
+}
+
 /// One follower's data directory is on a filesystem that fills up: it stops
 /// acking and writing, says so on /readyz, in /status and in a metric; the
 /// broker keeps its messages (a dead letter too); when space returns it
@@ -326,14 +340,7 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
         }
     });
     c.wait_ready();
-    let mut leader = c.wait_leader(None, Duration::from_secs(30));
-    if leader == 3 {
-        // Move leadership away from the small disk: restart node 3.
-        c.node(3).kill9();
-        leader = c.wait_leader_among(&[1, 2], Some(3), Duration::from_secs(30));
-        c.node(3).restart();
-        c.wait_ready();
-    }
+    let leader = leader_other_than_3(&mut c);
     replay(mqtt.port, &["--limit", "1500", "--pace", "max"]);
     let first = hfp_pairs(Some(1500)).len() as u64;
     c.node(leader)
@@ -433,13 +440,7 @@ fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
         }
     });
     c.wait_ready();
-    let mut leader = c.wait_leader(None, Duration::from_secs(30));
-    if leader == 3 {
-        c.node(3).kill9();
-        leader = c.wait_leader_among(&[1, 2], Some(3), Duration::from_secs(30));
-        c.node(3).restart();
-        c.wait_ready();
-    }
+    let leader = leader_other_than_3(&mut c);
     replay(mqtt.port, &["--limit", "500", "--pace", "max"]);
     c.node(leader)
         .wait_published(hfp_pairs(Some(500)).len() as u64, Duration::from_secs(60));

@@ -141,7 +141,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         if let Some(p) = log_store::purged_in(&log_db)? {
             if restored.is_none_or(|r| r.index < p.index) {
                 return Err(RaftError::Damaged {
-                    path: snapshots.join("current.meta"),
+                    path: snapshots.join(state_machine::CURRENT_META),
                     reason: format!(
                         "the state must be rebuilt, but the snapshot ends at {restored:?} and the log was purged up to {p}"
                     ),
@@ -185,7 +185,10 @@ fn open_databases(
     firstseen_store::disk::create_dir_durable(dir)?;
     let log_db = Disk::open_log(dir)?;
     let purged = log_store::purged_in(&log_db)?;
-    let has_snapshot = dir.join("snapshots").join("current.meta").exists();
+    let has_snapshot = dir
+        .join("snapshots")
+        .join(state_machine::CURRENT_META)
+        .exists();
     // `check`: off for the fresh state of a rebuild, which the current
     // snapshot brings past the purge point next.
     let load = |log_db: &firstseen_store::disk::Db, check: bool| {

@@ -27,7 +27,7 @@ use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, TypeConfi
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 type Meta = SnapshotMeta<NodeId, Member>;
 
-const CURRENT_META: &str = "current.meta";
+pub(crate) const CURRENT_META: &str = "current.meta";
 
 /// What `current.meta` holds: openraft's metadata, and the data file with
 /// what it must hash to.
