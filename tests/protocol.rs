@@ -232,3 +232,98 @@ pulsar_topic = "{by_bytes}"
         "the byte key keeps both serialisations"
     );
 }
+
+/// An upstream over TLS to a Mosquitto listener that requires client
+/// certificates (made by the test with openssl). The right CA and
+/// certificate deliver exactly once; a wrong CA fails with an error naming
+/// the upstream and acks nothing, so what is published meanwhile waits in
+/// the broker's session and arrives once the node is fixed; check-config
+/// names a missing key file.
+#[test]
+fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_loses_nothing() {
+    let Some(pulsar) = shared_pulsar(
+        "an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_loses_nothing",
+    ) else {
+        return;
+    };
+    let certs = tempfile::TempDir::new().unwrap();
+    let (cert, key, ca) = make_certs(certs.path(), "mqtt");
+    let (_, _, other_ca) = make_certs(certs.path(), "other");
+    let tls_port = free_port();
+    let mqtt = Mosquitto::start_with(|_| {
+        format!(
+            "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            ca.display(),
+            cert.display(),
+            key.display()
+        )
+    });
+    let topic = unique_topic("mqtts");
+    let tls = |ca_file: &std::path::Path| {
+        format!(
+            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            ca_file.display(),
+            cert.display(),
+            key.display()
+        )
+    };
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.mqtt_url = format!("mqtts://127.0.0.1:{tls_port}");
+    spec.upstream_extra = tls(&ca);
+    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    let mut node = Node::start(spec.clone());
+    node.wait_ready();
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    node.wait_published(hfp_pairs(Some(1000)).len() as u64, Duration::from_secs(60));
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // The broker's certificate does not chain to this CA.
+    node.spec.upstream_extra = tls(&other_ca);
+    node.restart();
+    wait_until(Duration::from_secs(30), "the TLS error in /status", || {
+        node.status()
+            .and_then(|s| s["upstreams"][0]["last_error"].as_str().map(str::to_string))
+            .is_some_and(|e| e.contains("certificate") || e.contains("Tls") || e.contains("TLS"))
+    });
+    let error = node.status().unwrap()["upstreams"][0]["last_error"].clone();
+    eprintln!("wrong CA: {error}");
+    assert_eq!(node.get("/readyz").0, 503, "not ready without its upstream");
+    replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
+    assert_eq!(node.metric("firstseen_acks_total"), 0.0, "acked nothing");
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // The right CA but no client certificate: the broker refuses it.
+    node.spec.upstream_extra = format!("ca_file = \"{}\"\n", ca.display());
+    node.restart();
+    let mut seen = String::new();
+    wait_until(Duration::from_secs(30), "the refusal in /status", || {
+        seen = node
+            .status()
+            .and_then(|s| s["upstreams"][0]["last_error"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        seen.starts_with("mqtts://127.0.0.1")
+    });
+    eprintln!("no client certificate: {seen}");
+    assert_eq!(node.get("/readyz").0, 503);
+    assert_eq!(node.metric("firstseen_acks_total"), 0.0, "acked nothing");
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // Fixed: what the broker kept for the session arrives, once.
+    node.spec.upstream_extra = tls(&ca);
+    node.restart();
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+
+    // A certificate without its key is named before any node runs.
+    let mut half = spec.clone();
+    half.upstream_extra = format!("cert_file = \"{}\"\n", cert.display());
+    let bad = certs.path().join("half.toml");
+    std::fs::write(&bad, half.toml(&node.data_dir(), free_port())).unwrap();
+    let out = Command::new(bin())
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("upstreams[0].key_file"), "{stderr}");
+}

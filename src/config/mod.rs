@@ -267,6 +267,17 @@ pub struct UpstreamConfig {
     pub password: Option<String>,
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM file of the CA certificate(s) the broker's
+    /// certificate must chain to, instead of the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM client certificate (chain), for a broker that
+    /// requires one; with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
     /// MQTT keepalive, seconds.
     #[serde(default = "default_keepalive")]
     pub keepalive_secs: u64,
@@ -576,6 +587,29 @@ impl Config {
             }
             if (u.password.is_some() || u.password_file.is_some()) && u.username.is_none() {
                 bad(&at("username"), "a password needs a username".into());
+            }
+            let tls_files = u.ca_file.is_some() || u.cert_file.is_some() || u.key_file.is_some();
+            let is_tls = crate::ingest::UpstreamAddr::parse(&u.url).is_ok_and(|a| a.tls);
+            if tls_files && !is_tls {
+                bad(
+                    &at("url"),
+                    "ca_file, cert_file and key_file need an mqtts:// url".into(),
+                );
+            } else if u.cert_file.is_some() != u.key_file.is_some() {
+                bad(
+                    &at(if u.cert_file.is_some() {
+                        "key_file"
+                    } else {
+                        "cert_file"
+                    }),
+                    "cert_file and key_file go together".into(),
+                );
+            } else if tls_files {
+                // Read now, so that check-config names a bad file before a
+                // node ever dials the broker with it.
+                if let Err((key, why)) = crate::ingest::tls::client_config(u) {
+                    bad(&at(key), why);
+                }
             }
             if u.keepalive_secs < 5 {
                 bad(&at("keepalive_secs"), "must be at least 5".into());

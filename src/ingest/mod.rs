@@ -9,6 +9,7 @@
 pub mod deadletter;
 pub mod route;
 pub mod session;
+pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -160,7 +161,19 @@ impl Upstream {
             port: addr.port,
             keepalive: Duration::from_secs(self.config.keepalive_secs),
             credentials,
-            transport: addr.tls.then(Transport::tls_with_default_config),
+            transport: match (addr.tls, tls::client_config(&self.config)) {
+                (false, _) => None,
+                (true, Ok(None)) => Some(Transport::tls_with_default_config()),
+                (true, Ok(Some(c))) => Some(Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(c),
+                )),
+                (true, Err((key, why))) => {
+                    return Err(crate::Error::Config(format!(
+                        "upstreams[{}].{key}: {why}",
+                        self.index
+                    )))
+                }
+            },
             max_packet: MAX_MQTT_PACKET,
             request_capacity: REQUEST_CAPACITY,
             session_expiry_secs: self.config.session_expiry_secs,

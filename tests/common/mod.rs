@@ -116,14 +116,21 @@ pub struct Mosquitto {
 
 impl Mosquitto {
     pub fn start() -> Self {
+        Self::start_with(|_| String::new())
+    }
+
+    /// [`Mosquitto::start`] with more configuration after the plain
+    /// listener (another listener, say), made from the broker's directory.
+    pub fn start_with(extra: impl FnOnce(&Path) -> String) -> Self {
         let dir = TempDir::new().unwrap();
+        let more = extra(dir.path());
         let port = free_port();
         let conf = dir.path().join("mosquitto.conf");
         // Queue limits are raised so that a test's restart loses nothing
         // inside the broker (the default keeps 1,000 per offline session).
         let text = format!(
             "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-             max_queued_messages 1000000\nmax_inflight_messages 1000\nlog_dest file {}/mosquitto.log\n{}",
+             max_queued_messages 1000000\nmax_inflight_messages 1000\nlog_dest file {}/mosquitto.log\n{}{more}",
             dir.path().display(),
             dir.path().display(),
             if is_root() { "user root\n" } else { "" }
@@ -281,7 +288,7 @@ impl NodeSpec {
         }
     }
 
-    fn toml(&self, data_dir: &Path, http_port: u16) -> String {
+    pub fn toml(&self, data_dir: &Path, http_port: u16) -> String {
         let admin = self
             .admin_url
             .as_ref()
@@ -847,7 +854,7 @@ pub fn make_certs(dir: &Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
     let ext = format!("{tag}-ext.cnf");
     std::fs::write(
         dir.join(&ext),
-        "subjectAltName=DNS:firstseen-peer\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+        "subjectAltName=DNS:firstseen-peer,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
     )
     .unwrap();
     let ec = [
