@@ -258,13 +258,17 @@ fn open_databases(
 /// damaged (rather than unreachable).
 fn is_damage(e: &RaftError) -> bool {
     use firstseen_store::StoreError as S;
-    let sled_damage = |e: &sled::Error| {
-        matches!(
-            e,
-            sled::Error::Corruption { .. }
-                | sled::Error::ReportableBug(_)
-                | sled::Error::Unsupported(_)
-        )
+    // A file sled's own records point at and cannot find is damage too:
+    // after a power cut sled removes blobs "with a higher lsn than our
+    // stable log" at start-up, and a later read of the state then failed
+    // with ENOENT on every start (the soak). Locks, permissions and a full
+    // disk are other kinds and are not repaired.
+    let sled_damage = |e: &sled::Error| match e {
+        sled::Error::Corruption { .. }
+        | sled::Error::ReportableBug(_)
+        | sled::Error::Unsupported(_) => true,
+        sled::Error::Io(io) => io.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
     };
     match e {
         RaftError::Damaged { .. } | RaftError::Codec(_) => true,
