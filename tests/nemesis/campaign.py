@@ -590,6 +590,16 @@ class Campaign:
                 s = self.nodes[lead - 1].status()
                 return s["totals"]["outbox_messages"] == 0
             wait_for("the outbox to drain", 300, drained)
+
+            # An empty outbox is not the end: after a long stall the broker
+            # may still hold a backlog for the bridges' sessions (a check run
+            # stopped with 17,854 messages not yet delivered and counted them
+            # lost). Done when Pulsar has every message the broker acked, or
+            # nothing new arrived for 30 s.
+            def delivered():
+                quiet = live.last_new is None or time.monotonic() - live.last_new > 30
+                return live.count >= load_info["acked"] or (quiet and drained())
+            wait_for("every acked message in Pulsar, or 30 s without a new one", 600, delivered)
         except RuntimeError as e:
             self.note(str(e))
         self.supervised = False

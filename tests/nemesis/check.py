@@ -69,6 +69,9 @@ class LiveReader:
     def __init__(self, url, topic, size):
         import threading
         self.arrived = [math.nan] * size
+        # Distinct messages seen, and when the last new one came (monotonic).
+        self.count = 0
+        self.last_new = None
         self.url, self.topic = url, topic
         self.stop = False
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -92,6 +95,8 @@ class LiveReader:
                 continue
             if 0 <= i < len(self.arrived) and math.isnan(self.arrived[i]):
                 self.arrived[i] = _time.time()
+                self.count += 1
+                self.last_new = _time.monotonic()
         try:
             reader.close()
             client.close()
