@@ -613,3 +613,80 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
 }
+
+/// A state database that comes back older than the checkpoint the log's
+/// deletions were based on, as the soak saw after every node lost power at
+/// once: its outbox still lists messages whose log entries are gone, because
+/// the receipts that trimmed them were applied after it. Those receipts are
+/// still in the log, so re-applying it trims them. The node starts instead of
+/// refusing a sound directory, and every message arrives exactly once.
+#[test]
+fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
+    if shared_pulsar("a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log")
+        .is_none()
+    {
+        return;
+    }
+    // A broker of this test's own: it is stopped so that an outbox builds up.
+    let own = OwnPulsar::start();
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("state-older");
+    let mut spec = NodeSpec::new(&mqtt, &own.pulsar, &topic);
+    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    // Small entries and a snapshot every 10 while the broker is down: the
+    // log is purged past the unpublished messages' entries (the outbox hold
+    // keeps them until they are published).
+    spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 10\n".into();
+    let mut node = Node::start(spec);
+    node.wait_ready();
+    own.stop();
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    let first = hfp_pairs(Some(1000)).len() as u64;
+    wait_until(Duration::from_secs(60), "the feed in the outbox", || {
+        node.status()
+            .is_some_and(|s| s["totals"]["outbox_messages"].as_u64() == Some(first))
+    });
+    let snapshots = node.data_dir().join("raft/snapshots/current.meta");
+    wait_until(Duration::from_secs(30), "a snapshot", || snapshots.exists());
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    let state = node.data_dir().join("raft/sled");
+    let old = node.data_dir().join("state-copy");
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        let _ = std::fs::remove_dir_all(to);
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap()
+            .success());
+    };
+    copy(&state, &old);
+
+    // The broker returns: the outbox drains, the receipts are committed, and
+    // the entries the messages were read from are deleted. No snapshot
+    // after this point, so the log still starts where the old state needs.
+    node.spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 100000\n".into();
+    own.restart();
+    node.restart();
+    node.wait_ready();
+    node.wait_published(first, Duration::from_secs(60));
+    // The reaper deletes a second or so after the hold moves.
+    std::thread::sleep(Duration::from_secs(3));
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // The state comes back as it was before the broker returned.
+    std::fs::remove_dir_all(&state).unwrap();
+    copy(&old, &state);
+    node.restart();
+    node.wait_ready();
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    assert!(
+        log.contains("the state's outbox reads log entries that were deleted"),
+        "the old state must point below the deletions for this test to mean anything: {}",
+        node.log_tail(30)
+    );
+    replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_exactly_once(&read_back(&own.pulsar, &topic), &hfp_pairs(None));
+}

@@ -329,21 +329,24 @@ impl LogStore {
             guard,
             written,
         };
-        // The state is checked against the log here, where both are known:
-        // a state whose outbox reads entries that were deleted cannot be the
-        // one this node ran with.
+        // A state whose outbox reads entries that were deleted is older than
+        // the checkpoint the deletion was based on. That is not damage by
+        // itself: the state is derived, and every entry after the one it is
+        // applied up to is still in the log (open_databases rebuilds a state
+        // behind the purge point from the snapshot first), so re-applying the
+        // log brings back the receipts that trimmed those messages before
+        // the publisher, which waits for the state to catch up with the
+        // commit, reads any of them. The soak found such a state after every
+        // node lost power at once, and refusing it kept a sound node down for
+        // good. A message that is really gone is still not published
+        // silently: reading it fails with "entry N is not in the log".
         let hold = store.state.durable_hold();
         if hold < deleted_below {
-            return Err(RaftError::Damaged {
-                path: store
-                    .state
-                    .dir()
-                    .map(|d| d.join("db"))
-                    .unwrap_or_default(),
-                reason: format!(
-                    "its outbox reads log entry {hold}, but entries below {deleted_below} were deleted; the file was truncated or corrupted"
-                ),
-            });
+            tracing::warn!(
+                hold,
+                deleted_below,
+                "the state's outbox reads log entries that were deleted: the state is older than the one they were deleted for, and re-applying the log trims them"
+            );
         }
         Ok(store)
     }

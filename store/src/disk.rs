@@ -29,7 +29,7 @@
 //!   ([`crate::StateStore`] does this through [`Disk::log`]);
 //! - log entries are purged only after a sync of the state.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
@@ -66,10 +66,17 @@ struct Inner {
     born: Instant,
 }
 
+/// Files beside the database file, with the length each had when it was
+/// last synced. A file seen again with another length is synced again: a
+/// listing can catch sled halfway through writing a blob for a later entry,
+/// and a blob synced only then, and never again, was torn by a power cut
+/// although the log record that points at it was durable. sled then cut its
+/// log at that blob and lost entries the node had promised (the soak: "blob
+/// … failed crc check", then "the log ends at … but it held … durably").
 #[derive(Default)]
 struct Known {
-    top: BTreeSet<OsString>,
-    blobs: BTreeSet<OsString>,
+    top: BTreeMap<OsString, u64>,
+    blobs: BTreeMap<OsString, u64>,
 }
 
 /// How one database is opened.
@@ -89,6 +96,65 @@ fn io_at(path: &Path, source: io::Error) -> StoreError {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// What [`sync_changed`] found.
+struct Synced {
+    /// Every wanted file, with its length as synced.
+    listed: BTreeMap<OsString, u64>,
+    /// A name was new: the directory needs a sync too.
+    new_name: bool,
+    /// Files synced this time.
+    files: usize,
+}
+
+/// Syncs every regular file of `dir` that `wanted` names and that is new
+/// or has another length than in `known`.
+fn sync_changed(
+    dir: &Path,
+    known: &BTreeMap<OsString, u64>,
+    wanted: impl Fn(&std::ffi::OsStr) -> bool,
+) -> Result<Synced, StoreError> {
+    let mut out = Synced {
+        listed: BTreeMap::new(),
+        new_name: false,
+        files: 0,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_at(dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_at(dir, e))?;
+        let name = entry.file_name();
+        if !wanted(&name) {
+            continue;
+        }
+        let path = entry.path();
+        // A stat, not an open: this runs on every sync, over every blob.
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            // Removed by sled's own cleanup since the listing.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_at(&path, e)),
+        };
+        if meta.is_dir() {
+            continue;
+        }
+        let len = meta.len();
+        if known.get(&name) != Some(&len) {
+            match File::open(&path) {
+                Ok(f) => f.sync_data().map_err(|e| io_at(&path, e))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_at(&path, e)),
+            }
+            out.new_name |= !known.contains_key(&name);
+            out.files += 1;
+        }
+        out.listed.insert(name, len);
+    }
+    Ok(out)
 }
 
 /// `fsync` of a directory, so that names created, renamed or removed in it
@@ -237,56 +303,20 @@ impl Db {
         };
         let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
         let blobs = dir.join("blobs");
-        let mut listed = BTreeSet::new();
-        let mut new_blob = false;
-        match std::fs::read_dir(&blobs) {
-            Ok(entries) => {
-                for entry in entries {
-                    let entry = entry.map_err(|e| io_at(&blobs, e))?;
-                    let name = entry.file_name();
-                    if !known.blobs.contains(&name) {
-                        match File::open(entry.path()) {
-                            Ok(f) => f.sync_data().map_err(|e| io_at(&entry.path(), e))?,
-                            // Removed by sled's own cleanup since the listing.
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                            Err(e) => return Err(io_at(&entry.path(), e)),
-                        }
-                        new_blob = true;
-                    }
-                    listed.insert(name);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_at(&blobs, e)),
-        }
-        if new_blob {
+        let b = sync_changed(&blobs, &known.blobs, |_| true)?;
+        if b.new_name {
             sync_dir(&blobs)?;
         }
-        known.blobs = listed;
+        known.blobs = b.listed;
         file.sync_data().map_err(|e| io_at(&dir.join("db"), e))?;
-        let top: BTreeSet<OsString> = std::fs::read_dir(dir)
-            .map_err(|e| io_at(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.file_name()))
-            .collect();
-        if top != known.top {
-            // A new file beside `db` (sled's `conf`, written once when the
-            // database is created and never synced by sled; its snapshot
-            // files) is synced once, when first seen: a torn `conf` makes
-            // sled refuse to open the database.
-            for name in top.difference(&known.top) {
-                let path = dir.join(name);
-                if name == "db" || path.is_dir() {
-                    continue;
-                }
-                match File::open(&path) {
-                    Ok(f) => f.sync_data().map_err(|e| io_at(&path, e))?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_at(&path, e)),
-                }
-            }
+        // Files beside `db`: sled's `conf`, written once when the database is
+        // created and never synced by sled (a torn `conf` makes sled refuse to
+        // open the database), and its snapshot files.
+        let t = sync_changed(dir, &known.top, |name| name != "db")?;
+        if t.new_name {
             sync_dir(dir)?;
-            known.top = top;
         }
+        known.top = t.listed;
         Ok(())
     }
 
@@ -399,7 +429,31 @@ mod tests {
         assert!(!blobs.is_empty(), "sled wrote the large value as a blob");
         let known = db.inner.known.lock().unwrap();
         assert_eq!(known.blobs.len(), blobs.len(), "every blob was synced");
-        assert!(known.top.contains(std::ffi::OsStr::new("db")));
+        assert!(known.top.contains_key(std::ffi::OsStr::new("conf")));
+    }
+
+    /// A file caught halfway through being written (a blob sled is still
+    /// writing for a later entry) is synced again once it has grown; synced
+    /// only when first seen, its tail was lost to a power cut in the soak.
+    #[test]
+    fn a_file_that_grew_since_its_sync_is_synced_again() {
+        use std::io::Write;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("blob-1");
+        std::fs::write(&path, b"half").unwrap();
+        let first = sync_changed(tmp.path(), &BTreeMap::new(), |_| true).unwrap();
+        assert_eq!((first.files, first.new_name), (1, true));
+        let again = sync_changed(tmp.path(), &first.listed, |_| true).unwrap();
+        assert_eq!(again.files, 0, "unchanged: not synced again");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b" and the rest")
+            .unwrap();
+        let grown = sync_changed(tmp.path(), &again.listed, |_| true).unwrap();
+        assert_eq!((grown.files, grown.new_name), (1, false));
+        assert_eq!(grown.listed[std::ffi::OsStr::new("blob-1")], 17);
     }
 
     #[test]
