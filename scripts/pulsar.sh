@@ -6,6 +6,15 @@
 #                                      and write DIR/env (PULSAR_URL, PULSAR_ADMIN_URL, PULSAR_PID)
 #   scripts/pulsar.sh stop DIR         stop the broker started in DIR
 #
+# PULSAR_SECURE=1 on the first start of a DIR makes a broker that requires
+# token authentication on every port and also listens with TLS: a CA, the
+# broker's certificate (for 127.0.0.1 and localhost) and a token secret key
+# are made in DIR/secure, with tokens for the roles `firstseen` (a client)
+# and `admin` (the broker's own client and the admin API). DIR/env then also
+# has PULSAR_TLS_URL, PULSAR_CA_FILE, PULSAR_TOKEN_FILE,
+# PULSAR_ADMIN_TOKEN_FILE and PULSAR_SECRET_KEY_FILE (to sign other tokens
+# with scripts/pulsar/jwt.py). Later starts of that DIR keep it secure.
+#
 # Ports are taken free from the OS; the broker binds and advertises 127.0.0.1
 # only, or PULSAR_BIND when set (the nemesis campaign binds it to a bridge of
 # its own). A restart of the same DIR keeps its ports and takes seconds: the
@@ -45,20 +54,40 @@ start() {
   install
   mkdir -p "$dir/data" "$dir/conf"
   dir=$(cd "$dir" && pwd)
-  local broker_port web_port bk_port
+  local broker_port web_port bk_port tls_port
   # A restart of the same DIR keeps its ports, so clients can reconnect to
   # the address they knew (the outage test relies on it).
   if [ -f "$dir/ports" ]; then
-    read -r broker_port web_port bk_port < "$dir/ports"
+    read -r broker_port web_port bk_port tls_port < "$dir/ports"
     # Ports left in TIME_WAIT do not matter (the shim binds with
     # SO_REUSEADDR); one something still listens on does.
     local p
-    for p in $broker_port $web_port $bk_port; do
+    for p in $broker_port $web_port $bk_port $tls_port; do
       wait_for 30 port_unbound "$p" || { log "port $p is still in use"; exit 1; }
     done
   else
-    broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port)
-    echo "$broker_port $web_port $bk_port" > "$dir/ports"
+    broker_port=$(free_port); web_port=$(free_port); bk_port=$(free_port); tls_port=""
+    [ "${PULSAR_SECURE:-0}" = 1 ] && tls_port=$(free_port)
+    echo "$broker_port $web_port $bk_port $tls_port" > "$dir/ports"
+  fi
+  local secure_conf=""
+  if [ -n "$tls_port" ]; then
+    make_secure "$dir/secure"
+    secure_conf="
+# PULSAR_SECURE=1: token authentication on every port, TLS on brokerServicePortTls.
+brokerServicePortTls=$tls_port
+tlsCertificateFilePath=$dir/secure/broker.crt
+tlsKeyFilePath=$dir/secure/broker.key
+tlsTrustCertsFilePath=$dir/secure/ca.crt
+authenticationEnabled=true
+authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
+tokenSecretKey=file://$dir/secure/secret.key
+superUserRoles=admin
+brokerClientAuthenticationPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken
+brokerClientAuthenticationParameters=file://$dir/secure/admin.token
+# A connection whose token expires is challenged within this many seconds,
+# which lets a test watch a client pick up a rotated token.
+authenticationRefreshCheckSeconds=5"
   fi
   # Only the keys that differ from the broker's defaults. Broker deduplication
   # is on so that the pulsar crate's own resends after a reconnect are dropped
@@ -97,6 +126,7 @@ keepAliveIntervalSeconds=5
 # may hold it: a restart under load failed with "Address already in use".
 # With it the bookie binds --bookkeeper-port, below the ephemeral range.
 allowEphemeralPorts=true
+$secure_conf
 CONF
   cat > "$dir/conf/log4j2.xml" <<'LOG'
 <Configuration status="warn">
@@ -147,11 +177,47 @@ export PULSAR_URL=pulsar://$bind_ip:$broker_port
 export PULSAR_ADMIN_URL=http://$bind_ip:$web_port
 export PULSAR_PID=$pid
 ENV
+  if [ -n "$tls_port" ]; then
+    cat >> "$dir/env" <<ENV
+export PULSAR_TLS_URL=pulsar+ssl://$bind_ip:$tls_port
+export PULSAR_CA_FILE=$dir/secure/ca.crt
+export PULSAR_TOKEN_FILE=$dir/secure/firstseen.token
+export PULSAR_ADMIN_TOKEN_FILE=$dir/secure/admin.token
+export PULSAR_SECRET_KEY_FILE=$dir/secure/secret.key
+ENV
+  fi
   log "Pulsar ready: pulsar://$bind_ip:$broker_port"
 }
 
 ready() {
-  kill -0 "$2" && curl -fsS "http://$bind_ip:$1/admin/v2/namespaces/public" | grep -q 'public/default'
+  local auth=()
+  [ -f "$dir/secure/admin.token" ] && auth=(-H "Authorization: Bearer $(cat "$dir/secure/admin.token")")
+  kill -0 "$2" && curl -fsS "${auth[@]}" "http://$bind_ip:$1/admin/v2/namespaces/public" | grep -q 'public/default'
+}
+
+# The CA, broker certificate, token key and tokens of a secure broker, made
+# once per DIR with the openssl CLI and scripts/pulsar/jwt.py.
+make_secure() {
+  local s=$1
+  [ -f "$s/.complete" ] && return 0
+  command -v openssl >/dev/null || { log "openssl is missing: apt-get install openssl"; exit 1; }
+  mkdir -p "$s"
+  (
+    cd "$s"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 \
+      -subj "/CN=firstseen test Pulsar CA" 2>/dev/null
+    # PKCS#8, which the broker requires for its key.
+    openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr \
+      -subj "/CN=pulsar-broker" 2>/dev/null
+    printf 'subjectAltName=IP:%s,IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n' "$bind_ip" > broker.ext
+    openssl x509 -req -in broker.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out broker.crt -days 30 -extfile broker.ext 2>/dev/null
+    python3 "$here/pulsar/jwt.py" key secret.key
+    python3 "$here/pulsar/jwt.py" token secret.key admin > admin.token
+    python3 "$here/pulsar/jwt.py" token secret.key firstseen > firstseen.token
+    chmod 600 ca.key broker.key admin.token firstseen.token
+    touch .complete
+  )
 }
 
 # Polls ready() for at most $1 seconds; gives up at once when the broker has

@@ -303,6 +303,27 @@ mod tests {
         }
     }
 
+    /// Found by the `json_key` fuzz target: a number longer than an f64
+    /// holds was parsed one way as written and another way as serde_json
+    /// prints it back, so the two spellings gave two keys.
+    #[test]
+    fn a_long_number_keys_the_same_however_it_is_spelled() {
+        let spec = FieldKey {
+            json: vec!["/VP/tsi".into()],
+            topic: false,
+            missing: Missing::default(),
+        };
+        let long = br#"{"VP":{"tsi":153905957257777777777777777777777777777777.081113}}"#;
+        let doc: Value = serde_json::from_slice(long).unwrap();
+        let printed = serde_json::to_vec(&doc).unwrap();
+        assert_eq!(
+            field_key(&spec, "t", long).unwrap(),
+            field_key(&spec, "t", &printed).unwrap(),
+            "{}",
+            String::from_utf8_lossy(&printed)
+        );
+    }
+
     #[test]
     fn field_order_whitespace_and_number_format_do_not_change_the_key() {
         let a = br#"{"VP":{"desi":"550","oper":22,"veh":1234,"tst":"2020-08-21T07:44:51.000Z","lat":60.2}}"#;

@@ -29,6 +29,7 @@ pub mod http;
 pub mod ingest;
 pub mod key;
 pub mod node;
+pub mod pem;
 pub mod publish;
 pub mod telemetry;
 pub mod verify;

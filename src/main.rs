@@ -89,6 +89,9 @@ enum Command {
         /// The cluster secret file, which authorises admin requests.
         #[arg(long, global = true, env = "FIRSTSEEN_SECRET_FILE")]
         secret_file: Option<PathBuf>,
+        /// CA (PEM) to trust for an https:// URL, besides the system's roots.
+        #[arg(long, global = true, env = "FIRSTSEEN_CA_FILE")]
+        ca_file: Option<PathBuf>,
     },
     /// Show a node's view of the cluster, from its HTTP API.
     Status {
@@ -101,6 +104,9 @@ enum Command {
         /// Print one summary line (for watching with a loop).
         #[arg(long, conflicts_with = "json")]
         brief: bool,
+        /// CA (PEM) to trust for an https:// URL, besides the system's roots.
+        #[arg(long, env = "FIRSTSEEN_CA_FILE")]
+        ca_file: Option<PathBuf>,
     },
 }
 
@@ -139,7 +145,12 @@ fn init_logging(format: LogFormat, quiet_clients: bool) {
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a terminal: a log file, journald or a container's
+    // log should not carry escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(firstseen::telemetry::RecentEvents);
@@ -171,12 +182,18 @@ fn main() -> ExitCode {
                 json,
                 idle_secs,
             } => verify(config, pulsar_url, topic, expect, json, idle_secs).await,
-            Command::Status { url, json, brief } => status(url, json, brief).await,
+            Command::Status {
+                url,
+                json,
+                brief,
+                ca_file,
+            } => status(url, json, brief, ca_file).await,
             Command::Members {
                 action,
                 url,
                 secret_file,
-            } => members(action, url, secret_file).await,
+                ca_file,
+            } => members(action, url, secret_file, ca_file).await,
         }
     });
     // Blocking work still running (a sync that a stopped stage left behind)
@@ -275,6 +292,9 @@ async fn verify(
             admin_url: None,
             auth_token: None,
             auth_token_file: None,
+            oauth2: None,
+            ca_file: None,
+            tls_hostname_verification: true,
             operation_timeout_ms: 30_000,
             publish_batch: 1,
         },
@@ -335,7 +355,29 @@ async fn verify(
     }
 }
 
-async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf>) -> ExitCode {
+/// An HTTP client for a node's API that also trusts `ca_file`.
+fn api_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder();
+    if let Some(ca) = ca_file {
+        let pem = std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no PEM certificate in it", ca.display()));
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+async fn members(
+    action: MembersAction,
+    url: String,
+    secret_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+) -> ExitCode {
     let Some(secret_file) = secret_file else {
         eprintln!("error: --secret-file (or FIRSTSEEN_SECRET_FILE) is required for admin requests");
         return ExitCode::from(2);
@@ -354,8 +396,21 @@ async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf
         );
         return ExitCode::from(2);
     }
-    let client = reqwest::Client::new();
+    let client = match api_client(ca_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: --ca-file: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut base = url.trim_end_matches('/').to_string();
+    // The leader is asked with the scheme the operator chose: a hop must
+    // not fall back from https to plain HTTP with the secret.
+    let scheme = if base.starts_with("https://") {
+        "https"
+    } else {
+        "http"
+    };
     // At most one hop: a follower answers 409 with the leader's address.
     for _ in 0..2 {
         let request = match &action {
@@ -385,7 +440,7 @@ async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf
         if status == reqwest::StatusCode::CONFLICT {
             if let Some(leader) = body["leader_http"].as_str().filter(|h| !h.is_empty()) {
                 eprintln!("members: {base} is not the leader; asking {leader}");
-                base = format!("http://{leader}");
+                base = format!("{scheme}://{leader}");
                 continue;
             }
         }
@@ -399,9 +454,16 @@ async fn members(action: MembersAction, url: String, secret_file: Option<PathBuf
     ExitCode::from(2)
 }
 
-async fn status(url: String, json: bool, brief: bool) -> ExitCode {
+async fn status(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>) -> ExitCode {
     let endpoint = format!("{}/status", url.trim_end_matches('/'));
-    let body = match reqwest::get(&endpoint).await {
+    let client = match api_client(ca_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: --ca-file: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let body = match client.get(&endpoint).send().await {
         Ok(r) => match r.error_for_status() {
             Ok(r) => r.json::<serde_json::Value>().await,
             Err(e) => {

@@ -87,6 +87,11 @@ pub async fn run(
             .collect(),
         metrics,
         key: cluster.key.clone(),
+        allow_plaintext_admin: config.node.allow_plaintext_admin,
+        admin_refusals: crate::telemetry::RefusalLog::new(
+            "firstseen_admin_refused_total",
+            "admin request",
+        ),
         snapshot_dir: config.node.data_dir.join("raft/snapshots"),
         history: Default::default(),
         disk: disk.clone(),
@@ -108,6 +113,14 @@ pub async fn run(
         });
         tokio::spawn(server::serve(listener, service, services.clone()))
     });
+    let http_tls = match &config.node.http_tls {
+        Some(t) => Some(
+            http::tls::server_config(t)
+                .map_err(|(key, why)| Error::Config(format!("node.http_tls.{key}: {why}")))?,
+        ),
+        None => None,
+    };
+    let listener = http::tls::Listener::start(listener, http_tls, services.clone())?;
     let http_task = tokio::spawn(http::serve(listener, app.clone(), services.clone()));
     let gauge_task = tokio::spawn(http::gauges(app.clone(), services.clone()));
     tokio::spawn(crate::cluster::log_leadership(

@@ -76,6 +76,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Upstream connection failures, per upstream",
     ),
     (
+        "firstseen_admin_refused_total",
+        "counter",
+        "Admin API requests refused: no or a wrong cluster secret, or the secret over plain HTTP from a non-loopback client",
+    ),
+    (
+        "firstseen_http_tls_refused_total",
+        "counter",
+        "HTTPS connections refused before a request: failed or timed-out TLS handshakes, or too many at once",
+    ),
+    (
         "firstseen_peer_refused_total",
         "counter",
         "Peer connections refused (handshake, TLS, bad frames)",
@@ -331,6 +341,83 @@ impl<S: tracing::Subscriber> Layer<S> for RecentEvents {
                 target: meta.target().to_string(),
                 message: fields.0,
             });
+        }
+    }
+}
+
+/// At most one refusal of each kind is logged per this interval; the rest
+/// are counted in the log's metric and summed into the next line of that
+/// kind.
+pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// Kinds of refusal tracked apart; beyond this, new kinds share one entry.
+const REFUSAL_KINDS: usize = 32;
+
+/// Logs refused clients (peers, admin requests), at most once per
+/// [`REFUSAL_LOG_EVERY`] for each kind of refusal, so that a flood neither
+/// floods the log disk nor hides a different reason behind the first. Every
+/// refusal is counted in the metric, logged or not.
+pub struct RefusalLog {
+    metric: &'static str,
+    /// What was refused, for the log line: "peer connection", say.
+    subject: &'static str,
+    /// kind → (last logged, refused since).
+    state: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+/// The kind of a refusal: its reason without the node id, the details after
+/// the first colon and any numbers ("node 9: garbled frame: …" and "node 3:
+/// garbled frame: …" are one kind).
+pub fn refusal_kind(reason: &str) -> String {
+    let rest = match reason.strip_prefix("node ") {
+        Some(r) => r.split_once(": ").map_or(reason, |(id, rest)| {
+            if id.bytes().all(|b| b.is_ascii_digit()) {
+                rest
+            } else {
+                reason
+            }
+        }),
+        None => reason,
+    };
+    rest.split(':')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_ascii_digit())
+        .collect()
+}
+
+impl RefusalLog {
+    pub fn new(metric: &'static str, subject: &'static str) -> Self {
+        Self {
+            metric,
+            subject,
+            state: Default::default(),
+        }
+    }
+
+    pub fn refused(&self, peer: std::net::SocketAddr, reason: &str) {
+        metrics::counter!(self.metric).increment(1);
+        let subject = self.subject;
+        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kind = refusal_kind(reason);
+        if !map.contains_key(&kind) && map.len() >= REFUSAL_KINDS {
+            kind = "other".into();
+        }
+        let now = std::time::Instant::now();
+        let entry = map.entry(kind);
+        let due = matches!(&entry, std::collections::hash_map::Entry::Vacant(_))
+            || matches!(&entry, std::collections::hash_map::Entry::Occupied(o) if o.get().0.elapsed() >= REFUSAL_LOG_EVERY);
+        let slot = entry.or_insert((now, 0));
+        if due {
+            let more = std::mem::take(&mut slot.1);
+            slot.0 = now;
+            if more > 0 {
+                tracing::warn!(peer = %peer, reason = %reason, refused_since_last = more, "{subject} refused ({more} more of this kind since the last report)");
+            } else {
+                tracing::warn!(peer = %peer, reason = %reason, "{subject} refused");
+            }
+        } else {
+            slot.1 += 1;
         }
     }
 }

@@ -33,6 +33,7 @@ fn connects(n: &Node) -> f64 {
 /// doubled.
 #[test]
 fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
+    let _turn = timing_bound_test();
     let Some(pulsar) =
         shared_pulsar("a_cut_leader_is_replaced_and_commits_resume_within_the_bounds")
     else {
@@ -139,6 +140,7 @@ fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
 /// in the same term: no election anywhere.
 #[test]
 fn a_follower_cut_for_ten_seconds_changes_no_leader() {
+    let _turn = timing_bound_test();
     let Some(pulsar) = shared_pulsar("a_follower_cut_for_ten_seconds_changes_no_leader") else {
         return;
     };
@@ -203,6 +205,7 @@ fn a_follower_cut_for_ten_seconds_changes_no_leader() {
 /// dial it about once a second, not hundreds of times.
 #[test]
 fn peers_keep_a_few_long_lived_connections() {
+    let _turn = timing_bound_test();
     let Some(pulsar) = shared_pulsar("peers_keep_a_few_long_lived_connections") else {
         return;
     };

@@ -20,6 +20,7 @@ use super::liveness::{Liveness, Timing};
 use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, Envelope, ForwardError, Reply, Request};
 use super::Proposer;
+use crate::telemetry::RefusalLog;
 
 /// How long a connecting peer has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,71 +33,6 @@ const IN_FLIGHT_PER_CONN: usize = 256;
 /// connections is refused beyond this instead of each holding a task, a
 /// socket and a TLS state for the handshake timeout.
 const MAX_HANDSHAKES: usize = 64;
-/// At most one refusal of each kind is logged per this interval; the rest
-/// are counted in `firstseen_peer_refused_total` and summed into the next
-/// line of that kind.
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
-/// Kinds of refusal tracked apart; beyond this, new kinds share one entry.
-const REFUSAL_KINDS: usize = 32;
-
-/// Logs refused peers, at most once per [`REFUSAL_LOG_EVERY`] for each kind
-/// of refusal, so that a flood neither floods the log disk nor hides a
-/// different reason behind the first.
-#[derive(Default)]
-struct RefusalLog {
-    /// kind → (last logged, refused since).
-    state: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
-}
-
-/// The kind of a refusal: its reason without the node id, the details after
-/// the first colon and any numbers ("node 9: garbled frame: …" and "node 3:
-/// garbled frame: …" are one kind).
-fn refusal_kind(reason: &str) -> String {
-    let rest = match reason.strip_prefix("node ") {
-        Some(r) => r.split_once(": ").map_or(reason, |(id, rest)| {
-            if id.bytes().all(|b| b.is_ascii_digit()) {
-                rest
-            } else {
-                reason
-            }
-        }),
-        None => reason,
-    };
-    rest.split(':')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| !c.is_ascii_digit())
-        .collect()
-}
-
-impl RefusalLog {
-    fn refused(&self, peer: SocketAddr, reason: &str) {
-        metrics::counter!("firstseen_peer_refused_total").increment(1);
-        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut kind = refusal_kind(reason);
-        if !map.contains_key(&kind) && map.len() >= REFUSAL_KINDS {
-            kind = "other".into();
-        }
-        let now = std::time::Instant::now();
-        let entry = map.entry(kind);
-        let due = matches!(&entry, std::collections::hash_map::Entry::Vacant(_))
-            || matches!(&entry, std::collections::hash_map::Entry::Occupied(o) if o.get().0.elapsed() >= REFUSAL_LOG_EVERY);
-        let slot = entry.or_insert((now, 0));
-        if due {
-            let more = std::mem::take(&mut slot.1);
-            slot.0 = now;
-            if more > 0 {
-                tracing::warn!(peer = %peer, reason = %reason, refused_since_last = more, "peer connection refused ({more} more of this kind since the last report)");
-            } else {
-                tracing::warn!(peer = %peer, reason = %reason, "peer connection refused");
-            }
-        } else {
-            slot.1 += 1;
-        }
-    }
-}
-
 /// What a peer connection can reach on this node.
 pub struct PeerService {
     pub node_id: NodeId,
@@ -117,7 +53,10 @@ pub struct PeerService {
 pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let refusals = Arc::new(RefusalLog::default());
+    let refusals = Arc::new(RefusalLog::new(
+        "firstseen_peer_refused_total",
+        "peer connection",
+    ));
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -337,7 +276,7 @@ impl From<crate::Error> for ForwardError {
 
 #[cfg(test)]
 mod tests {
-    use super::refusal_kind;
+    use crate::telemetry::refusal_kind;
 
     #[test]
     fn refusals_of_one_kind_share_a_kind_whatever_the_node_or_numbers() {

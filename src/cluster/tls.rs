@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -32,32 +31,16 @@ pub struct PeerTls {
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| Error::Config(format!("{key} {}: {e}", path.display())))?
-        .collect();
-    let certs = certs.map_err(|e| Error::Config(format!("{key} {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(Error::Config(format!(
-            "{key} {}: no certificate found",
-            path.display()
-        )));
-    }
-    Ok(certs)
+    crate::pem::certs(path).map_err(|e| Error::Config(format!("{key} {e}")))
 }
 
 impl PeerTls {
     /// Loads certificates and keys; every problem names the config key.
     pub fn load(c: &TlsConfig) -> Result<Self, Error> {
-        // Explicit provider: the dependency tree may enable more than one,
-        // in which case rustls cannot choose a process default by itself.
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let provider = crate::pem::provider();
         let certs = read_certs(&c.cert_file, "cluster.tls.cert_file")?;
-        let key = PrivateKeyDer::from_pem_file(&c.key_file).map_err(|e| {
-            Error::Config(format!(
-                "cluster.tls.key_file {}: {e}",
-                c.key_file.display()
-            ))
-        })?;
+        let key = crate::pem::key(&c.key_file)
+            .map_err(|e| Error::Config(format!("cluster.tls.key_file {e}")))?;
         let mut roots = RootCertStore::empty();
         for ca in read_certs(&c.ca_file, "cluster.tls.ca_file")? {
             roots.add(ca).map_err(|e| {

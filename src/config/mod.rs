@@ -83,6 +83,26 @@ pub struct NodeConfig {
     /// state. Unacked messages stay with the broker's persistent session.
     #[serde(default = "default_shutdown_timeout")]
     pub shutdown_timeout_secs: u64,
+    /// TLS for the HTTP API (status, metrics, admin). Without it the API is
+    /// plain HTTP.
+    #[serde(default)]
+    pub http_tls: Option<HttpTlsConfig>,
+    /// Admin requests carry the cluster secret. Over plain HTTP they are
+    /// accepted only from a loopback client, unless this is set: anyone on
+    /// the path could read the secret, and with it join the cluster.
+    #[serde(default)]
+    pub allow_plaintext_admin: bool,
+}
+
+/// The HTTP listener's certificate. Clients check it against their own
+/// roots (`firstseen members --ca-file`, curl `--cacert`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTlsConfig {
+    /// The certificate chain (PEM) the listener presents.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -238,15 +258,50 @@ pub struct PulsarConfig {
     /// JWT for token authentication, inline.
     #[serde(default)]
     pub auth_token: Option<String>,
-    /// JWT for token authentication, read from a file (preferred).
+    /// JWT for token authentication, read from a file (preferred). The file
+    /// is read again whenever the broker asks the client to authenticate (on
+    /// every connection, and when the broker's auth refresh finds the token
+    /// expiring), so a rotated token is picked up without a restart.
     #[serde(default)]
     pub auth_token_file: Option<PathBuf>,
+    /// OAuth2 client credentials (what hosted Pulsar offers): the client
+    /// fetches a token from the issuer and renews it before it expires.
+    #[serde(default)]
+    pub oauth2: Option<OAuth2Config>,
+    /// The CA (PEM) that signed the broker's certificate, for
+    /// `pulsar+ssl://` with a private CA. Without it the system's roots apply.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Whether the broker's certificate must name the host in `url` (and in
+    /// the lookup answers). On by default; turn it off only for a broker whose
+    /// certificate you cannot fix, knowing that any holder of a certificate
+    /// from the same CA can then pose as the broker.
+    #[serde(default = "yes")]
+    pub tls_hostname_verification: bool,
     /// Time a send or lookup may take before the producer is dropped.
     #[serde(default = "default_operation_timeout_ms")]
     pub operation_timeout_ms: u64,
     /// Messages sent before awaiting all their receipts.
     #[serde(default = "default_publish_batch")]
     pub publish_batch: usize,
+}
+
+/// OAuth2 client-credentials flow against `issuer_url` (OpenID discovery
+/// finds its token endpoint).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuth2Config {
+    /// The issuer, e.g. `https://auth.example.com/`; its
+    /// `.well-known/openid-configuration` names the token endpoint.
+    pub issuer_url: String,
+    pub client_id: String,
+    /// File holding the client secret (one line).
+    pub client_secret_file: PathBuf,
+    /// The audience the token is for, as the broker expects it.
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -349,6 +404,9 @@ fn default_election_max_ms() -> u64 {
 }
 fn default_disk_reserve() -> u64 {
     256 * 1024 * 1024
+}
+fn yes() -> bool {
+    true
 }
 fn default_shutdown_timeout() -> u64 {
     10
@@ -550,11 +608,63 @@ impl Config {
                 ),
             );
         }
-        if self.pulsar.auth_token.is_some() && self.pulsar.auth_token_file.is_some() {
+        let credentials = [
+            self.pulsar.auth_token.is_some(),
+            self.pulsar.auth_token_file.is_some(),
+            self.pulsar.oauth2.is_some(),
+        ];
+        if credentials.iter().filter(|c| **c).count() > 1 {
             bad(
                 "pulsar.auth_token_file",
-                "set either auth_token or auth_token_file, not both".into(),
+                "set one of auth_token, auth_token_file and [pulsar.oauth2], not several".into(),
             );
+        }
+        // Secret files are read now, so that check-config names an unreadable
+        // or empty one before a node ever dials the broker with it.
+        let secret_file = |key: &str, path: &Path, bad: &mut dyn FnMut(&str, String)| {
+            match std::fs::read_to_string(path) {
+                Ok(t) if t.trim().is_empty() => bad(key, format!("{} is empty", path.display())),
+                Ok(_) => {}
+                Err(e) => bad(key, format!("cannot read {}: {e}", path.display())),
+            }
+        };
+        if let Some(f) = &self.pulsar.auth_token_file {
+            secret_file("pulsar.auth_token_file", f, &mut bad);
+        }
+        if let Some(o) = &self.pulsar.oauth2 {
+            match url::Url::parse(&o.issuer_url) {
+                Ok(u) if u.scheme() == "https" || u.scheme() == "http" => {}
+                _ => bad(
+                    "pulsar.oauth2.issuer_url",
+                    format!("`{}` is not an http(s) URL", o.issuer_url),
+                ),
+            }
+            if o.client_id.trim().is_empty() {
+                bad("pulsar.oauth2.client_id", "must not be empty".into());
+            }
+            secret_file(
+                "pulsar.oauth2.client_secret_file",
+                &o.client_secret_file,
+                &mut bad,
+            );
+        }
+        if let Some(ca) = &self.pulsar.ca_file {
+            if !self.pulsar.url.starts_with("pulsar+ssl://") {
+                bad(
+                    "pulsar.ca_file",
+                    format!(
+                        "only used with a pulsar+ssl:// url; `{}` is plain TCP",
+                        self.pulsar.url
+                    ),
+                );
+            } else if let Err(e) = crate::pem::certs(ca) {
+                bad("pulsar.ca_file", e);
+            }
+        }
+        if let Some(tls) = &self.node.http_tls {
+            if let Err((key, why)) = crate::http::tls::server_config(tls) {
+                bad(&format!("node.http_tls.{key}"), why);
+            }
         }
         if let Some(admin) = &self.pulsar.admin_url {
             if url::Url::parse(admin).is_err() {
@@ -791,6 +901,68 @@ pulsar_topic = "persistent://public/default/hfp"
             Err(ConfigError::Invalid { problems, .. }) => problems,
             other => panic!("expected invalid config, got {other:?}"),
         }
+    }
+
+    /// Pulsar and HTTP security settings that cannot work are named before
+    /// a node dials anything with them.
+    #[test]
+    fn bad_pulsar_and_http_tls_settings_are_named() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let empty = dir.path().join("empty.token");
+        std::fs::write(&empty, "\n").unwrap();
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "not a certificate\n").unwrap();
+        let with = |pulsar: &str, node: &str| {
+            GOOD.replace(
+                "[pulsar]\nurl = \"pulsar://127.0.0.1:6650\"",
+                &format!("[pulsar]\n{pulsar}"),
+            )
+            .replace(
+                "data_dir = \"/tmp/x\"",
+                &format!("data_dir = \"/tmp/x\"\n{node}"),
+            )
+        };
+        let keys =
+            |text: &str| -> Vec<String> { problems(text).into_iter().map(|p| p.key).collect() };
+        let k = keys(&with(
+            &format!(
+                "url = \"pulsar://h:6650\"\nca_file = \"{}\"\nauth_token = \"t\"\nauth_token_file = \"{}\"",
+                not_pem.display(),
+                empty.display()
+            ),
+            "",
+        ));
+        assert!(k.contains(&"pulsar.ca_file".to_string()), "{k:?}");
+        assert!(k.contains(&"pulsar.auth_token_file".to_string()), "{k:?}");
+        let p = problems(&with(
+            &format!(
+                "url = \"pulsar+ssl://h:6651\"\nca_file = \"{}\"\n[pulsar.oauth2]\nissuer_url = \"not a url\"\nclient_id = \"\"\nclient_secret_file = \"/nonexistent/secret\"",
+                not_pem.display()
+            ),
+            "",
+        ));
+        let k: Vec<String> = p.iter().map(|p| p.key.clone()).collect();
+        for want in [
+            "pulsar.ca_file",
+            "pulsar.oauth2.issuer_url",
+            "pulsar.oauth2.client_id",
+            "pulsar.oauth2.client_secret_file",
+        ] {
+            assert!(k.contains(&want.to_string()), "{want} missing from {k:?}");
+        }
+        assert!(
+            p.iter().any(|p| p.message.contains("no PEM certificate")),
+            "{p:?}"
+        );
+        let k = keys(&with(
+            "url = \"pulsar://127.0.0.1:6650\"",
+            &format!(
+                "http_tls = {{ cert_file = \"{}\", key_file = \"{}\" }}",
+                not_pem.display(),
+                not_pem.display()
+            ),
+        ));
+        assert_eq!(k, vec!["node.http_tls.cert_file".to_string()]);
     }
 
     #[test]

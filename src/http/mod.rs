@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Json};
 use axum::routing::{delete, get, post};
@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::wire::ClusterKey;
 use crate::ingest::UpstreamStatus;
 
+pub mod tls;
+
 /// What the handlers read.
 pub struct AppState {
     pub node_id: u64,
@@ -33,6 +35,10 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Admin requests must present the cluster secret.
     pub key: ClusterKey,
+    /// Admin requests over plain HTTP from other hosts are accepted.
+    pub allow_plaintext_admin: bool,
+    /// Refused admin requests, counted and logged at a bounded rate.
+    pub admin_refusals: crate::telemetry::RefusalLog,
     /// Where the snapshot files live, for their size.
     pub snapshot_dir: std::path::PathBuf,
     /// Samples for the status page's charts.
@@ -330,11 +336,7 @@ impl AppState {
 }
 
 /// Serves the API on `listener` until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Arc<AppState>,
-    shutdown: CancellationToken,
-) {
+pub async fn serve(listener: tls::Listener, app: Arc<AppState>, shutdown: CancellationToken) {
     let router = Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .route("/cluster", get(cluster))
@@ -346,9 +348,12 @@ pub async fn serve(
         .route("/admin/members", post(add_member))
         .route("/admin/members/{id}", delete(remove_member))
         .with_state(app);
-    if let Err(e) = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    if let Err(e) = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<tls::Client>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
     {
         tracing::error!(error = %e, "http server failed");
     }
@@ -366,14 +371,39 @@ pub struct NewMember {
 
 type AdminReply = (StatusCode, Json<serde_json::Value>);
 
-/// Checks the bearer secret and that this node leads; otherwise says who does.
-fn admin_gate(app: &AppState, headers: &HeaderMap) -> Result<(), AdminReply> {
+/// Whether an admin request may present the secret over this connection:
+/// over TLS, from a loopback client, or where the operator allowed plain
+/// HTTP. Pure, for the unit test.
+pub fn secret_may_travel(client: tls::Client, allow_plaintext_admin: bool) -> bool {
+    client.tls || client.addr.ip().to_canonical().is_loopback() || allow_plaintext_admin
+}
+
+/// Checks the transport, the bearer secret and that this node leads;
+/// otherwise says who does.
+fn admin_gate(app: &AppState, client: tls::Client, headers: &HeaderMap) -> Result<(), AdminReply> {
+    if !secret_may_travel(client, app.allow_plaintext_admin) {
+        // Refused before the secret is even looked at; it has crossed the
+        // network in the clear already, which the message says.
+        app.admin_refusals.refused(
+            client.addr,
+            "secret sent over plain HTTP from a non-loopback client",
+        );
+        return Err((
+            StatusCode::FORBIDDEN,
+            Json(serde_json::json!({
+                "error": "admin requests carry the cluster secret and are refused over plain HTTP from another host: configure [node.http_tls] and use https://, or set node.allow_plaintext_admin = true on a network you trust; if this request carried the real secret, consider it exposed and rotate it"
+            })),
+        ));
+    }
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    // matches_secret compares blake3 hashes, whose equality is constant
+    // time: the reply's timing says nothing about how much of a guess matched.
     if !token.is_some_and(|t| app.key.matches_secret(t.as_bytes())) {
-        tracing::warn!("admin request refused: missing or wrong cluster secret");
+        app.admin_refusals
+            .refused(client.addr, "missing or wrong cluster secret");
         return Err((
             StatusCode::UNAUTHORIZED,
             Json(
@@ -401,10 +431,11 @@ fn admin_gate(app: &AppState, headers: &HeaderMap) -> Result<(), AdminReply> {
 
 async fn add_member(
     State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<tls::Client>,
     headers: HeaderMap,
     Json(m): Json<NewMember>,
 ) -> AdminReply {
-    if let Err(r) = admin_gate(&app, &headers) {
+    if let Err(r) = admin_gate(&app, client, &headers) {
         return r;
     }
     tracing::info!(id = m.id, zone = %m.zone, addr = %m.addr, "adding member");
@@ -424,10 +455,11 @@ async fn add_member(
 
 async fn remove_member(
     State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<tls::Client>,
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> AdminReply {
-    if let Err(r) = admin_gate(&app, &headers) {
+    if let Err(r) = admin_gate(&app, client, &headers) {
         return r;
     }
     tracing::info!(id, "removing member");
@@ -594,5 +626,31 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
             }
         }
         ticks += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_travels_over_tls_from_loopback_or_where_allowed() {
+        let at = |a: &str, tls| tls::Client {
+            addr: a.parse().unwrap(),
+            tls,
+        };
+        assert!(secret_may_travel(at("10.0.0.5:4000", true), false));
+        assert!(secret_may_travel(at("127.0.0.1:4000", false), false));
+        assert!(secret_may_travel(at("[::1]:4000", false), false));
+        assert!(secret_may_travel(
+            at("[::ffff:127.0.0.1]:4000", false),
+            false
+        ));
+        assert!(!secret_may_travel(at("10.0.0.5:4000", false), false));
+        assert!(!secret_may_travel(
+            at("[::ffff:10.0.0.5]:4000", false),
+            false
+        ));
+        assert!(secret_may_travel(at("10.0.0.5:4000", false), true));
     }
 }

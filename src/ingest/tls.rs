@@ -4,8 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
 use crate::config::UpstreamConfig;
@@ -15,15 +14,7 @@ use crate::config::UpstreamConfig;
 pub type Problem = (&'static str, String);
 
 fn read_certs(path: &Path, key: &'static str) -> Result<Vec<CertificateDer<'static>>, Problem> {
-    let at = |e: String| (key, format!("{}: {e}", path.display()));
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| at(e.to_string()))?
-        .collect();
-    let certs = certs.map_err(|e| at(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(at("no PEM certificate in it".into()));
-    }
-    Ok(certs)
+    crate::pem::certs(path).map_err(|e| (key, e))
 }
 
 /// rustls settings for `u`, or `None` when it sets no file of its own and
@@ -33,9 +24,7 @@ pub fn client_config(u: &UpstreamConfig) -> Result<Option<Arc<ClientConfig>>, Pr
     if u.ca_file.is_none() && u.cert_file.is_none() && u.key_file.is_none() {
         return Ok(None);
     }
-    // Explicit provider, as for the peer protocol: with more than one in the
-    // dependency tree rustls cannot pick a process default.
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = crate::pem::provider();
     let mut roots = RootCertStore::empty();
     match &u.ca_file {
         Some(path) => {
@@ -63,8 +52,7 @@ pub fn client_config(u: &UpstreamConfig) -> Result<Option<Arc<ClientConfig>>, Pr
     let config = match (&u.cert_file, &u.key_file) {
         (Some(cert), Some(key)) => {
             let chain = read_certs(cert, "cert_file")?;
-            let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| ("key_file", format!("{}: {e}", key.display())))?;
+            let key_der = crate::pem::key(key).map_err(|e| ("key_file", e))?;
             builder
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|e| ("key_file", format!("does not match cert_file: {e}")))?

@@ -16,6 +16,7 @@
 //!    the background, so
 //!    every node trims its outbox.
 
+pub mod auth;
 pub mod props;
 pub mod tail;
 
@@ -25,9 +26,7 @@ use std::time::{Duration, Instant};
 use firstseen_raft::{Command, Raft};
 use firstseen_store::{OutboxMessage, StateStore};
 use pulsar::producer::ProducerOptions;
-use pulsar::{
-    Authentication, ConnectionRetryOptions, OperationRetryOptions, Producer, Pulsar, TokioExecutor,
-};
+use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Producer, Pulsar, TokioExecutor};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
@@ -92,25 +91,37 @@ pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Err
             connection_timeout: timeout,
             ..Default::default()
         });
-    if let Some(token) = token(config)? {
-        builder = builder.with_auth(Authentication {
-            name: "token".into(),
-            data: token.into_bytes(),
-        });
+    if let Some(credentials) = auth::provider(config)? {
+        builder = builder.with_auth_provider(credentials);
     }
+    if let Some(ca) = &config.ca_file {
+        // Read here rather than by the crate, so that a bad file is named
+        // with its config key.
+        let pem = std::fs::read(ca)
+            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?;
+        builder = builder.with_certificate_chain(pem);
+    }
+    builder = builder.with_tls_hostname_verification_enabled(config.tls_hostname_verification);
     Ok(builder.build().await?)
 }
 
-fn token(config: &PulsarConfig) -> Result<Option<String>, Error> {
-    if let Some(t) = &config.auth_token {
-        return Ok(Some(t.clone()));
+/// An HTTP client for the admin REST API, trusting `pulsar.ca_file` too.
+fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
+    let mut b =
+        reqwest::Client::builder().timeout(Duration::from_millis(config.operation_timeout_ms));
+    if let Some(ca) = &config.ca_file {
+        let pem = std::fs::read(ca)
+            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?
+        {
+            b = b.add_root_certificate(cert);
+        }
     }
-    if let Some(f) = &config.auth_token_file {
-        let t = std::fs::read_to_string(f)
-            .map_err(|e| Error::Config(format!("pulsar.auth_token_file {}: {e}", f.display())))?;
-        return Ok(Some(t.trim().to_string()));
+    if !config.tls_hostname_verification {
+        b = b.danger_accept_invalid_hostnames(true);
     }
-    Ok(None)
+    b.build().map_err(|e| Error::Publish(e.to_string()))
 }
 
 /// Why a leadership term's publishing ended.
@@ -463,12 +474,21 @@ impl Publisher {
     /// Warns once per term when the namespace does not deduplicate: without
     /// it, a resend by the crate after a reconnect can duplicate a message.
     async fn check_broker_dedup(&self) {
-        let Some(admin) = &self.config.admin_url else {
+        if self.config.admin_url.is_none() {
             return;
+        }
+        // One client and one token for every topic: with OAuth2 each token
+        // is a request to the issuer.
+        let admin = match Admin::new(&self.config).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check broker deduplication");
+                return;
+            }
         };
         let topics = self.state.topics().unwrap_or_default();
         for (topic, _) in topics.iter().take(8) {
-            match admin_dedup_enabled(admin, topic).await {
+            match admin.dedup_enabled(topic).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(topic = %topic, "broker deduplication is off for this topic; see docs/exactly-once.md")
@@ -505,24 +525,53 @@ async fn send(
     Ok(message.send_non_blocking().await?)
 }
 
-/// Asks the admin API whether deduplication applies to `topic`.
-pub async fn admin_dedup_enabled(admin_url: &str, topic: &str) -> Result<bool, Error> {
-    let path = topic
-        .strip_prefix("persistent://")
-        .ok_or_else(|| Error::Publish(format!("{topic}: not a persistent:// topic")))?;
-    let url = format!(
-        "{}/admin/v2/persistent/{path}/deduplicationEnabled?applied=true",
-        admin_url.trim_end_matches('/')
-    );
-    let body = reqwest::get(&url)
-        .await
-        .map_err(|e| Error::Publish(e.to_string()))?
-        .error_for_status()
-        .map_err(|e| Error::Publish(e.to_string()))?
-        .text()
-        .await
-        .map_err(|e| Error::Publish(e.to_string()))?;
-    Ok(body.trim() == "true")
+/// The admin REST API, with the same CA and credentials as the broker
+/// connection.
+pub struct Admin {
+    url: String,
+    client: reqwest::Client,
+    token: Option<String>,
+}
+
+impl Admin {
+    pub async fn new(config: &PulsarConfig) -> Result<Self, Error> {
+        let url = config
+            .admin_url
+            .as_deref()
+            .ok_or_else(|| Error::Config("pulsar.admin_url is not set".into()))?
+            .trim_end_matches('/')
+            .to_string();
+        Ok(Self {
+            url,
+            client: admin_client(config)?,
+            token: auth::admin_token(config).await?,
+        })
+    }
+
+    /// Whether deduplication applies to `topic`.
+    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
+        let path = topic
+            .strip_prefix("persistent://")
+            .ok_or_else(|| Error::Publish(format!("{topic}: not a persistent:// topic")))?;
+        let url = format!(
+            "{}/admin/v2/persistent/{path}/deduplicationEnabled?applied=true",
+            self.url
+        );
+        let mut request = self.client.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let body = request
+            .send()
+            .await
+            .map_err(|e| Error::Publish(e.to_string()))?
+            .error_for_status()
+            .map_err(|e| Error::Publish(e.to_string()))?
+            .text()
+            .await
+            .map_err(|e| Error::Publish(e.to_string()))?;
+        Ok(body.trim() == "true")
+    }
 }
 
 #[cfg(test)]

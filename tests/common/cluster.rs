@@ -146,6 +146,7 @@ impl TestCluster {
             extra: String::new(),
             node_extra: String::new(),
             upstream_extra: String::new(),
+            pulsar_extra: String::new(),
             qos: 1,
             routes_before: String::new(),
             data_dir: None,

@@ -55,6 +55,16 @@ pub fn free_port_on(ip: std::net::IpAddr) -> u16 {
 }
 
 /// A free port on 127.0.0.1 (see [`free_port_on`]).
+/// Held for the whole of a test whose assertions are time bounds (an
+/// election within 5 s, coverage back within 60 s): such tests take turns
+/// within their test binary rather than share 2 cores with each other's
+/// three-node clusters, which stretched a 1.5 s election to 15 s in CI. The
+/// other tests of the binary still run beside them.
+pub fn timing_bound_test() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn free_port() -> u16 {
     free_port_on(std::net::IpAddr::from([127, 0, 0, 1]))
 }
@@ -212,6 +222,8 @@ pub struct NodeSpec {
     pub node_extra: String,
     /// Extra keys of the `[[upstreams]]` table (`protocol = "5"`, say).
     pub upstream_extra: String,
+    /// Extra keys of the `[pulsar]` table (`ca_file = …`, say).
+    pub pulsar_extra: String,
     /// QoS of the subscription.
     pub qos: u8,
     /// `[[routes]]` tables tried before the test topic's own route.
@@ -279,6 +291,7 @@ impl NodeSpec {
             extra: String::new(),
             node_extra: String::new(),
             upstream_extra: String::new(),
+            pulsar_extra: String::new(),
             qos: 1,
             routes_before: String::new(),
             data_dir: None,
@@ -311,6 +324,7 @@ quota_bytes = {quota}
 [pulsar]
 url = "{pulsar}"
 {admin}operation_timeout_ms = 3000
+{pulsar_extra}
 
 [[upstreams]]
 name = "hsl"
@@ -338,6 +352,7 @@ pulsar_topic = "{topic}"
             extra = self.extra,
             node_extra = self.node_extra,
             upstream_extra = self.upstream_extra,
+            pulsar_extra = self.pulsar_extra,
             routes_before = self.routes_before,
             qos = self.qos,
             cluster = self.cluster.as_ref().map(|c| c.toml()).unwrap_or_default(),
@@ -741,9 +756,16 @@ pub struct ReadBack {
 }
 
 pub fn read_back(pulsar: &Pulsar, topic: &str) -> ReadBack {
+    read_back_with(pulsar, topic, &[])
+}
+
+/// [`read_back`] with more arguments for the reader (`--ca-file`,
+/// `--token-file`, a `pulsar+ssl://` `--url` after the first).
+pub fn read_back_with(pulsar: &Pulsar, topic: &str, extra: &[&str]) -> ReadBack {
     let out = Command::new("python3")
         .arg(repo().join("tests/tools/pulsar_read.py"))
         .args(["--url", &pulsar.url, "--topic", topic, "--with-payloads"])
+        .args(extra)
         .stderr(Stdio::null())
         .output()
         .expect("run pulsar_read.py");
@@ -919,7 +941,8 @@ pub fn verify(pulsar: &Pulsar, topic: &str, expect: Option<u64>) -> (i32, String
     )
 }
 
-/// A Pulsar standalone of the test's own, for tests that stop the broker.
+/// A Pulsar standalone of the test's own, for tests that stop the broker
+/// or need a secure one.
 pub struct OwnPulsar {
     pub dir: TempDir,
     pub pulsar: Pulsar,
@@ -927,44 +950,59 @@ pub struct OwnPulsar {
 
 impl OwnPulsar {
     pub fn start() -> Self {
-        let dir = TempDir::new().unwrap();
-        let p = Self::run_script("start", dir.path());
-        Self { dir, pulsar: p }
+        Self::start_env(&[])
     }
 
-    fn run_script(action: &str, dir: &Path) -> Pulsar {
+    /// A broker that requires token authentication on every port and also
+    /// listens with TLS (`PULSAR_SECURE=1 scripts/pulsar.sh start`); see
+    /// [`OwnPulsar::env`] for its TLS URL, CA, tokens and key.
+    pub fn start_secure() -> Self {
+        Self::start_env(&[("PULSAR_SECURE", "1")])
+    }
+
+    fn start_env(env: &[(&str, &str)]) -> Self {
+        let dir = TempDir::new().unwrap();
+        Self::run_script("start", dir.path(), env);
+        let mut own = Self {
+            pulsar: Pulsar {
+                url: String::new(),
+                admin_url: String::new(),
+            },
+            dir,
+        };
+        own.pulsar = Pulsar {
+            url: own.env("PULSAR_URL"),
+            admin_url: own.env("PULSAR_ADMIN_URL"),
+        };
+        own
+    }
+
+    /// A variable from the broker's `env` file (`PULSAR_TLS_URL`, say).
+    pub fn env(&self, key: &str) -> String {
+        let env = std::fs::read_to_string(self.dir.path().join("env")).unwrap();
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {key}=")))
+            .unwrap_or_else(|| panic!("{key} is not in the broker's env file"))
+            .to_string()
+    }
+
+    fn run_script(action: &str, dir: &Path, env: &[(&str, &str)]) {
         let status = Command::new("bash")
             .arg(repo().join("scripts/pulsar.sh"))
             .arg(action)
             .arg(dir)
+            .envs(env.iter().copied())
             .status()
             .expect("run scripts/pulsar.sh");
         assert!(status.success(), "scripts/pulsar.sh {action} failed");
-        if action != "start" {
-            return Pulsar {
-                url: String::new(),
-                admin_url: String::new(),
-            };
-        }
-        let env = std::fs::read_to_string(dir.join("env")).unwrap();
-        let get = |k: &str| {
-            env.lines()
-                .find_map(|l| l.strip_prefix(&format!("export {k}=")))
-                .unwrap()
-                .to_string()
-        };
-        Pulsar {
-            url: get("PULSAR_URL"),
-            admin_url: get("PULSAR_ADMIN_URL"),
-        }
     }
 
     pub fn stop(&self) {
-        Self::run_script("stop", self.dir.path());
+        Self::run_script("stop", self.dir.path(), &[]);
     }
 
     pub fn restart(&self) {
-        Self::run_script("start", self.dir.path());
+        Self::run_script("start", self.dir.path(), &[]);
     }
 }
 

@@ -24,9 +24,22 @@ def main():
     ap.add_argument("--with-payloads", action="store_true", help="include topic+payload digests")
     ap.add_argument("--with-properties", action="store_true",
                     help="include every message's properties (in topic order)")
+    ap.add_argument("--ca-file", help="CA to trust for a pulsar+ssl:// URL")
+    ap.add_argument("--token-file", help="JWT to authenticate with")
+    ap.add_argument("--listener", help="the broker's advertised listener to be sent to "
+                    "(deploy/compose: \"external\" from the host)")
     args = ap.parse_args()
 
-    client = pulsar.Client(args.url, logger=logging.getLogger("silent"))
+    options = {}
+    if args.ca_file:
+        options["tls_trust_certs_file_path"] = args.ca_file
+        options["tls_validate_hostname"] = True
+    if args.token_file:
+        with open(args.token_file) as f:
+            options["authentication"] = pulsar.AuthenticationToken(f.read().strip())
+    if args.listener:
+        options["listener_name"] = args.listener
+    client = pulsar.Client(args.url, logger=logging.getLogger("silent"), **options)
     logging.getLogger("silent").setLevel(logging.ERROR)
     reader = client.create_reader(args.topic, pulsar.MessageId.earliest)
     keys = collections.Counter()

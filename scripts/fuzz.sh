@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Fuzzes every decoder of bytes from the network or the disk, each for a
+# bounded time, with libFuzzer through cargo-fuzz (fuzz/, docs/operations.md):
+#
+#   scripts/fuzz.sh                 every target, 60 s each
+#   scripts/fuzz.sh peer_frame      one target
+#   FUZZ_SECONDS=600 scripts/fuzz.sh
+#
+# Targets: peer_frame (frame header and bincode body of peer requests and
+# replies), handshake (the peer handshake's answer), window_record (varints,
+# window records, masks, outbox runs), snapshot_import (a snapshot stream into
+# a fresh state database), config (config text and an environment override),
+# json_key (the JSON-field dedup key on any payload).
+# Each starts from its seeds in fuzz/corpus/<target>; what it learns goes to a
+# temporary directory, so the repository is not touched. A crash leaves its
+# input in fuzz/artifacts/<target>/ and fails the run (exit 1); replay it with
+# `cargo fuzz run -s none --fuzz-dir fuzz <target> <file>`.
+#
+# cargo-fuzz wants a nightly compiler for its sanitizer flags. These machines
+# have only stable Rust, so it runs with `-s none` (libFuzzer's coverage
+# guidance, no AddressSanitizer: safe Rust needs it little) and
+# RUSTC_BOOTSTRAP=1, which lets the stable compiler take the `-Z` flags
+# cargo-fuzz passes.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+. "$here/lib.sh"
+
+seconds=${FUZZ_SECONDS:-60}
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(peer_frame handshake window_record snapshot_import config json_key)
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  log "installing cargo-fuzz (first run only)"
+  cargo install -q --locked cargo-fuzz --version 0.13.2
+fi
+command -v protoc >/dev/null || "$here/setup.sh"
+export RUSTC_BOOTSTRAP=1
+cd "$root"
+log "building the fuzz targets"
+cargo fuzz build -s none --fuzz-dir fuzz
+work=$(mktemp -d -t firstseen-fuzz-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "$work/$t" "fuzz/artifacts/$t"
+  log "fuzzing $t for ${seconds}s"
+  # -rss_limit_mb: an input that makes a decoder allocate without bound is
+  # a finding, not an out-of-memory machine.
+  if ! cargo fuzz run -s none --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
+      -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="fuzz/artifacts/$t/" >"$work/$t.log" 2>&1; then
+    log "$t FAILED; the last lines of its log:"
+    tail -40 "$work/$t.log" >&2
+    status=1
+  else
+    grep -E "^stat::number_of_executed_units|^stat::new_units_added" "$work/$t.log" \
+      | sed "s/^/[$t] /" || true
+  fi
+done
+[ "$status" = 0 ] && log "fuzzing found nothing in ${#targets[@]} target(s), ${seconds}s each"
+exit "$status"

@@ -1,0 +1,158 @@
+//! The HTTP API's listener: plain TCP, or TLS when `node.http_tls` is set.
+//!
+//! TLS handshakes run in their own tasks, at most [`MAX_HANDSHAKES`] at once
+//! and each for at most [`HANDSHAKE_TIMEOUT`], and only finished ones reach
+//! axum. Doing the handshake inside `accept` would let one client that
+//! opens a connection and sends nothing stall the whole API, status page
+//! and readiness probe included.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
+use rustls::ServerConfig;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::tls::BoxStream;
+use crate::config::HttpTlsConfig;
+
+/// Longest a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes in progress at once; a flood beyond this is refused at
+/// accept instead of each holding a task and a TLS state.
+const MAX_HANDSHAKES: usize = 64;
+
+/// What a handler knows about the connection a request came on.
+#[derive(Clone, Copy, Debug)]
+pub struct Client {
+    pub addr: SocketAddr,
+    /// True when the request came over TLS.
+    pub tls: bool,
+}
+
+/// rustls settings for the HTTP listener, or the key (inside
+/// `node.http_tls`) at fault and why. check-config and the node both call it.
+pub fn server_config(c: &HttpTlsConfig) -> Result<Arc<ServerConfig>, (&'static str, String)> {
+    let chain = crate::pem::certs(&c.cert_file).map_err(|e| ("cert_file", e))?;
+    let key = crate::pem::key(&c.key_file).map_err(|e| ("key_file", e))?;
+    let mut config = ServerConfig::builder_with_provider(crate::pem::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("cert_file", e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| ("key_file", format!("does not match cert_file: {e}")))?;
+    // axum serves HTTP/1.1 here; offering h2 would make clients that prefer
+    // it fail the ALPN match.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The listener axum serves: connections whose handshake finished.
+pub struct Listener {
+    ready: mpsc::Receiver<(BoxStream, Client)>,
+    local: SocketAddr,
+}
+
+impl Listener {
+    /// Starts accepting on `tcp` until `shutdown`. With `tls`, every
+    /// connection must complete a TLS handshake first.
+    pub fn start(
+        tcp: TcpListener,
+        tls: Option<Arc<ServerConfig>>,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
+        tokio::spawn(accept_loop(tcp, tls.map(TlsAcceptor::from), tx, shutdown));
+        Ok(Self { ready, local })
+    }
+}
+
+async fn accept_loop(
+    tcp: TcpListener,
+    tls: Option<TlsAcceptor>,
+    ready: mpsc::Sender<(BoxStream, Client)>,
+    shutdown: CancellationToken,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let (stream, addr) = tokio::select! {
+            a = tcp.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: wait instead of spinning.
+                    tracing::warn!(error = %e, "http accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+            _ = ready.closed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(acceptor) = tls.clone() else {
+            let client = Client { addr, tls: false };
+            if ready.send((Box::new(stream), client)).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            metrics::counter!("firstseen_http_tls_refused_total", "reason" => "busy").increment(1);
+            continue;
+        };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => {
+                    let _ = ready.send((Box::new(s), Client { addr, tls: true })).await;
+                }
+                // A failed handshake is the client's problem (a wrong CA on
+                // its side, a plain-HTTP request, a scanner); counted, and
+                // logged at debug so a flood cannot fill the log.
+                Ok(Err(e)) => {
+                    metrics::counter!("firstseen_http_tls_refused_total", "reason" => "handshake")
+                        .increment(1);
+                    tracing::debug!(client = %addr, error = %e, "http TLS handshake failed");
+                }
+                Err(_) => {
+                    metrics::counter!("firstseen_http_tls_refused_total", "reason" => "timeout")
+                        .increment(1);
+                }
+            }
+        });
+    }
+}
+
+impl axum::serve::Listener for Listener {
+    type Io = BoxStream;
+    type Addr = Client;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accept loop ended (shutdown): never hand out another
+            // connection; axum's graceful shutdown ends the server.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(Client {
+            addr: self.local,
+            tls: false,
+        })
+    }
+}
+
+impl Connected<IncomingStream<'_, Listener>> for Client {
+    fn connect_info(stream: IncomingStream<'_, Listener>) -> Self {
+        *stream.remote_addr()
+    }
+}
