@@ -14,7 +14,8 @@
 #   pip:   paho-mqtt (independent MQTT publisher), pulsar-client (official
 #          Pulsar client, the independent reader in tests), playwright (drives
 #          Debian's chromium), prometheus-client (parses /metrics), pyyaml
-#          (reads the deploy manifests in tests)
+#          (reads the deploy manifests in tests), kubernetes-validate (the
+#          manifests against the Kubernetes API's own schemas, offline)
 #   maven: Apache Pulsar standalone (scripts/pulsar.sh install)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -46,12 +47,12 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/d
   systemctl stop mosquitto 2>/dev/null || true
 fi
 
-if ! python3 -c 'import paho.mqtt, pulsar, playwright, prometheus_client, yaml' 2>/dev/null; then
-  log "installing Python packages: paho-mqtt, pulsar-client, playwright, prometheus-client, pyyaml"
+if ! python3 -c 'import paho.mqtt, pulsar, playwright, prometheus_client, yaml, kubernetes_validate' 2>/dev/null; then
+  log "installing Python packages: paho-mqtt, pulsar-client, playwright, prometheus-client, pyyaml, kubernetes-validate"
   # playwright is only the driver: it runs Debian's /usr/bin/chromium and
   # never downloads a browser of its own.
   python3 -m pip install -q --disable-pip-version-check "paho-mqtt==2.2.0" "pulsar-client==3.13.0" \
-    "playwright==1.49.1" "prometheus-client==0.21.1" "pyyaml==6.0.3"
+    "playwright==1.49.1" "prometheus-client==0.21.1" "pyyaml==6.0.3" "kubernetes-validate==1.37.0"
 fi
 
 "$here/pulsar.sh" install
