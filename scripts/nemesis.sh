@@ -63,6 +63,18 @@ if [ -f "$out/summary.json" ]; then
   log "summary: $out/summary.json; timeline: $out/timeline.png"
 fi
 if [ "$code" != 0 ]; then
+  # What a CI log needs to tell a firstseen fault from a sick broker or a
+  # full machine: the output directory is gone with the clean clone.
+  log "disk space where the campaign ran:"; df -h "$out" >&2 || true
+  for f in "$out"/node-*/node.log; do
+    [ -f "$f" ] || continue
+    log "last warnings and errors of $f:"
+    grep -a -E ' (WARN|ERROR) ' "$f" | grep -v 'message will be ignored' | tail -25 >&2 || true
+  done
+  if [ -f "$out/pulsar/pulsar.log" ]; then
+    log "last errors of Pulsar ($out/pulsar/pulsar.log):"
+    grep -a -E ' ERROR |Exception:' "$out/pulsar/pulsar.log" | tail -25 | cut -c1-300 >&2 || true
+  fi
   log "the campaign failed (exit $code); replay it with: scripts/nemesis.sh --seed $seed --minutes $minutes --rate $rate --profile $profile"
 fi
 exit "$code"

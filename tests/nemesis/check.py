@@ -28,6 +28,26 @@ def load_history(path):
     return raw[0::2], raw[1::2]
 
 
+def probe_pulsar(url, topic, timeout_secs=60):
+    """Whether the broker takes a write within `timeout_secs`: "ok", or why
+    not. Tells a stall that is firstseen's from one that is Pulsar's own. The
+    limit is generous: a broker just restarted on a loaded machine took up to
+    46 s to come back in the soak, and a probe that gave up sooner would
+    restart a broker that was only slow."""
+    import pulsar
+    client = pulsar.Client(url, operation_timeout_seconds=timeout_secs,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, send_timeout_millis=timeout_secs * 1000)
+        producer.send(b"probe")
+        producer.close()
+        return "ok"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        client.close()
+
+
 def read_pulsar(url, topic, expect_at_least=0, idle_secs=20):
     """Every message of `topic`: (id, seq, publish time in s), in order."""
     import pulsar  # the official client
@@ -140,21 +160,36 @@ def steady_after(times, t0, rate, until, window=3.0, share=0.8):
 
 
 def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridged=None,
-            arrived=None):
+            arrived=None, window_secs=None):
     """The verdict, as a dict. `faults` are the schedule's, with times in
     seconds after `load["start"]`; `arrived` is the live reader's arrival
-    time per message, for latency."""
+    time per message, for latency.
+
+    G2 promises one copy per key within the dedup window: with `window_secs`
+    a copy that Pulsar took `window_secs` or more after the first copy of its
+    id (broker publish times) is a new message by design, counted apart as
+    `copies_after_window` (a broker that held it that long redelivered it).
+    Without it, every second copy is a duplicate."""
     n = len(t_pub)
     seen = {}
+    first_at = {}
+    dup_ids = set()
+    after_window = 0
     unexpected = 0
-    for i, seq, _ in pulsar_msgs:
+    for i, seq, t in pulsar_msgs:
         if 0 <= i < n and not math.isnan(t_pub[i]):
             seen[i] = seen.get(i, 0) + 1
+            if i not in first_at:
+                first_at[i] = t
+            elif window_secs is not None and t - first_at[i] >= window_secs:
+                after_window += 1
+            else:
+                dup_ids.add(i)
         else:
             unexpected += 1
     acked = [i for i in range(n) if not math.isnan(t_ack[i])]
     lost = [i for i in acked if i not in seen]
-    duplicated = [i for i, c in seen.items() if c > 1]
+    duplicated = sorted(dup_ids)
     seqs = [s for _, s, _ in pulsar_msgs]
     out_of_order = sum(1 for k, s in enumerate(seqs) if s != k + 1)
     acked_uncommitted = None
@@ -206,6 +241,8 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
         "acked_uncommitted_ids": None if acked_uncommitted is None else acked_uncommitted[:20],
         "duplicated": len(duplicated),
         "duplicated_ids": duplicated[:20],
+        "copies_after_window": after_window,
+        "window_secs": window_secs,
         "unexpected": unexpected,
         "out_of_order": out_of_order,
         "bridged": bridged,
@@ -224,7 +261,8 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
 
 def summary_line(v):
     return (f"messages {v['messages']}, broker acked {v['broker_acked']}, in Pulsar {v['in_pulsar']}: "
-            f"lost {v['lost']} (acked upstream {v['acked_uncommitted']}), duplicated {v['duplicated']}, "
+            f"lost {v['lost']} (acked upstream {v['acked_uncommitted']}), duplicated {v['duplicated']} "
+            f"(and {v.get('copies_after_window', 0)} copies after the window), "
             f"unexpected {v['unexpected']}, out of order {v['out_of_order']}; "
             f"longest stall {v['longest_stall_s']} s; verdict {'OK' if v['ok'] else 'FAILED'}")
 

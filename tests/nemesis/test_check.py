@@ -35,6 +35,17 @@ class CheckTest(unittest.TestCase):
         self.assertEqual(v["unexpected"], 1)
         self.assertEqual(v["out_of_order"], 2)
 
+    def test_a_copy_after_the_window_is_a_new_message_and_one_inside_is_a_duplicate(self):
+        t_pub, t_ack = history(3)
+        # id 0 again 700 s after its first copy: outside a 600 s window; id 1
+        # again 599 s after: inside it.
+        msgs = [(0, 1, 101.0), (1, 2, 101.0), (2, 3, 101.0), (0, 4, 801.0), (1, 5, 700.0)]
+        v = check.analyze(t_pub, t_ack, msgs, [], LOAD, 1, window_secs=600)
+        self.assertEqual((v["duplicated_ids"], v["copies_after_window"]), ([1], 1))
+        self.assertFalse(v["ok"])
+        v = check.analyze(t_pub, t_ack, msgs, [], LOAD, 1)
+        self.assertEqual(v["duplicated_ids"], [0, 1], "without a window every copy counts")
+
     def test_a_loss_some_bridge_acked_is_told_apart(self):
         t_pub, t_ack = history(3)
         first_ack = [100.1, math.nan, 100.2]
