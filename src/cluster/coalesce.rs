@@ -9,12 +9,15 @@
 //! once, and whatever arrives meanwhile is merged into the next one. An idle
 //! cluster still proposes a lone batch at once, so merging adds no wait.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use firstseen_raft::{Raft, Response};
+use firstseen_raft::{Member, NodeId, Raft, Response};
 use firstseen_store::{Batch, Observation, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use openraft::metrics::RaftServerMetrics;
+use openraft::ServerState;
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use super::wire::ForwardError;
 use crate::now_ms;
@@ -226,7 +229,13 @@ async fn propose(
     batch: Batch,
 ) -> Result<Vec<Outcome>, ForwardError> {
     let cmd = batch.into_command(stamped_ms, window_ms);
-    match raft.client_write(cmd).await {
+    let server = raft.server_metrics();
+    let Some(written) = until_deposed(raft.client_write(cmd), server.clone()).await else {
+        return Err(ForwardError::NotLeader {
+            leader: server.borrow().current_leader,
+        });
+    };
+    match written {
         Ok(resp) => match resp.data {
             Response::Observed(outcomes) => Ok(outcomes),
             other => Err(ForwardError::Failed(format!(
@@ -239,6 +248,39 @@ async fn propose(
             })
         }
         Err(e) => Err(ForwardError::Failed(e.to_string())),
+    }
+}
+
+/// Awaits `write`, or returns `None` once this node has stopped leading in
+/// the term it was in when the write began.
+///
+/// Why: openraft 0.9 answers a write when its entry is applied, and fails it
+/// when the entry is truncated; nothing else drains its responders. A leader
+/// that steps down and then installs a snapshot covering its entry imports
+/// that entry without applying it, so the write waits forever. With one
+/// entry in flight ([`IN_FLIGHT`]), every later batch through this node then
+/// waited too, once it led again (nemesis seed 288942358, release replay:
+/// node 2 led in term 6, installed three snapshots in term 9, led again in
+/// term 10, and every forward to it timed out for the rest of the run).
+/// The batch goes back to its batcher, which proposes it again; whatever of
+/// it did commit comes back as duplicates of itself, as after any repeated
+/// forward, and acking those is what G4 allows.
+async fn until_deposed<F: Future>(
+    write: F,
+    mut server: watch::Receiver<RaftServerMetrics<NodeId, Member>>,
+) -> Option<F::Output> {
+    let (term, leading) = {
+        let m = server.borrow_and_update();
+        (m.vote.leader_id().term, m.state == ServerState::Leader)
+    };
+    let deposed = server.wait_for(|m| {
+        m.vote.leader_id().term != term || (leading && m.state != ServerState::Leader)
+    });
+    tokio::select! {
+        biased;
+        r = write => Some(r),
+        // A closed channel means Raft stopped: the write ends on its own.
+        Ok(_) = deposed => None,
     }
 }
 
@@ -286,6 +328,45 @@ mod tests {
             "stamped {} s ahead",
             (stamp - t0) / 1000
         );
+    }
+
+    fn server(term: u64, state: ServerState) -> RaftServerMetrics<NodeId, Member> {
+        RaftServerMetrics {
+            id: 1,
+            vote: openraft::Vote::new_committed(term, 1),
+            state,
+            current_leader: (state == ServerState::Leader).then_some(1),
+            membership_config: Arc::new(Default::default()),
+        }
+    }
+
+    /// A write that openraft never answers (its entry came in by snapshot
+    /// after this node stepped down) ends when the term does.
+    #[tokio::test]
+    async fn a_write_that_is_never_answered_ends_with_the_term() {
+        let (tx, rx) = watch::channel(server(6, ServerState::Leader));
+        let pending = tokio::spawn(until_deposed(std::future::pending::<()>(), rx));
+        tokio::task::yield_now().await;
+        assert!(!pending.is_finished(), "still leading: the write waits");
+        tx.send(server(9, ServerState::Follower)).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(5), pending).await;
+        assert!(
+            matches!(ended, Ok(Ok(None))),
+            "still waiting after the term changed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_answered_while_leading_is_returned() {
+        let (tx, rx) = watch::channel(server(6, ServerState::Leader));
+        let (answer, answered) = oneshot::channel::<u32>();
+        let write = async move { answered.await.unwrap() };
+        let pending = tokio::spawn(until_deposed(write, rx));
+        // A change that is not a change of term or role leaves it waiting.
+        tx.send(server(6, ServerState::Leader)).unwrap();
+        tokio::task::yield_now().await;
+        answer.send(7).unwrap();
+        assert_eq!(pending.await.unwrap(), Some(7));
     }
 
     #[test]

@@ -15,6 +15,16 @@
 //! Before, every request took a pooled connection or made a new one: about
 //! 4,000 connections in 40 s of replay, up to 3,700 attempts a second towards
 //! a cut leader, and a host out of ephemeral ports after 38 s of a cut.
+//!
+//! A dial runs in a task of its own, not in the caller. openraft gives an
+//! append or a heartbeat one heartbeat interval (100 ms) and drops the call
+//! when it runs out. On a loaded machine a connect plus the handshake's round
+//! trips took longer than that, so a dial made inside the call was cancelled
+//! mid-handshake every time, and a leader never reconnected to a follower it
+//! had lost (nemesis seed 288942358: 19 "no handshake from peer: early eof"
+//! on the follower, a two-minute stall). Now a caller that gives up leaves the
+//! dial running under its own timeouts, and the next call finds the
+//! connection.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -33,7 +43,7 @@ use openraft::raft::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::liveness::Liveness;
@@ -46,6 +56,11 @@ const WRITE_QUEUE: usize = 256;
 /// Reconnect backoff: first delay, and the most it grows to.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A connection from which nothing at all has come for this long, while a
+/// request waited, is dead without knowing it (no FIN, no RST). Longer than
+/// a heartbeat on purpose: a follower stalled 150 ms by a flush is slow, not
+/// gone, and redialling it costs more than waiting.
+const SILENT_DEAD: Duration = Duration::from_secs(1);
 
 /// Why a call to a peer failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -66,6 +81,10 @@ pub enum CallError {
 }
 
 type Waiter = oneshot::Sender<Result<Reply, CallError>>;
+
+/// The outcome of a dial, published to every caller waiting on it; `None`
+/// while it runs.
+type DialOutcome = Option<Result<Arc<Conn>, CallError>>;
 
 /// One authenticated connection, shared by every caller.
 struct Conn {
@@ -124,8 +143,11 @@ impl Backoff {
 struct Link {
     addr: String,
     conn: Mutex<Option<Arc<Conn>>>,
-    /// Held while dialling, so concurrent callers share one attempt.
-    dialling: tokio::sync::Mutex<()>,
+    /// The dial under way, if any: concurrent callers share one attempt, and
+    /// it outlives a caller that stops waiting. Set and cleared under this
+    /// lock together with `conn`, so a caller sees either a live connection
+    /// or a dial to wait for.
+    dial: Mutex<Option<watch::Receiver<DialOutcome>>>,
     backoff: Mutex<Backoff>,
 }
 
@@ -186,7 +208,7 @@ impl Peers {
                 Arc::new(Link {
                     addr: addr.to_string(),
                     conn: Mutex::new(None),
-                    dialling: tokio::sync::Mutex::new(()),
+                    dial: Mutex::new(None),
                     backoff: Mutex::new(Backoff {
                         failures: 0,
                         until: None,
@@ -204,58 +226,113 @@ impl Peers {
             .cloned()
     }
 
-    /// The link's connection, dialling it if needed and allowed.
+    /// The link's connection, dialling it if needed and allowed. The caller
+    /// may give up waiting at any time (openraft drops its RPC futures on a
+    /// timeout); the dial itself goes on in its own task.
     async fn connection(&self, link: &Arc<Link>) -> Result<Arc<Conn>, CallError> {
         if let Some(c) = Self::live(link) {
             return Ok(c);
         }
-        let _dialling = link.dialling.lock().await;
-        if let Some(c) = Self::live(link) {
-            return Ok(c);
-        }
-        {
-            let b = lock(&link.backoff);
-            if let Some(until) = b.until.filter(|u| Instant::now() < *u) {
+        let mut outcome = {
+            let mut dial = lock(&link.dial);
+            // Checked again under the lock: a dial that just finished set
+            // `conn` and cleared `dial` under it.
+            if let Some(c) = Self::live(link) {
+                return Ok(c);
+            }
+            match dial.as_ref() {
+                Some(running) => running.clone(),
+                None => {
+                    Self::backing_off(link)?;
+                    let (tx, rx) = watch::channel(None);
+                    *dial = Some(rx.clone());
+                    self.spawn_dial(link.clone(), tx);
+                    rx
+                }
+            }
+        };
+        let stopping = || CallError::Unreachable {
+            addr: link.addr.clone(),
+            reason: "the node is stopping".into(),
+        };
+        let result = match outcome.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().unwrap_or_else(|| Err(stopping())),
+            Err(_) => Err(stopping()),
+        };
+        result
+    }
+
+    /// `Err` while the link waits out its backoff after a failed dial: the
+    /// caller fails at once as unreachable, and openraft backs off on that.
+    fn backing_off(link: &Link) -> Result<(), CallError> {
+        let b = lock(&link.backoff);
+        match b.until.filter(|u| Instant::now() < *u) {
+            None => Ok(()),
+            Some(until) => {
                 let last = b
                     .last_error
                     .as_ref()
                     .map(|e| e.to_string())
                     .unwrap_or_default();
-                return Err(CallError::Unreachable {
+                Err(CallError::Unreachable {
                     addr: link.addr.clone(),
                     reason: format!(
                         "backing off for {} ms after: {last}",
                         until.saturating_duration_since(Instant::now()).as_millis()
                     ),
-                });
+                })
             }
         }
+    }
+
+    /// Dials `link` in a task owned by the node's stop token and bounded by
+    /// the dial's own timeouts, publishing the outcome on `done`.
+    fn spawn_dial(&self, link: Arc<Link>, done: watch::Sender<DialOutcome>) {
+        tokio::spawn(self.clone().dial_and_publish(link, done));
+    }
+
+    /// One dial of `link`, its outcome recorded on the link and published on
+    /// `done`. Ends early, publishing nothing, when the node stops.
+    async fn dial_and_publish(self, link: Arc<Link>, done: watch::Sender<DialOutcome>) {
         metrics::counter!("firstseen_peer_connects_total").increment(1);
-        match self.dial(&link.addr).await {
-            Ok((stream, peer)) => {
-                let conn = self.spawn_conn(link.addr.clone(), stream, peer);
-                *lock(&link.conn) = Some(conn.clone());
-                let mut b = lock(&link.backoff);
-                if b.failures > 0 {
-                    tracing::info!(peer = %link.addr, node = peer, "peer connection restored");
-                }
-                b.failures = 0;
-                b.until = None;
-                b.last_error = None;
-                Ok(conn)
+        let dialled = tokio::select! {
+            d = self.dial(&link.addr) => d,
+            _ = self.inner.stop.cancelled() => {
+                *lock(&link.dial) = None;
+                return; // dropping `done` wakes the waiters
             }
-            Err(e) => {
-                let mut b = lock(&link.backoff);
-                let delay = Backoff::delay(b.failures, getrandom::u64().unwrap_or(0));
-                b.failures = b.failures.saturating_add(1);
-                b.until = Some(Instant::now() + delay);
-                if b.failures == 1 {
-                    tracing::warn!(peer = %link.addr, error = %e, "peer unreachable; retrying with backoff");
+        };
+        let result = {
+            let mut dial = lock(&link.dial);
+            let result = match dialled {
+                Ok((stream, peer)) => {
+                    let conn = self.spawn_conn(link.addr.clone(), stream, peer);
+                    *lock(&link.conn) = Some(conn.clone());
+                    let mut b = lock(&link.backoff);
+                    if b.failures > 0 {
+                        tracing::info!(peer = %link.addr, node = peer, "peer connection restored");
+                    }
+                    b.failures = 0;
+                    b.until = None;
+                    b.last_error = None;
+                    Ok(conn)
                 }
-                b.last_error = Some(e.clone());
-                Err(e)
-            }
-        }
+                Err(e) => {
+                    let mut b = lock(&link.backoff);
+                    let delay = Backoff::delay(b.failures, getrandom::u64().unwrap_or(0));
+                    b.failures = b.failures.saturating_add(1);
+                    b.until = Some(Instant::now() + delay);
+                    if b.failures == 1 {
+                        tracing::warn!(peer = %link.addr, error = %e, "peer unreachable; retrying with backoff");
+                    }
+                    b.last_error = Some(e.clone());
+                    Err(e)
+                }
+            };
+            *dial = None;
+            result
+        };
+        let _ = done.send(Some(result));
     }
 
     /// Connects, runs TLS if configured, and authenticates.
@@ -458,10 +535,10 @@ impl Peers {
             Ok(Err(_)) => Err(lost()),
             Err(_) => {
                 lock(&conn.pending).remove(&id);
-                // Nothing at all came back for as long as this request
-                // waited: the connection is dead without knowing it (no FIN,
-                // no RST). Drop it so the next request dials again.
-                if lock(&conn.last_frame).elapsed() >= timeout {
+                // Nothing at all came back for a while: the connection is
+                // dead without knowing it. Drop it so the next request dials
+                // again.
+                if lock(&conn.last_frame).elapsed() >= timeout.max(SILENT_DEAD) {
                     conn.closed.cancel();
                 }
                 Err(CallError::Timeout {
@@ -493,9 +570,12 @@ pub struct PeerClient {
 }
 
 /// The shortest time an RPC that writes on the peer (an append with
-/// entries, a vote) is given. openraft gives an append one heartbeat
-/// interval, follower fsync included; on a loaded disk that is too short,
-/// and a timed-out append is only sent again.
+/// entries, a vote) waits for its reply here. It cannot give an append more
+/// than openraft does: openraft's own timer cuts the whole call at one
+/// heartbeat interval (follower fsync included), and sends it again from the
+/// start. Only a larger `cluster.heartbeat_ms` gives an append more time.
+/// Likewise openraft cuts a vote at `election_timeout_min`. The floor only
+/// matters where openraft's own budget is longer than what it passes here.
 const WRITE_TTL_FLOOR: Duration = Duration::from_millis(500);
 
 impl PeerClient {
@@ -598,6 +678,84 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that waits `delay` before it starts each handshake, then
+    /// answers every pre-vote. Returns its address.
+    async fn slow_peer(key: ClusterKey, delay: Duration) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let key = key.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let challenge = wire::nonce();
+                    let mut hello = wire::MAGIC.to_vec();
+                    hello.extend_from_slice(&challenge);
+                    s.write_all(&hello).await?;
+                    let mut client = [0u8; 72];
+                    s.read_exact(&mut client).await?;
+                    let node = u64::from_be_bytes(client[..8].try_into().unwrap());
+                    let nonce: [u8; 32] = client[8..40].try_into().unwrap();
+                    let proof: [u8; 32] = client[40..].try_into().unwrap();
+                    assert!(key.check_client(&challenge, node, &proof));
+                    let mut answer = 2u64.to_be_bytes().to_vec();
+                    answer.extend_from_slice(&key.server_proof(&nonce, 2));
+                    s.write_all(&answer).await?;
+                    loop {
+                        let mut header = [0u8; 4];
+                        s.read_exact(&mut header).await?;
+                        let mut body = vec![0u8; wire::frame_len(header).unwrap()];
+                        s.read_exact(&mut body).await?;
+                        let req: Envelope<Request> = wire::decode(&body).unwrap();
+                        let reply = Envelope {
+                            id: req.id,
+                            body: Reply::PreVote(wire::PreVoteReply {
+                                granted: true,
+                                reason: String::new(),
+                            }),
+                        };
+                        s.write_all(&wire::encode(&reply).unwrap()).await?;
+                    }
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                });
+            }
+        });
+        addr
+    }
+
+    /// Nemesis seed 288942358: each call had one heartbeat (100 ms), a
+    /// connect plus handshake took longer on a loaded machine, and a dial
+    /// made inside the call was cancelled mid-handshake every time, so the
+    /// leader never reconnected. The dial must survive its callers.
+    #[tokio::test]
+    async fn a_dial_slower_than_the_callers_budget_still_connects() {
+        let key = ClusterKey::from_secret(b"secret");
+        let addr = slow_peer(key.clone(), Duration::from_millis(300)).await;
+        let peers = Peers::new(1, key, None, None, Arc::new(Liveness::new()));
+        let request = Request::PreVote(wire::PreVote {
+            candidate: 1,
+            term: 1,
+            last_log: None,
+        });
+        let budget = Duration::from_millis(100);
+        let mut answered = None;
+        for attempt in 0..20 {
+            // As openraft does: the whole call, dial included, is cut at
+            // the budget.
+            if let Ok(Ok(reply)) =
+                tokio::time::timeout(budget, peers.call(&addr, &request, budget)).await
+            {
+                answered = Some((attempt, reply));
+                break;
+            }
+        }
+        peers.close();
+        let (attempt, reply) = answered.expect("no call got through in 20 attempts");
+        assert!(matches!(reply, Reply::PreVote(r) if r.granted));
+        assert!(attempt >= 2, "the handshake alone takes 300 ms");
+    }
 
     #[test]
     fn backoff_grows_to_a_second_with_jitter() {
