@@ -204,6 +204,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Group-commit syncs of the Raft log (sled's flush, then fdatasync); one covers every append queued before it",
     ),
     (
+        "firstseen_raft_log_truncations_total",
+        "counter",
+        "Conflicting log tails removed (a deposed leader's entries); each is also logged. Rising steadily means a livelock",
+    ),
+    (
+        "firstseen_raft_slow_appends_total",
+        "counter",
+        "Appends from the leader that took this node longer than a heartbeat to take: the leader has given up on each and sends it again",
+    ),
+    (
         "firstseen_raft_log_bytes_total",
         "counter",
         "Encoded bytes of the Raft log entries appended to this node's log",

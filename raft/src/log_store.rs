@@ -565,6 +565,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        // Rare in a healthy cluster (a tail from a deposed leader), so worth
+        // a line: a node truncating again and again is a livelock to see.
+        tracing::info!(from = %log_id, "truncating a conflicting log tail");
+        metrics::counter!("firstseen_raft_log_truncations_total").increment(1);
         // Entries from `log_id` on were never committed (openraft truncates
         // only a conflicting tail). The guard's durable mark goes below them
         // first, so it never claims what is about to be removed.

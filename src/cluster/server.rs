@@ -237,7 +237,22 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
     }
     match request {
         Request::AppendEntries(r) => {
+            let started = std::time::Instant::now();
+            let (entries, prev) = (r.entries.len(), r.prev_log_id);
             let result = svc.raft.append_entries(r).await;
+            let took = started.elapsed();
+            // openraft's leader gives the whole append one heartbeat; one
+            // that takes longer here is lost to the leader and sent again.
+            if took > svc.timing.heartbeat {
+                metrics::counter!("firstseen_raft_slow_appends_total").increment(1);
+                tracing::debug!(
+                    entries,
+                    prev = ?prev,
+                    took_ms = took.as_millis() as u64,
+                    result = ?result.as_ref().map_err(|e| e.to_string()),
+                    "append took longer than the leader waits"
+                );
+            }
             // Accepted from a leader whose term this node follows (a
             // conflict too: the leader is alive, only the logs differ).
             if matches!(

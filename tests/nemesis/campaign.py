@@ -199,7 +199,9 @@ snapshot_logs = {c.args.snapshot_logs}
             "FAKETIME_TIMESTAMP_FILE": self.clock_file,
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "FAKETIME_CACHE_DURATION": "1",
-            "RUST_LOG": "info,pulsar=warn,openraft=warn",
+            # NEMESIS_NODE_LOG replaces the nodes' log filter, to replay a
+            # seed with more detail (e.g. openraft's follower at debug).
+            "RUST_LOG": os.environ.get("NEMESIS_NODE_LOG", "info,pulsar=warn,openraft=warn"),
         })
         logf = open(os.path.join(self.dir, "node.log"), "a")
         logf.write(f"===== start at {time.time():.3f} =====\n")
