@@ -48,7 +48,11 @@ log "building firstseen and firstseen-crashfs ($build)"
 if [ "$build" = release ]; then
   cargo build -q --release -p firstseen --bin firstseen && cargo build -q --release -p firstseen-crashfs
 else
-  cargo build -q -p firstseen --bin firstseen && cargo build -q -p firstseen-crashfs
+  # The same command as scripts/test.sh's build, so that after it this is a
+  # no-op: `-p firstseen` alone resolves dependency features differently
+  # from the workspace build and rebuilt much of the tree (8 min 15 s in a
+  # clean-clone CI run).
+  cargo build -q --workspace --all-targets
 fi
 log "nemesis seed $seed: $profile profile, $minutes min at $rate msg/s; output in $out"
 args=(--seed "$seed" --minutes "$minutes" --rate "$rate" --profile "$profile" --out "$out"
