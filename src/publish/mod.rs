@@ -17,6 +17,7 @@
 //!    every node trims its outbox.
 
 pub mod auth;
+pub mod policy;
 pub mod props;
 pub mod tail;
 
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
 use crate::Error;
+use policy::{held_elsewhere, retry_policy};
 
 /// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
 /// `ExclusiveWithFencing`, because a paused old leader's automatic
@@ -148,12 +150,6 @@ struct TopicPublisher {
     proposed_at: Option<Instant>,
 }
 
-/// Least time between two watermark proposals of a topic while busy. Each
-/// is a Raft entry; one per publish batch was about half of all entries at
-/// the HSL peak. A watermark that lags what is in Pulsar is safe (a new
-/// publisher resumes after the tail), so it only trims the outbox later.
-const WATERMARK_EVERY: Duration = Duration::from_millis(100);
-
 impl TopicPublisher {
     fn new(topic: String) -> Self {
         Self {
@@ -170,13 +166,10 @@ impl TopicPublisher {
     }
 
     /// Proposes the confirmed watermark through Raft if it moved, and, unless
-    /// `now` is set, if the last proposal is [`WATERMARK_EVERY`] old.
+    /// `now` is set, if the last proposal is [`policy::WATERMARK_EVERY`] old.
     fn propose_watermark(&mut self, raft: &Raft, now: bool) {
-        let due = now
-            || self
-                .proposed_at
-                .is_none_or(|t| t.elapsed() >= WATERMARK_EVERY);
-        if self.confirmed <= self.proposed || !due {
+        let since_last = self.proposed_at.map(|t| t.elapsed());
+        if !policy::watermark_due(self.confirmed, self.proposed, since_last, now) {
             return;
         }
         self.proposed = self.confirmed;
@@ -205,28 +198,6 @@ impl TopicPublisher {
         self.in_flight.clear();
         self.retry_at = Some(Instant::now() + delay);
         self.backoff = next;
-    }
-}
-
-/// Whether a producer error means another producer still holds the topic:
-/// a predecessor that was paused or cut off keeps its exclusive producer
-/// until the broker drops its connection (keepalive), and this node takes
-/// over the moment it does.
-pub fn held_elsewhere(error: &str) -> bool {
-    error.contains("ProducerBusy")
-        || error.contains("ProducerFenced")
-        || error.contains("exclusive producer")
-}
-
-/// The retry after a producer error, and the backoff after it: a topic held
-/// by another producer is tried again every 250 ms, so a successor does not
-/// sit out a long backoff after the old holder lets go; other errors back
-/// off from 200 ms to 5 s.
-pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Duration) {
-    if held_elsewhere {
-        (Duration::from_millis(250), backoff)
-    } else {
-        (backoff, (backoff * 2).min(Duration::from_secs(5)))
     }
 }
 
@@ -437,7 +408,7 @@ impl Publisher {
             let wait = Duration::from_millis(self.config.operation_timeout_ms);
             let tail_seq = tail::last_seq(pulsar, &tp.topic, wait).await?;
             let watermark = self.state.topic_state(&tp.topic)?.published_seq;
-            tp.next_seq = tail_seq.unwrap_or(0).max(watermark) + 1;
+            tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
             tp.producer = Some(producer);
         }
@@ -571,33 +542,5 @@ impl Admin {
             .await
             .map_err(|e| Error::Publish(e.to_string()))?;
         Ok(body.trim() == "true")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
-        assert!(held_elsewhere(
-            "Connection error: Server error (Some(ProducerBusy)): Exclusive access mode"
-        ));
-        assert!(held_elsewhere(
-            "ProducerFenced: there is an existing exclusive producer"
-        ));
-        assert!(!held_elsewhere("Connection error: disconnected"));
-        let (d, next) = retry_policy(Duration::from_secs(4), true);
-        assert_eq!(
-            (d, next),
-            (Duration::from_millis(250), Duration::from_secs(4))
-        );
-        let (d, next) = retry_policy(Duration::from_secs(4), false);
-        assert_eq!((d, next), (Duration::from_secs(4), Duration::from_secs(5)));
-        let (d, next) = retry_policy(Duration::from_millis(200), false);
-        assert_eq!(
-            (d, next),
-            (Duration::from_millis(200), Duration::from_millis(400))
-        );
     }
 }

@@ -1,0 +1,119 @@
+//! The publisher's decisions, without I/O: where a new producer resumes,
+//! when a watermark is proposed, and how long to wait after an error. The
+//! runtime in `mod.rs` does the sending and the Raft writes around them.
+
+use std::time::Duration;
+
+/// Least time between two watermark proposals of a topic while busy. Each
+/// is a Raft entry; one per publish batch was about half of all entries at
+/// the HSL peak. A watermark that lags what is in Pulsar is safe (a new
+/// publisher resumes after the tail), so it only trims the outbox later.
+pub const WATERMARK_EVERY: Duration = Duration::from_millis(100);
+
+/// The first sequence a producer that has just taken exclusive access sends.
+///
+/// `tail` is the last `firstseen-seq` in the topic, read while holding that
+/// access; `watermark` is the last sequence the group has committed as
+/// published. The tail can be ahead of the watermark (a predecessor's
+/// receipts arrived after its last watermark was proposed, or never reached
+/// it): resuming at the watermark would publish those messages again. The
+/// watermark can be ahead of the tail only if the topic lost messages the
+/// broker had confirmed; they are not sent twice either way.
+pub fn resume_at(tail: Option<u64>, watermark: u64) -> u64 {
+    tail.unwrap_or(0).max(watermark) + 1
+}
+
+/// Whether to propose `confirmed` as the topic's watermark now: only if it
+/// moved past what was `proposed`, and then at once when `flush` is set (the
+/// publisher is idle) or when the last proposal is [`WATERMARK_EVERY`] old
+/// (`since_last` is `None` before the first).
+pub fn watermark_due(
+    confirmed: u64,
+    proposed: u64,
+    since_last: Option<Duration>,
+    flush: bool,
+) -> bool {
+    confirmed > proposed && (flush || since_last.is_none_or(|d| d >= WATERMARK_EVERY))
+}
+
+/// Whether a producer error means another producer still holds the topic:
+/// a predecessor that was paused or cut off keeps its exclusive producer
+/// until the broker drops its connection (keepalive), and this node takes
+/// over the moment it does.
+pub fn held_elsewhere(error: &str) -> bool {
+    error.contains("ProducerBusy")
+        || error.contains("ProducerFenced")
+        || error.contains("exclusive producer")
+}
+
+/// The retry after a producer error, and the backoff after it: a topic held
+/// by another producer is tried again every 250 ms, so a successor does not
+/// sit out a long backoff after the old holder lets go; other errors back
+/// off from 200 ms to 5 s.
+pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Duration) {
+    if held_elsewhere {
+        (Duration::from_millis(250), backoff)
+    } else {
+        (backoff, (backoff * 2).min(Duration::from_secs(5)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_producer_resumes_after_whichever_of_tail_and_watermark_is_further() {
+        // A predecessor's last batches reached Pulsar after its last
+        // watermark: they are in the topic, so resume after them.
+        assert_eq!(resume_at(Some(120), 100), 121);
+        // The watermark is ahead of what the topic holds.
+        assert_eq!(resume_at(Some(90), 100), 101);
+        // A topic nothing was ever published to.
+        assert_eq!(resume_at(None, 0), 1);
+        // An empty topic read (no `firstseen-seq` found) behind a watermark.
+        assert_eq!(resume_at(None, 7), 8);
+    }
+
+    #[test]
+    fn a_watermark_is_proposed_when_it_moved_and_at_most_every_interval_while_busy() {
+        // Nothing new confirmed: never, not even when idle.
+        assert!(!watermark_due(10, 10, None, true));
+        assert!(!watermark_due(10, 10, Some(Duration::from_secs(9)), false));
+        // The first one goes at once.
+        assert!(watermark_due(11, 10, None, false));
+        // While busy, it waits out the interval since the last proposal.
+        assert!(!watermark_due(
+            11,
+            10,
+            Some(Duration::from_millis(40)),
+            false
+        ));
+        assert!(watermark_due(11, 10, Some(WATERMARK_EVERY), false));
+        // When the publisher is idle the held-back one goes now.
+        assert!(watermark_due(11, 10, Some(Duration::from_millis(40)), true));
+    }
+
+    #[test]
+    fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
+        assert!(held_elsewhere(
+            "Connection error: Server error (Some(ProducerBusy)): Exclusive access mode"
+        ));
+        assert!(held_elsewhere(
+            "ProducerFenced: there is an existing exclusive producer"
+        ));
+        assert!(!held_elsewhere("Connection error: disconnected"));
+        let (d, next) = retry_policy(Duration::from_secs(4), true);
+        assert_eq!(
+            (d, next),
+            (Duration::from_millis(250), Duration::from_secs(4))
+        );
+        let (d, next) = retry_policy(Duration::from_secs(4), false);
+        assert_eq!((d, next), (Duration::from_secs(4), Duration::from_secs(5)));
+        let (d, next) = retry_policy(Duration::from_millis(200), false);
+        assert_eq!(
+            (d, next),
+            (Duration::from_millis(200), Duration::from_millis(400))
+        );
+    }
+}
