@@ -31,6 +31,7 @@ pub mod key;
 pub mod node;
 pub mod pem;
 pub mod publish;
+pub mod supervise;
 pub mod telemetry;
 pub mod verify;
 pub mod watchdog;
@@ -52,6 +53,8 @@ pub enum Error {
     Publish(String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    TaskEnded(#[from] supervise::Early),
 }
 
 /// Milliseconds since the Unix epoch on this node's clock.

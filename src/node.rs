@@ -16,6 +16,7 @@ use crate::http::{self, AppState};
 use crate::ingest::route::Route;
 use crate::ingest::Upstream;
 use crate::publish::Publisher;
+use crate::supervise::Supervisor;
 use crate::Error;
 
 /// Messages buffered between the ingest tasks and the batcher. Beyond it,
@@ -49,6 +50,9 @@ pub async fn run(
         config.node.disk_reserve_bytes,
     );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
+    // Every task below runs until the stop; one that ends first stops the
+    // node (see crate::supervise).
+    let mut tasks = Supervisor::new(shutdown.clone());
     let proposer = Proposer {
         raft: cluster.raft.clone(),
         node_id: config.node.id,
@@ -111,7 +115,10 @@ pub async fn run(
             liveness: cluster.liveness.clone(),
             timing: cluster.timing,
         });
-        tokio::spawn(server::serve(listener, service, services.clone()))
+        tasks.spawn(
+            "peer listener",
+            server::serve(listener, service, services.clone()),
+        )
     });
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
@@ -121,40 +128,49 @@ pub async fn run(
         None => None,
     };
     let listener = http::tls::Listener::start(listener, http_tls, services.clone())?;
-    let http_task = tokio::spawn(http::serve(listener, app.clone(), services.clone()));
-    let gauge_task = tokio::spawn(http::gauges(app.clone(), services.clone()));
-    tokio::spawn(crate::cluster::log_leadership(
-        cluster.raft.clone(),
-        services.clone(),
-    ));
-    let disk_task = tokio::spawn(disk.clone().watch(services.clone()));
-    let watchdog_task = tokio::spawn(crate::watchdog::watch(
-        cluster.raft.clone(),
-        cluster.disk.log.clone(),
-        cluster.disk.state.clone(),
-        services.clone(),
-    ));
-    let elect_task = tokio::spawn(crate::cluster::elect::drive(
-        cluster.raft.clone(),
-        config.node.id,
-        cluster.peers.clone(),
-        cluster.liveness.clone(),
-        cluster.timing,
-        disk.clone(),
-        services.clone(),
-    ));
-    let lease_task = tokio::spawn(crate::cluster::elect::watch_lease(
-        cluster.raft.clone(),
-        cluster.liveness.clone(),
-        cluster.timing,
-        services.clone(),
-    ));
-    let heartbeat_task = tokio::spawn(crate::cluster::follow_disk(
-        cluster.raft.clone(),
-        disk.clone(),
-        services.clone(),
-    ));
-    let publisher = tokio::spawn(
+    let http_task = tasks.spawn("http", http::serve(listener, app.clone(), services.clone()));
+    let gauge_task = tasks.spawn("gauges", http::gauges(app.clone(), services.clone()));
+    let leadership_task = tasks.spawn(
+        "leadership log",
+        crate::cluster::log_leadership(cluster.raft.clone(), services.clone()),
+    );
+    let disk_task = tasks.spawn("disk space", disk.clone().watch(services.clone()));
+    let watchdog_task = tasks.spawn(
+        "storage watchdog",
+        crate::watchdog::watch(
+            cluster.raft.clone(),
+            cluster.disk.log.clone(),
+            cluster.disk.state.clone(),
+            services.clone(),
+        ),
+    );
+    let elect_task = tasks.spawn(
+        "elections",
+        crate::cluster::elect::drive(
+            cluster.raft.clone(),
+            config.node.id,
+            cluster.peers.clone(),
+            cluster.liveness.clone(),
+            cluster.timing,
+            disk.clone(),
+            services.clone(),
+        ),
+    );
+    let lease_task = tasks.spawn(
+        "lease",
+        crate::cluster::elect::watch_lease(
+            cluster.raft.clone(),
+            cluster.liveness.clone(),
+            cluster.timing,
+            services.clone(),
+        ),
+    );
+    let heartbeat_task = tasks.spawn(
+        "heartbeats",
+        crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), services.clone()),
+    );
+    let publisher = tasks.spawn(
+        "publisher",
         Publisher {
             raft: cluster.raft.clone(),
             state: cluster.state.clone(),
@@ -170,28 +186,31 @@ pub async fn run(
     );
 
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
-    let batcher = tokio::spawn(batch::run(
-        Batcher {
-            policy: BatchPolicy {
-                max_messages: config.batch.max_messages,
-                max_bytes: config.batch.max_bytes,
-                linger: Duration::from_millis(config.batch.linger_ms),
+    let batcher = tasks.spawn(
+        "batcher",
+        batch::run(
+            Batcher {
+                policy: BatchPolicy {
+                    max_messages: config.batch.max_messages,
+                    max_bytes: config.batch.max_bytes,
+                    linger: Duration::from_millis(config.batch.linger_ms),
+                },
+                proposer,
+                gates,
+                state: cluster.state.clone(),
+                quota_bytes: config.outbox.quota_bytes,
+                disk: disk.clone(),
+                shutdown: shutdown.clone(),
             },
-            proposer,
-            gates,
-            state: cluster.state.clone(),
-            quota_bytes: config.outbox.quota_bytes,
-            disk: disk.clone(),
-            shutdown: shutdown.clone(),
-        },
-        rx,
-    ));
+            rx,
+        ),
+    );
     let acks_done = CancellationToken::new();
     let mut ingest = Vec::new();
     for u in upstreams {
         let name = u.config.name.clone();
         let task = u.run(tx.clone(), shutdown.clone(), acks_done.clone());
-        ingest.push(tokio::spawn(async move {
+        ingest.push(tasks.spawn("upstream", async move {
             if let Err(e) = task.await {
                 tracing::error!(upstream = %name, error = %e, "upstream task failed");
             }
@@ -199,7 +218,14 @@ pub async fn run(
     }
     drop(tx);
 
-    shutdown.cancelled().await;
+    let early = tokio::select! {
+        _ = shutdown.cancelled() => None,
+        e = tasks.early() => Some(e),
+    };
+    if let Some(e) = &early {
+        tracing::error!(error = %e, "stopping the node: a task it cannot run without has ended; a supervisor restarts it from what is on stable storage");
+        shutdown.cancel();
+    }
     let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
     let deadline = tokio::time::Instant::now() + bound;
     tracing::info!(
@@ -231,6 +257,7 @@ pub async fn run(
         heartbeat_task,
         elect_task,
         lease_task,
+        leadership_task,
     ] {
         finish(t, deadline, "service").await;
     }
@@ -248,7 +275,10 @@ pub async fn run(
         tracing::warn!("raft and storage did not stop in time; leaving the rest to recovery");
     }
     tracing::info!("stopped");
-    Ok(())
+    match early {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
 }
 
 /// Waits for a task until `deadline`, then aborts it. Returns whether it

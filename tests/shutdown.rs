@@ -118,6 +118,63 @@ fn the_leader_stops_under_load_within_the_bound_and_nothing_is_lost() {
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
 }
 
+/// A task a node cannot run without, here its batcher, dies while the node
+/// runs (debug builds plant the panic: `FIRSTSEEN_TEST_PANIC`). The node must
+/// stop with status 2 and a line naming the task, not run on as a node that
+/// holds its upstream session and never acks again. Restarted, as its
+/// supervisor would, it catches up, and Pulsar holds every message once.
+#[test]
+fn a_node_whose_batcher_dies_stops_for_its_supervisor() {
+    let Some(pulsar) = shared_pulsar("a_node_whose_batcher_dies_stops_for_its_supervisor") else {
+        return;
+    };
+    let cue_dir = tempfile::tempdir().unwrap();
+    let cue = cue_dir.path().join("now");
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("task-dies");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
+        bounded(s);
+        if s.id == 3 {
+            s.env.push((
+                "FIRSTSEEN_TEST_PANIC".into(),
+                format!("batcher:{}", cue.display()),
+            ));
+        }
+    });
+    c.wait_ready();
+    let load = replay_cmd(mqtt.port, &["--pace", "1000"]).spawn().unwrap();
+    wait_until(Duration::from_secs(30), "node 3 to ack some", || {
+        c.node(3).metric("firstseen_acks_total") > 200.0
+    });
+    std::fs::write(&cue, b"").unwrap();
+    let Some((status, after)) = c.node(3).wait_exit(Duration::from_secs(30)) else {
+        panic!(
+            "node 3 ran on for 30 s after its batcher died:\n{}",
+            c.node(3).log_tail(20)
+        );
+    };
+    let log = std::fs::read_to_string(c.node(3).log_path()).unwrap_or_default();
+    assert_eq!(status.code(), Some(2), "{}", c.node(3).log_tail(20));
+    assert!(
+        log.contains("task `batcher` panicked: planted by FIRSTSEEN_TEST_PANIC"),
+        "{}",
+        c.node(3).log_tail(20)
+    );
+    eprintln!("node 3 exited with {status} {after:?} after its batcher died");
+
+    c.node(3).spec.env.clear();
+    c.node(3).restart();
+    c.node(3).wait_ready();
+    let out = load.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    c.node(leader)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
 /// With a long bound and no quorum, a second SIGTERM stops the node at once.
 #[test]
 fn a_second_signal_stops_at_once() {

@@ -419,7 +419,13 @@ pub async fn log_leadership(raft: Raft, shutdown: tokio_util::sync::Cancellation
         }
         last = Some(now);
         tokio::select! {
-            r = rx.changed() => if r.is_err() { break },
+            r = rx.changed() => if r.is_err() {
+                // openraft's core stopped (a storage error): the storage
+                // watchdog exits with its own status for that, and this task
+                // ending first would stop the node with a vaguer one.
+                shutdown.cancelled().await;
+                break;
+            },
             _ = shutdown.cancelled() => break,
         }
     }
