@@ -10,6 +10,10 @@
 //! which a process supervisor (systemd `Restart=on-failure`, Kubernetes)
 //! answers with a restart from what is on stable storage. Nothing acked is
 //! lost by that: acks follow commits.
+//!
+//! A task that ends only because another one did (an upstream whose batcher
+//! is gone) waits for the stop instead of returning, so that the report
+//! names the task that failed first.
 
 use std::any::Any;
 use std::future::Future;
@@ -66,18 +70,13 @@ impl Supervisor {
         #[cfg(debug_assertions)]
         let task = planted::panic_on_cue(name, task);
         tokio::spawn(async move {
-            // Kept alive until the report is sent: dropping a dead batcher
-            // closes its queue, and the upstreams that then end must not be
-            // reported before the batcher that caused it.
-            let mut run = Box::pin(AssertUnwindSafe(task).catch_unwind());
-            let outcome = run.as_mut().await;
+            let outcome = AssertUnwindSafe(task).catch_unwind().await;
             if !stopping.is_cancelled() {
                 let panic = outcome.as_ref().err().map(|p| panic_message(p.as_ref()));
                 // The receiver lives as long as the node's run; after it
                 // there is nobody left to tell.
                 let _ = tx.send(Early { task: name, panic });
             }
-            drop(run);
             if let Err(p) = outcome {
                 std::panic::resume_unwind(p);
             }

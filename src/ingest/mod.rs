@@ -267,6 +267,10 @@ impl Upstream {
         // Give the DISCONNECT (and any last acks) a moment to be written.
         session.flush_disconnect(Duration::from_millis(500)).await;
         self.status.connected.store(false, Ordering::Relaxed);
+        // Left because the batcher is gone, not because the node is
+        // stopping: its end is what the node's supervisor reports, and this
+        // task ending now could be reported first, naming the wrong task.
+        shutdown.cancelled().await;
         Ok(())
     }
 
