@@ -7,11 +7,11 @@
 //! 3. [`record`]: the packed byte layouts of the window on disk.
 //! 4. [`index`]: the in-memory key index of the window, rebuilt from those
 //!    records at open.
-//! 5. [`state`]: the state machine on sled. Each committed entry is applied
-//!    in one sled transaction that records first-seen keys (one packed record
-//!    per entry), the outbox (references into the Raft log), coverage per
-//!    node and the applied marker.
-//!
+//! 5. [`state`]: the state machine. Each committed entry is applied in
+//!    memory (`state/apply.rs`: first copies, sequences, coverage, expiry,
+//!    the outbox as references into the Raft log), and what changed is
+//!    written to sled in one transaction per checkpoint with its applied
+//!    marker (`state/checkpoint.rs`).
 //! 6. [`disk`]: the one owner of durability for both of a node's sled
 //!    databases: sled's flush, then `fdatasync` of their files.
 //!

@@ -1,0 +1,528 @@
+//! The rules of one committed entry, applied to the state in memory.
+//!
+//! An observation is the first copy of its key or a duplicate; a first copy
+//! gets the next sequence of its Pulsar topic and a place in the outbox; the
+//! leader's stamp (never this node's clock) moves the window and expires
+//! what fell out of it; a receipt trims the outbox up to what was
+//! published, and never moves back. Every node applies the same entries in
+//! the same order and so holds the same state.
+//!
+//! Apply changes only [`Memory`]. It reads the disk in two cases, through
+//! [`Written`]: records to expire that a checkpoint already wrote, and
+//! outbox messages that came with a snapshot. Each read happens before the
+//! first change, so an error leaves the memory as it was.
+
+use std::collections::BTreeMap;
+
+use super::memory::{Head, Memory, PendingRecord};
+use super::{corrupt, StateStore};
+use crate::index::Slot;
+use crate::model::{Command, Coverage, Observation, OutboxMessage, Outcome, Response};
+use crate::record::{self, Item, Run};
+use crate::window;
+use crate::StoreError;
+
+/// Per topic, the position and outbox charge of each first copy in an entry.
+type RunMessages = Vec<(u32, u64)>;
+
+/// Inline outbox messages as (sled key, encoded message).
+pub(super) type InlineMessages = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What apply reads of the state's disk.
+pub(super) trait Written {
+    /// Window record `rec`, as a checkpoint wrote it.
+    fn record(&self, rec: u64) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The inline outbox messages of `topic` from sequence `from` to `upto`,
+    /// as (sled key, encoded message).
+    fn inline(&self, topic: &str, from: u64, upto: u64) -> Result<InlineMessages, StoreError>;
+}
+
+impl Written for StateStore {
+    fn record(&self, rec: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .window
+            .get(record::record_key(rec))?
+            .map(|v| v.to_vec()))
+    }
+
+    fn inline(&self, topic: &str, from: u64, upto: u64) -> Result<InlineMessages, StoreError> {
+        let range = window::outbox_key(topic, from)..=window::outbox_key(topic, upto);
+        self.inline
+            .range(range)
+            .map(|item| {
+                let (k, v) = item?;
+                Ok((k.to_vec(), v.to_vec()))
+            })
+            .collect()
+    }
+}
+
+fn dec_seen(c: &mut Coverage) {
+    c.seen = c.seen.saturating_sub(1);
+}
+
+impl Memory {
+    /// Applies log entry `log_index`. `applied` is the caller's marker,
+    /// written with the state it describes at the next checkpoint.
+    pub(super) fn apply(
+        &mut self,
+        disk: &impl Written,
+        cmd: Option<&Command>,
+        log_index: u64,
+        applied: &[u8],
+    ) -> Result<Response, StoreError> {
+        let response = match cmd {
+            None => Response::None,
+            Some(Command::Published { pulsar_topic, seq }) => {
+                self.published(disk, pulsar_topic, *seq)?
+            }
+            // Properties do not change what is applied: they travel with the
+            // payload, which the outbox reads from the log entry.
+            Some(cmd) => match cmd.as_observe() {
+                Some((stamped_ms, window_ms, observations)) => {
+                    self.observe(disk, stamped_ms, window_ms, observations, log_index)?
+                }
+                None => Response::None,
+            },
+        };
+        self.head.applied = applied.to_vec();
+        self.dirty = true;
+        self.entries_since += 1;
+        Ok(response)
+    }
+
+    /// The window records from `from` on whose time is before `cutoff`,
+    /// stopping once [`window::MAX_EXPIRE_PER_ENTRY`] keys are reached.
+    fn expiring(
+        &self,
+        disk: &impl Written,
+        cutoff: u64,
+    ) -> Result<Vec<(u64, Vec<Item>)>, StoreError> {
+        let mut out = Vec::new();
+        let mut keys = 0;
+        let mut rec = self.head.expired_below;
+        let first_pending = self.first_unwritten();
+        while rec < self.head.totals.records && keys < window::MAX_EXPIRE_PER_ENTRY {
+            let (ts, items) = if rec >= first_pending {
+                let p = &self.pending[(rec - first_pending) as usize];
+                (p.ts, p.items.clone())
+            } else {
+                let raw = disk
+                    .record(rec)?
+                    .ok_or_else(|| corrupt("a window record is missing"))?;
+                if record::record_ts(&raw).ok_or_else(|| corrupt("window record"))? >= cutoff {
+                    break;
+                }
+                record::decode_record(&raw).ok_or_else(|| corrupt("window record"))?
+            };
+            if ts >= cutoff {
+                break;
+            }
+            keys += items.len();
+            out.push((rec, items));
+            rec += 1;
+        }
+        Ok(out)
+    }
+
+    fn observe(
+        &mut self,
+        disk: &impl Written,
+        stamped_ms: u64,
+        window_ms: u64,
+        observations: &[Observation],
+        log_index: u64,
+    ) -> Result<Response, StoreError> {
+        let clock = window::advance_clock(self.head.totals.clock_ms, stamped_ms);
+        let cutoff = window::expiry_cutoff(clock, window_ms);
+        // The only fallible step, done before anything changes.
+        let expiring = self.expiring(disk, cutoff)?;
+
+        let Memory {
+            head,
+            index,
+            pending,
+            masks,
+            runs,
+            runs_new,
+            ..
+        } = self;
+        let Head {
+            totals,
+            coverage,
+            topics,
+            bits,
+            expired_below,
+            ..
+        } = head;
+        totals.clock_ms = clock;
+        for (rec, items) in expiring {
+            for it in items {
+                let Some(slot) = index.remove_from(&it.key, rec) else {
+                    continue;
+                };
+                for node in bits.nodes_in(slot.mask) {
+                    dec_seen(coverage.entry(node).or_default());
+                }
+                if let Some(node) = bits.node_of(slot.node_bit) {
+                    let c = coverage.entry(node).or_default();
+                    c.first = c.first.saturating_sub(1);
+                }
+                totals.window_keys = totals.window_keys.saturating_sub(1);
+                totals.expired += 1;
+            }
+            *expired_below = rec + 1;
+        }
+        while pending.front().is_some_and(|p| p.rec < *expired_below) {
+            pending.pop_front();
+        }
+        masks.retain(|rec, _| *rec >= *expired_below);
+
+        let rec_id = totals.records;
+        let mut new_items: Vec<Item> = Vec::new();
+        let mut new_masks: Vec<u64> = Vec::new();
+        // Per topic: first sequence, then (position, charge) per message.
+        let mut new_runs: BTreeMap<&str, (u64, RunMessages)> = BTreeMap::new();
+        let mut outcomes = Vec::with_capacity(observations.len());
+        for (pos, obs) in observations.iter().enumerate() {
+            totals.observed += 1;
+            let bit = bits.assign(obs.node, |n| {
+                coverage.get(&n).is_none_or(|c| c.seen == 0 && c.first == 0)
+            });
+            let bit_mask = record::first_mask(bit);
+            if let Some(slot) = index.get_mut(&obs.key) {
+                totals.duplicates += 1;
+                if slot.mask & bit_mask != bit_mask {
+                    slot.mask |= bit_mask;
+                    coverage.entry(obs.node).or_default().seen += 1;
+                    let (rec, item, mask) = (slot.rec, slot.item as usize, slot.mask);
+                    if rec == rec_id {
+                        // Only a slot made by this very entry can point here.
+                        *new_masks
+                            .get_mut(item)
+                            .ok_or_else(|| corrupt("a window slot ahead of the head"))? = mask;
+                    } else if let Some(p) = pending
+                        .front()
+                        .map(|f| f.rec)
+                        .and_then(|f| rec.checked_sub(f))
+                        .and_then(|i| pending.get_mut(i as usize))
+                    {
+                        *p.masks
+                            .get_mut(item)
+                            .ok_or_else(|| corrupt("a window slot beyond its record"))? = mask;
+                    } else {
+                        masks.entry(rec).or_default().insert(item as u32, mask);
+                    }
+                }
+                outcomes.push(Outcome::Duplicate {
+                    seq: slot.seq,
+                    first_node: bits.node_of(slot.node_bit).unwrap_or_default(),
+                });
+                continue;
+            }
+            let state = topics.entry(obs.pulsar_topic.clone()).or_default();
+            state.last_seq += 1;
+            let seq = state.last_seq;
+            let charge = window::outbox_charge(&obs.mqtt_topic, &obs.payload);
+            index.insert(
+                obs.key,
+                Slot {
+                    rec: rec_id,
+                    seq,
+                    mask: bit_mask,
+                    item: new_items.len() as u32,
+                    node_bit: bit,
+                },
+            );
+            new_items.push(Item {
+                key: obs.key,
+                node_bit: bit,
+                seq,
+            });
+            new_masks.push(0);
+            new_runs
+                .entry(obs.pulsar_topic.as_str())
+                .or_insert((seq, Vec::new()))
+                .1
+                .push((pos as u32, charge));
+            totals.outbox_messages += 1;
+            totals.outbox_bytes += charge;
+            totals.window_keys += 1;
+            if bit != record::UNTRACKED {
+                let c = coverage.entry(obs.node).or_default();
+                c.seen += 1;
+                c.first += 1;
+            }
+            outcomes.push(Outcome::FirstSeen { seq });
+        }
+        if !new_items.is_empty() {
+            // A later copy in the same entry set a full mask; the record
+            // stores only what differs from the first node.
+            for (m, it) in new_masks.iter_mut().zip(&new_items) {
+                if *m == record::first_mask(it.node_bit) {
+                    *m = 0;
+                }
+            }
+            pending.push_back(PendingRecord {
+                rec: rec_id,
+                ts: clock,
+                items: new_items,
+                masks: new_masks,
+            });
+            totals.records += 1;
+        }
+        for (topic, (first, messages)) in new_runs {
+            let key = window::outbox_key(topic, first);
+            runs.insert(
+                key.clone(),
+                Run {
+                    log_index,
+                    first_seen_ms: clock,
+                    messages,
+                },
+            );
+            runs_new.insert(key);
+        }
+        Ok(Response::Observed(outcomes))
+    }
+
+    fn published(
+        &mut self,
+        disk: &impl Written,
+        topic: &str,
+        seq: u64,
+    ) -> Result<Response, StoreError> {
+        let mut state = self.head.topics.get(topic).copied().unwrap_or_default();
+        // A receipt can never cover more than was assigned.
+        let upto = seq.min(state.last_seq);
+        let before = state.published_seq;
+        if upto <= before {
+            return Ok(Response::Published { watermark: before });
+        }
+        // Inline messages came with a snapshot; read (fallibly) before any
+        // change. Their records are deleted at the next checkpoint.
+        let mut inline = Vec::new();
+        for (k, v) in disk.inline(topic, before + 1, upto)? {
+            let m = OutboxMessage::decode(&v).map_err(|e| StoreError::Codec(e.to_string()))?;
+            inline.push((k, window::outbox_charge(&m.mqtt_topic, &m.payload)));
+        }
+        let totals = &mut self.head.totals;
+        for (k, charge) in inline {
+            totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
+            totals.outbox_bytes = totals.outbox_bytes.saturating_sub(charge);
+            self.inline_gone.push(k);
+        }
+        let mut done = Vec::new();
+        let range = window::outbox_key(topic, 0)..=window::outbox_key(topic, upto);
+        for (k, run) in self.runs.range(range) {
+            let first = window::outbox_seq(k).unwrap_or_default();
+            for (i, (_, charge)) in run.messages.iter().enumerate() {
+                let s = first + i as u64;
+                if s > before && s <= upto {
+                    totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
+                    totals.outbox_bytes = totals.outbox_bytes.saturating_sub(*charge);
+                }
+            }
+            if first + run.messages.len() as u64 <= upto + 1 {
+                done.push(k.clone());
+            }
+        }
+        for k in done {
+            self.runs.remove(&k);
+            // A run published before any checkpoint wrote it never reaches disk.
+            if !self.runs_new.remove(&k) {
+                self.runs_gone.insert(k);
+            }
+        }
+        state.published_seq = upto;
+        self.head.topics.insert(topic.to_string(), state);
+        Ok(Response::Published { watermark: upto })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::testing::{obs, observe, store};
+    use crate::model::{Command, Coverage, Outcome, Response};
+
+    #[test]
+    fn keeps_the_first_copy_and_numbers_topics_without_gaps() {
+        let s = store();
+        let r = s
+            .apply(
+                Some(&observe(
+                    1_000,
+                    60_000,
+                    vec![
+                        obs(1, 1, "a"),
+                        obs(2, 2, "a"),
+                        obs(1, 2, "a"),
+                        obs(3, 1, "b"),
+                    ],
+                )),
+                1,
+                b"1",
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            Response::Observed(vec![
+                Outcome::FirstSeen { seq: 1 },
+                Outcome::FirstSeen { seq: 2 },
+                Outcome::Duplicate {
+                    seq: 1,
+                    first_node: 1
+                },
+                Outcome::FirstSeen { seq: 1 },
+            ])
+        );
+        let r = s
+            .apply(
+                Some(&observe(
+                    1_001,
+                    60_000,
+                    vec![obs(2, 1, "a"), obs(4, 3, "a")],
+                )),
+                2,
+                b"2",
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            Response::Observed(vec![
+                Outcome::Duplicate {
+                    seq: 2,
+                    first_node: 2
+                },
+                Outcome::FirstSeen { seq: 3 }
+            ])
+        );
+        assert_eq!(s.topic_state("a").unwrap().last_seq, 3);
+        let seqs: Vec<u64> = s
+            .outbox_from("a", 1, 100)
+            .unwrap()
+            .iter()
+            .map(|(q, _)| *q)
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        let t = s.totals().unwrap();
+        assert_eq!(
+            (t.observed, t.duplicates, t.window_keys, t.outbox_messages),
+            (6, 2, 4, 4)
+        );
+        assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn counts_coverage_once_per_node_and_key() {
+        let s = store();
+        s.apply(
+            Some(&observe(
+                1,
+                60_000,
+                vec![
+                    obs(1, 1, "a"),
+                    obs(1, 1, "a"),
+                    obs(1, 2, "a"),
+                    obs(2, 2, "a"),
+                ],
+            )),
+            1,
+            b"1",
+        )
+        .unwrap();
+        let cov: BTreeMap<_, _> = s.coverage().unwrap().into_iter().collect();
+        assert_eq!(cov[&1], Coverage { seen: 1, first: 1 });
+        assert_eq!(cov[&2], Coverage { seen: 2, first: 1 });
+    }
+
+    #[test]
+    fn expires_by_leader_stamp_and_forgets_coverage() {
+        let s = store();
+        s.apply(
+            Some(&observe(1_000, 500, vec![obs(1, 1, "a"), obs(2, 2, "a")])),
+            1,
+            b"1",
+        )
+        .unwrap();
+        s.apply(Some(&observe(1_200, 500, vec![obs(3, 1, "a")])), 2, b"2")
+            .unwrap();
+        // A leader with a clock behind the last stamp cannot move the window back.
+        s.apply(Some(&observe(900, 500, vec![])), 3, b"3").unwrap();
+        assert!(s.lookup(&[1; 32]).unwrap().is_some());
+        // At 1,600 the window starts at 1,100: keys 1 and 2 go, 3 stays.
+        s.apply(Some(&observe(1_600, 500, vec![])), 4, b"4")
+            .unwrap();
+        assert!(s.lookup(&[1; 32]).unwrap().is_none());
+        assert!(s.lookup(&[3; 32]).unwrap().is_some());
+        let t = s.totals().unwrap();
+        assert_eq!((t.window_keys, t.expired, t.clock_ms), (1, 2, 1_600));
+        let cov: BTreeMap<_, _> = s.coverage().unwrap().into_iter().collect();
+        assert_eq!(cov[&1], Coverage { seen: 1, first: 1 });
+        assert_eq!(cov[&2], Coverage { seen: 0, first: 0 });
+        // After expiry a copy counts as new again: the window is the contract.
+        let r = s
+            .apply(Some(&observe(1_601, 500, vec![obs(1, 2, "a")])), 5, b"5")
+            .unwrap();
+        assert_eq!(r, Response::Observed(vec![Outcome::FirstSeen { seq: 4 }]));
+    }
+
+    #[test]
+    fn published_trims_the_outbox_and_never_goes_back() {
+        let s = store();
+        s.apply(
+            Some(&observe(
+                1,
+                60_000,
+                (1..=5).map(|k| obs(k, 1, "a")).collect(),
+            )),
+            1,
+            b"1",
+        )
+        .unwrap();
+        let r = s
+            .apply(
+                Some(&Command::Published {
+                    pulsar_topic: "a".into(),
+                    seq: 3,
+                }),
+                2,
+                b"2",
+            )
+            .unwrap();
+        assert_eq!(r, Response::Published { watermark: 3 });
+        let left: Vec<u64> = s
+            .outbox_from("a", 0, 10)
+            .unwrap()
+            .iter()
+            .map(|(q, _)| *q)
+            .collect();
+        assert_eq!(left, vec![4, 5]);
+        let r = s
+            .apply(
+                Some(&Command::Published {
+                    pulsar_topic: "a".into(),
+                    seq: 2,
+                }),
+                3,
+                b"3",
+            )
+            .unwrap();
+        assert_eq!(r, Response::Published { watermark: 3 });
+        // A receipt beyond the last assigned sequence is clamped.
+        s.apply(
+            Some(&Command::Published {
+                pulsar_topic: "a".into(),
+                seq: 99,
+            }),
+            4,
+            b"4",
+        )
+        .unwrap();
+        assert_eq!(s.topic_state("a").unwrap().published_seq, 5);
+        let t = s.totals().unwrap();
+        assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
+    }
+}
