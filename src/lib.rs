@@ -30,6 +30,7 @@ pub mod ingest;
 pub mod key;
 pub mod node;
 pub mod pem;
+pub mod propose;
 pub mod publish;
 pub mod supervise;
 pub mod telemetry;

@@ -214,17 +214,24 @@ async fn run(path: PathBuf) -> ExitCode {
     let metrics =
         firstseen::telemetry::install_metrics(config.node.id, &config.node.zone, &upstreams);
     let shutdown = CancellationToken::new();
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        signal.cancel();
-        // The node stops within node.shutdown_timeout_secs; an operator who
-        // cannot wait that long signals again.
-        wait_for_signal().await;
-        eprintln!("second signal: exiting at once");
-        std::process::exit(130);
-    });
-    match firstseen::node::run(config, metrics, shutdown).await {
+    let node = firstseen::node::run(config, metrics, shutdown.clone());
+    tokio::pin!(node);
+    let outcome = tokio::select! {
+        r = &mut node => r,
+        _ = wait_for_signal() => {
+            shutdown.cancel();
+            // The node stops within node.shutdown_timeout_secs; an operator
+            // who cannot wait that long signals again.
+            tokio::select! {
+                r = &mut node => r,
+                _ = wait_for_signal() => {
+                    eprintln!("second signal: exiting at once");
+                    std::process::exit(130);
+                }
+            }
+        }
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "node failed");

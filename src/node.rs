@@ -8,13 +8,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchPolicy, Batcher};
-use crate::cluster::coalesce::Coalescer;
 use crate::cluster::server::{self, PeerService};
-use crate::cluster::{Cluster, Proposer};
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::ingest::route::Route;
 use crate::ingest::Upstream;
+use crate::propose::coalesce::{self, Coalescer};
+use crate::propose::Proposer;
 use crate::publish::Publisher;
 use crate::supervise::Supervisor;
 use crate::Error;
@@ -44,26 +45,46 @@ pub async fn run(
         ),
         None => None,
     };
-    let cluster = Cluster::start(&config).await?;
+    // Every task of the node runs under the supervisor; a long-running one
+    // that ends before the stop stops the node (see crate::supervise).
+    let mut tasks = Supervisor::new(shutdown.clone());
+    let mut cluster = Cluster::start(&config, tasks.tracker()).await?;
     let disk = crate::diskspace::DiskSpace::new(
         config.node.data_dir.clone(),
         config.node.disk_reserve_bytes,
     );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
-    // Every task below runs until the stop; one that ends first stops the
-    // node (see crate::supervise).
-    let mut tasks = Supervisor::new(shutdown.clone());
+    let services = CancellationToken::new();
+    // The coalescer stops last of the tasks: the batcher's last batch, the
+    // publisher's last receipts and the forwards still being served all go
+    // through it.
+    let proposals = CancellationToken::new();
+    let (coalescer, coalescing) = Coalescer::new(
+        cluster.raft.clone(),
+        cluster.state.clone(),
+        coalesce::Settings {
+            window_ms: config.dedup.window_secs * 1_000,
+            max_bytes: config.batch.max_bytes,
+        },
+        disk.clone(),
+        proposals.clone(),
+    );
+    let coalescer_task = tasks.spawn("coalescer", coalescing);
+    // Deletes purged log entries; it would run until the storage closes.
+    let reaper_task = cluster.reaper.take().map(|reaping| {
+        let stop = services.clone();
+        tasks.spawn("log reaper", async move {
+            tokio::select! {
+                _ = reaping => {}
+                _ = stop.cancelled() => {}
+            }
+        })
+    });
     let proposer = Proposer {
         raft: cluster.raft.clone(),
         node_id: config.node.id,
         peers: cluster.peers.clone(),
-        coalescer: Coalescer::start(
-            cluster.raft.clone(),
-            cluster.state.clone(),
-            config.dedup.window_secs * 1_000,
-            config.batch.max_bytes,
-            disk.clone(),
-        ),
+        coalescer,
     };
 
     let routes: Arc<Vec<Route>> = Arc::new(
@@ -103,13 +124,12 @@ pub async fn run(
         timing: cluster.timing,
     });
 
-    let services = CancellationToken::new();
     let peer_task = peer_listener.map(|listener| {
         let service = Arc::new(PeerService {
             node_id: config.node.id,
             raft: cluster.raft.clone(),
             key: cluster.key.clone(),
-            proposer: proposer.clone(),
+            forwarded: Arc::new(proposer.clone()),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
             liveness: cluster.liveness.clone(),
@@ -127,7 +147,9 @@ pub async fn run(
         ),
         None => None,
     };
-    let listener = http::tls::Listener::start(listener, http_tls, services.clone())?;
+    let (listener, accepting) =
+        http::tls::Listener::start(listener, http_tls, services.clone(), tasks.tracker())?;
+    let accept_task = tasks.spawn("http accept", accepting);
     let http_task = tasks.spawn("http", http::serve(listener, app.clone(), services.clone()));
     let gauge_task = tasks.spawn("gauges", http::gauges(app.clone(), services.clone()));
     let leadership_task = tasks.spawn(
@@ -173,6 +195,7 @@ pub async fn run(
         "publisher",
         Publisher {
             raft: cluster.raft.clone(),
+            proposer: proposer.clone(),
             state: cluster.state.clone(),
             outbox: cluster.outbox.clone(),
             node_id: config.node.id,
@@ -252,6 +275,7 @@ pub async fn run(
     for t in [
         gauge_task,
         http_task,
+        accept_task,
         disk_task,
         watchdog_task,
         heartbeat_task,
@@ -261,9 +285,11 @@ pub async fn run(
     ] {
         finish(t, deadline, "service").await;
     }
-    if let Some(t) = peer_task {
-        finish(t, deadline, "peer listener").await;
+    for t in peer_task.into_iter().chain(reaper_task) {
+        finish(t, deadline, "service").await;
     }
+    proposals.cancel();
+    finish(coalescer_task, deadline, "coalescer").await;
     // Raft and the final sync get at least a moment even when the stages
     // before used the whole bound: everything acked is already durable, so
     // this only shortens the next start.
@@ -273,6 +299,12 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("raft and storage did not stop in time; leaving the rest to recovery");
+    }
+    // The children (peer connections, dials, handshakes) end with the
+    // peers and the listeners; none is left running behind the exit.
+    let left = tasks.wait_all(last).await;
+    if left > 0 {
+        tracing::warn!(tasks = left, "tasks still running at exit");
     }
     tracing::info!("stopped");
     match early {

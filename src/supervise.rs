@@ -23,6 +23,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// A task that ended before the node was asked to stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +46,13 @@ impl std::fmt::Display for Early {
 }
 
 /// Spawns the node's tasks and reports the first that ends early.
+///
+/// It owns every task of the node: the long-running ones spawned here, and
+/// the short-lived children (a peer connection's reader and writer, a dial,
+/// a TLS handshake) that components spawn on [`Supervisor::tracker`]. The
+/// node's stop waits for all of them, within its bound.
 pub struct Supervisor {
+    tracker: TaskTracker,
     stopping: CancellationToken,
     tx: mpsc::UnboundedSender<Early>,
     rx: mpsc::UnboundedReceiver<Early>,
@@ -56,7 +63,29 @@ impl Supervisor {
     /// ends before is reported by [`Supervisor::early`].
     pub fn new(stopping: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        Supervisor { stopping, tx, rx }
+        Supervisor {
+            tracker: TaskTracker::new(),
+            stopping,
+            tx,
+            rx,
+        }
+    }
+
+    /// Where components spawn their short-lived children. Those are not
+    /// watched for ending early (a connection ends when its peer goes), only
+    /// waited for at the stop.
+    pub fn tracker(&self) -> TaskTracker {
+        self.tracker.clone()
+    }
+
+    /// Waits until every task spawned here or on the tracker has ended, or
+    /// `deadline` passes. Returns how many were still running then.
+    pub async fn wait_all(&self, deadline: tokio::time::Instant) -> usize {
+        self.tracker.close();
+        match tokio::time::timeout_at(deadline, self.tracker.wait()).await {
+            Ok(()) => 0,
+            Err(_) => self.tracker.len(),
+        }
     }
 
     /// Spawns `task` under `name`. The handle still reports a panic to
@@ -69,7 +98,7 @@ impl Supervisor {
         let stopping = self.stopping.clone();
         #[cfg(debug_assertions)]
         let task = planted::panic_on_cue(name, task);
-        tokio::spawn(async move {
+        self.tracker.spawn(async move {
             let outcome = AssertUnwindSafe(task).catch_unwind().await;
             if !stopping.is_cancelled() {
                 let panic = outcome.as_ref().err().map(|p| panic_message(p.as_ref()));

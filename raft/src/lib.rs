@@ -114,6 +114,8 @@ pub struct Storage {
     pub state: StateStore,
     /// The outbox with its payloads, for the publisher.
     pub outbox: Outbox,
+    /// Deletes purged log entries; the caller runs it while the log is open.
+    pub reaper: log_store::Reaper,
 }
 
 /// Opens (or creates) a node's storage under `dir`.
@@ -157,7 +159,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         log: log_db,
         state: state_db,
     };
-    let log = LogStore::open(&disk.log, state.clone())?;
+    let (log, reaper) = LogStore::open(&disk.log, state.clone())?;
     let state_machine = StateMachine::open(state.clone(), log.clone(), snapshots).await?;
     let outbox = Outbox::new(state.clone(), log.clone());
     Ok(Storage {
@@ -166,6 +168,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         state_machine,
         state,
         outbox,
+        reaper,
     })
 }
 

@@ -68,6 +68,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The task that deletes purged entries ([`reap_loop`]). The caller runs it
+/// (a node, under its supervisor) for as long as the log is open; it ends
+/// once every handle of the [`LogStore`] is dropped. Without it, purged
+/// entries stay on disk.
+pub type Reaper = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
 /// How often the reaper looks at the outbox's hold without being woken: the
 /// hold moves with every receipt the publisher commits.
 const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -255,7 +261,7 @@ impl LogStore {
     ///
     /// Refuses a log that holds less than its guard recorded (a truncated or
     /// corrupted file), naming the file.
-    pub fn open(db: &Db, state: StateStore) -> Result<Self, RaftError> {
+    pub fn open(db: &Db, state: StateStore) -> Result<(Self, Reaper), RaftError> {
         let sled = db.sled();
         let meta = sled.open_tree("raft_meta")?;
         // Stored as a bare LogId by `purge`: decoding it as an Option once
@@ -311,7 +317,7 @@ impl LogStore {
         }
         let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
         let (reaper, wake) = mpsc::unbounded_channel();
-        tokio::spawn(reap_loop(
+        let reaping: Reaper = Box::pin(reap_loop(
             log.clone(),
             state.clone(),
             first_kept.clone(),
@@ -348,7 +354,7 @@ impl LogStore {
                 "the state's outbox reads log entries that were deleted: the state is older than the one they were deleted for, and re-applying the log trims them"
             );
         }
-        Ok(store)
+        Ok((store, reaping))
     }
 
     /// The observing command of entry `index`, even if openraft has purged

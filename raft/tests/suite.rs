@@ -14,6 +14,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
         let storage = firstseen_raft::open(dir.path())
             .await
             .expect("open storage");
+        // A node runs the reaper under its supervisor; here it runs beside
+        // the suite, so purges delete entries as they do in a node.
+        tokio::spawn(storage.reaper);
         Ok((dir, storage.log, storage.state_machine))
     }
 }

@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BatchPolicy, Pending};
 use crate::ack::AckGate;
-use crate::cluster::{ProposeError, Proposer};
 use crate::ingest::Received;
+use crate::propose::{ProposeError, Proposer};
 use firstseen_store::{Outcome, StateStore};
 
 /// What the batcher needs besides its input.

@@ -1,9 +1,9 @@
 //! The Raft group as the rest of the node sees it: start it, bootstrap it
-//! idempotently, propose batches (forwarding them to the leader from a
-//! follower), change membership, and talk to peers ([`wire`], [`server`],
-//! [`peers`]).
+//! idempotently, change membership, elect leaders ([`elect`]) and talk to
+//! peers ([`wire`], [`server`], [`peers`]). Proposing is not here: it is a
+//! step of the pipeline (`crate::propose`), which uses this network to
+//! forward batches; the network knows nothing of it.
 
-pub mod coalesce;
 pub mod elect;
 pub mod liveness;
 pub mod peers;
@@ -17,19 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_raft::{Member, NodeId, Raft};
-use firstseen_store::{Batch, Outcome, StateStore};
+use firstseen_store::StateStore;
 use openraft::error::{InitializeError, RaftError};
 use openraft::ChangeMembers;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::Error;
 use peers::Peers;
-use wire::{ClusterKey, ForwardError, Reply, Request};
-
-/// How long a follower waits for the leader to commit a forwarded batch,
-/// unless the leader changes or the connection drops first (both end the
-/// wait at once).
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+use wire::ClusterKey;
 
 /// A running Raft node and its storage.
 pub struct Cluster {
@@ -46,6 +42,8 @@ pub struct Cluster {
     /// Evidence of who is alive, for elections, readiness and status.
     pub liveness: Arc<liveness::Liveness>,
     pub timing: liveness::Timing,
+    /// The log's reaper, for the node to run under its supervisor.
+    pub reaper: Option<firstseen_raft::log_store::Reaper>,
 }
 
 /// Raft timing from the config (`cluster.heartbeat_ms`,
@@ -149,7 +147,9 @@ impl Cluster {
     /// group if it was never initialised. Starting every node with the same
     /// config is safe: a node that already has state skips bootstrap, and
     /// nodes bootstrapping together write the same membership entry.
-    pub async fn start(config: &Config) -> Result<Self, Error> {
+    ///
+    /// Connection tasks are spawned on `tasks`, the node's supervisor's.
+    pub async fn start(config: &Config, tasks: TaskTracker) -> Result<Self, Error> {
         let key = load_key(config)?;
         let source_ip: Option<IpAddr> = config
             .cluster
@@ -169,6 +169,7 @@ impl Cluster {
             source_ip,
             tls.clone(),
             liveness.clone(),
+            tasks,
         );
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
@@ -209,6 +210,7 @@ impl Cluster {
             tls,
             liveness,
             timing: timing(config),
+            reaper: Some(storage.reaper),
         })
     }
 
@@ -230,125 +232,6 @@ impl Cluster {
             Ok(Err(e)) => tracing::error!(error = %e, "final sync failed"),
             Err(e) => tracing::error!(error = %e, "final sync task failed"),
         }
-    }
-}
-
-/// Why a batch was not committed.
-#[derive(Debug, thiserror::Error)]
-pub enum ProposeError {
-    #[error("no leader elected yet")]
-    NoLeader,
-    /// The leader changed while the batch was on its way: it is sent to the
-    /// new one at once (repeating it is safe, copies come back duplicates).
-    #[error("leader {from} was replaced while the batch was in flight")]
-    LeaderChanged { from: NodeId },
-    #[error("leader {leader} has no peer address")]
-    NoAddress { leader: NodeId },
-    #[error("forward to leader {leader}: {source}")]
-    Forward {
-        leader: NodeId,
-        source: peers::CallError,
-    },
-    #[error("leader {leader}: {source}")]
-    Leader {
-        leader: NodeId,
-        source: ForwardError,
-    },
-    #[error("leader {leader}: reply of the wrong kind")]
-    WrongReply { leader: NodeId },
-}
-
-/// Proposes observation batches to the group.
-#[derive(Clone)]
-pub struct Proposer {
-    pub raft: Raft,
-    pub node_id: NodeId,
-    pub peers: Peers,
-    /// Merges batches into entries on the leader; it stamps the window.
-    pub coalescer: coalesce::Coalescer,
-}
-
-/// Waits until the leader is no longer `leader` (or Raft stops).
-async fn leader_changes(raft: &Raft, leader: NodeId) {
-    let mut rx = raft.metrics();
-    loop {
-        if rx.borrow_and_update().current_leader != Some(leader) {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-impl Proposer {
-    /// The leader this node knows, and its peer address.
-    pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        let leader = m.current_leader;
-        let addr = leader.and_then(|l| {
-            m.membership_config
-                .nodes()
-                .find(|(id, _)| **id == l)
-                .map(|(_, n)| n.addr.clone())
-        });
-        (leader, addr)
-    }
-
-    /// Commits one batch as one entry and returns once it is committed, with
-    /// one outcome per observation. On a follower the batch is forwarded to
-    /// the leader, whose reply also comes only after commit (G4). A forward
-    /// in flight ends at once when the leader changes or its connection
-    /// drops, so that no timeout stands between an election and the next
-    /// commit.
-    pub async fn propose(&self, batch: Batch) -> Result<Vec<Outcome>, ProposeError> {
-        let (leader, addr) = self.leader();
-        match leader {
-            None => Err(ProposeError::NoLeader),
-            Some(l) if l == self.node_id => self
-                .commit_here(batch)
-                .await
-                .map_err(|source| ProposeError::Leader { leader: l, source }),
-            Some(l) => {
-                let addr = addr
-                    .filter(|a| !a.is_empty())
-                    .ok_or(ProposeError::NoAddress { leader: l })?;
-                let request = Request::Forward(batch);
-                let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
-                tokio::select! {
-                    r = call => match r {
-                        Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
-                        Ok(Reply::Forward(Err(source))) => Err(ProposeError::Leader { leader: l, source }),
-                        Ok(_) => Err(ProposeError::WrongReply { leader: l }),
-                        Err(source) => Err(ProposeError::Forward { leader: l, source }),
-                    },
-                    _ = leader_changes(&self.raft, l) => Err(ProposeError::LeaderChanged { from: l }),
-                }
-            }
-        }
-    }
-
-    /// Commits a batch on this node, which must be the leader, possibly in
-    /// one entry with other batches waiting at the same time.
-    pub async fn commit_here(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
-        self.coalescer.commit(batch).await
-    }
-
-    /// Waits (at most `limit`) until some leader is known.
-    pub async fn wait_for_leader(&self, limit: Duration) {
-        let mut rx = self.raft.metrics();
-        let _ = tokio::time::timeout(limit, async {
-            loop {
-                if rx.borrow_and_update().current_leader.is_some() {
-                    return;
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await;
     }
 }
 

@@ -45,6 +45,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::liveness::Liveness;
 use super::tls::{BoxStream, PeerTls};
@@ -163,6 +164,8 @@ struct Inner {
     liveness: Arc<Liveness>,
     /// Ends every connection's tasks when the node stops.
     stop: CancellationToken,
+    /// Owns those tasks (the node's supervisor waits for them at the stop).
+    tasks: TaskTracker,
 }
 
 /// Connections to every peer.
@@ -182,6 +185,7 @@ impl Peers {
         source_ip: Option<IpAddr>,
         tls: Option<PeerTls>,
         liveness: Arc<Liveness>,
+        tasks: TaskTracker,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -192,6 +196,7 @@ impl Peers {
                 links: Mutex::new(HashMap::new()),
                 liveness,
                 stop: CancellationToken::new(),
+                tasks,
             }),
         }
     }
@@ -288,7 +293,9 @@ impl Peers {
     /// Dials `link` in a task owned by the node's stop token and bounded by
     /// the dial's own timeouts, publishing the outcome on `done`.
     fn spawn_dial(&self, link: Arc<Link>, done: watch::Sender<DialOutcome>) {
-        tokio::spawn(self.clone().dial_and_publish(link, done));
+        self.inner
+            .tasks
+            .spawn(self.clone().dial_and_publish(link, done));
     }
 
     /// One dial of `link`, its outcome recorded on the link and published on
@@ -446,7 +453,7 @@ impl Peers {
             last_frame: Mutex::new(Instant::now()),
         });
         let writer_closed = closed.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             loop {
                 let frame = tokio::select! {
                     f = queue.recv() => match f { Some(f) => f, None => break },
@@ -461,7 +468,7 @@ impl Peers {
         });
         let reader = conn.clone();
         let liveness = self.inner.liveness.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let reason = loop {
                 let mut header = [0u8; 4];
                 let read = tokio::select! {
@@ -733,7 +740,14 @@ mod tests {
     async fn a_dial_slower_than_the_callers_budget_still_connects() {
         let key = ClusterKey::from_secret(b"secret");
         let addr = slow_peer(key.clone(), Duration::from_millis(300)).await;
-        let peers = Peers::new(1, key, None, None, Arc::new(Liveness::new()));
+        let peers = Peers::new(
+            1,
+            key,
+            None,
+            None,
+            Arc::new(Liveness::new()),
+            TaskTracker::new(),
+        );
         let request = Request::PreVote(wire::PreVote {
             candidate: 1,
             term: 1,

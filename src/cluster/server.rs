@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_raft::{NodeId, Raft};
+use firstseen_store::{Batch, Outcome};
+use futures::future::BoxFuture;
 use openraft::raft::AppendEntriesResponse;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -19,7 +21,6 @@ use tokio_util::task::TaskTracker;
 use super::liveness::{Liveness, Timing};
 use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, Envelope, ForwardError, Reply, Request};
-use super::Proposer;
 use crate::telemetry::RefusalLog;
 
 /// How long a connecting peer has to complete the handshake.
@@ -33,13 +34,22 @@ const IN_FLIGHT_PER_CONN: usize = 256;
 /// connections is refused beyond this instead of each holding a task, a
 /// socket and a TLS state for the handshake timeout.
 const MAX_HANDSHAKES: usize = 64;
+/// Commits batches that followers forward to this node while it leads.
+/// The proposer implements it (`crate::propose`); the network only carries
+/// the request and the answer.
+pub trait Forwarded: Send + Sync + 'static {
+    /// Commits `batch` and answers, after the commit, with one outcome per
+    /// observation.
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ForwardError>>;
+}
+
 /// What a peer connection can reach on this node.
 pub struct PeerService {
     pub node_id: NodeId,
     pub raft: Raft,
     pub key: ClusterKey,
     /// Commits forwarded batches when this node leads.
-    pub proposer: Proposer,
+    pub forwarded: Arc<dyn Forwarded>,
     /// Set when peers must connect with TLS.
     pub tls: Option<PeerTls>,
     /// Replication that would write is refused while the disk is low.
@@ -123,7 +133,9 @@ async fn connection(
     let (replies, mut out) = mpsc::channel::<Vec<u8>>(IN_FLIGHT_PER_CONN);
     let done = stop.child_token();
     let writer_done = done.clone();
-    let writer = tokio::spawn(async move {
+    // The connection's tasks: its writer, and one per request being served.
+    let handlers = TaskTracker::new();
+    let writer = handlers.spawn(async move {
         while let Some(frame) = tokio::select! {
             f = out.recv() => f,
             _ = writer_done.cancelled() => None,
@@ -136,7 +148,6 @@ async fn connection(
         let _ = wr.shutdown().await;
     });
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN));
-    let handlers = TaskTracker::new();
     let result = loop {
         let mut header = [0u8; 4];
         let read = tokio::select! {
@@ -166,10 +177,17 @@ async fn connection(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break Ok(());
         };
-        let (svc, replies) = (svc.clone(), replies.clone());
+        let (svc, replies, gone) = (svc.clone(), replies.clone(), done.clone());
         handlers.spawn(async move {
             let _slot = slot;
-            let reply = dispatch(&svc, env.body).await;
+            let reply = tokio::select! {
+                r = dispatch(&svc, env.body) => r,
+                // The reply would have nowhere to go. What the request
+                // started goes on without it: openraft still applies an
+                // append, the coalescer still commits a forward, and the
+                // follower repeats what it did not hear back about.
+                _ = gone.cancelled() => return,
+            };
             match wire::encode(&Envelope {
                 id: env.id,
                 body: reply,
@@ -181,12 +199,13 @@ async fn connection(
             }
         });
     };
-    // Requests still being served (a forward waiting for its commit) finish
-    // or are dropped with the node; their replies have nowhere to go.
+    // Requests still being served (a forward waiting for its commit) stop
+    // waiting: their replies have nowhere to go.
     done.cancel();
     handlers.close();
     drop(replies);
     let _ = writer.await;
+    handlers.wait().await;
     result
 }
 
@@ -273,7 +292,7 @@ async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             }
             Reply::InstallSnapshot(result)
         }
-        Request::Forward(batch) => Reply::Forward(svc.proposer.commit_here(batch).await),
+        Request::Forward(batch) => Reply::Forward(svc.forwarded.commit(batch).await),
         Request::PreVote(req) => Reply::PreVote(super::elect::answer(
             &svc.raft,
             &svc.liveness,

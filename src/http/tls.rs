@@ -6,6 +6,7 @@
 //! opens a connection and sends nothing stall the whole API, status page
 //! and readiness probe included.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cluster::tls::BoxStream;
 use crate::config::HttpTlsConfig;
@@ -59,17 +61,19 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Starts accepting on `tcp` until `shutdown`. With `tls`, every
-    /// connection must complete a TLS handshake first.
+    /// The listener, and its accept loop to run until `shutdown` (under the
+    /// node's supervisor). With `tls`, every connection must complete a TLS
+    /// handshake first; each handshake is a task on `tasks`.
     pub fn start(
         tcp: TcpListener,
         tls: Option<Arc<ServerConfig>>,
         shutdown: CancellationToken,
-    ) -> std::io::Result<Self> {
+        tasks: TaskTracker,
+    ) -> std::io::Result<(Self, impl Future<Output = ()> + Send + 'static)> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
-        tokio::spawn(accept_loop(tcp, tls.map(TlsAcceptor::from), tx, shutdown));
-        Ok(Self { ready, local })
+        let accepting = accept_loop(tcp, tls.map(TlsAcceptor::from), tx, shutdown, tasks);
+        Ok((Self { ready, local }, accepting))
     }
 }
 
@@ -78,6 +82,7 @@ async fn accept_loop(
     tls: Option<TlsAcceptor>,
     ready: mpsc::Sender<(BoxStream, Client)>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
@@ -107,7 +112,7 @@ async fn accept_loop(
             continue;
         };
         let ready = ready.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(s)) => {

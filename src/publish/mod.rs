@@ -24,13 +24,14 @@ pub mod tail;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use firstseen_raft::{Command, Raft};
+use firstseen_raft::Raft;
 use firstseen_store::{OutboxMessage, StateStore};
 use pulsar::producer::ProducerOptions;
 use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Producer, Pulsar, TokioExecutor};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
+use crate::propose::Proposer;
 use crate::Error;
 use policy::{held_elsewhere, retry_policy};
 
@@ -59,6 +60,8 @@ struct InFlight {
 /// The leader-only publisher task.
 pub struct Publisher {
     pub raft: Raft,
+    /// Appends the receipts (`Published{topic, seq}`).
+    pub proposer: Proposer,
     pub state: StateStore,
     /// Reads unpublished messages, payloads from the Raft log.
     pub outbox: firstseen_raft::Outbox,
@@ -167,7 +170,7 @@ impl TopicPublisher {
 
     /// Proposes the confirmed watermark through Raft if it moved, and, unless
     /// `now` is set, if the last proposal is [`policy::WATERMARK_EVERY`] old.
-    fn propose_watermark(&mut self, raft: &Raft, now: bool) {
+    fn propose_watermark(&mut self, proposer: &Proposer, now: bool) {
         let since_last = self.proposed_at.map(|t| t.elapsed());
         if !policy::watermark_due(self.confirmed, self.proposed, since_last, now) {
             return;
@@ -176,16 +179,7 @@ impl TopicPublisher {
         self.proposed_at = Some(Instant::now());
         // Committed in the background: the next batch need not wait for it.
         // Apply keeps the larger of two watermarks whatever their order.
-        let raft = raft.clone();
-        let cmd = Command::Published {
-            pulsar_topic: self.topic.clone(),
-            seq: self.confirmed,
-        };
-        tokio::spawn(async move {
-            if let Err(e) = raft.client_write(cmd).await {
-                tracing::debug!(error = %e, "watermark not committed; the next one covers it");
-            }
-        });
+        proposer.watermark(self.topic.clone(), self.confirmed);
     }
 
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
@@ -337,7 +331,7 @@ impl Publisher {
                         // It may lag what is in Pulsar, which is safe: a new
                         // publisher resumes after max(tail, watermark).
                         tp.confirmed = tp.confirmed.max(upto);
-                        tp.propose_watermark(&self.raft, false);
+                        tp.propose_watermark(&self.proposer, false);
                     }
                     Some(Err(e)) => tp.fail(&e),
                 }
@@ -345,7 +339,7 @@ impl Publisher {
             if !worked {
                 // Idle: the watermarks held back while busy go now.
                 for tp in topics.values_mut() {
-                    tp.propose_watermark(&self.raft, true);
+                    tp.propose_watermark(&self.proposer, true);
                 }
                 // An idle publisher still holds its producers, which keeps a
                 // successor's exclusive producers out. So the lease is also

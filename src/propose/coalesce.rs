@@ -1,0 +1,382 @@
+//! On the leader: batches that wait for a proposal slot go into one entry.
+//!
+//! Every node's batcher keeps one batch in flight, and the leader commits its
+//! own and the forwarded ones. Proposed one entry per batch, a 2,000 msg/s
+//! feed over three zones made 400 to 570 entries a second, each paying its own
+//! replication messages, apply, response and wake-ups of every task that
+//! watches the Raft metrics; on two cores those wake-ups were most of the
+//! kernel time. Here at most [`IN_FLIGHT`] entries are being committed at
+//! once, and whatever arrives meanwhile is merged into the next one. An idle
+//! cluster still proposes a lone batch at once, so merging adds no wait.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::time::Instant;
+
+use firstseen_raft::{Command, Member, NodeId, Raft, Response};
+use firstseen_store::{Batch, Outcome};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::metrics::RaftServerMetrics;
+use openraft::ServerState;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::clocks::Clocks;
+use crate::cluster::wire::ForwardError;
+use crate::now_ms;
+
+/// Entries being committed at once. One merges the most: with two, the
+/// benchmark's peak made 511 entries/s and p99 47 ms; with one, 427 and
+/// 43 ms (docs/benchmarks.md).
+const IN_FLIGHT: usize = 1;
+
+type Reply = oneshot::Sender<Result<Vec<Outcome>, ForwardError>>;
+
+/// What the coalescer is asked to append.
+enum Work {
+    /// A batch of observations, answered once committed.
+    Batch(Batch, Reply),
+    /// The publisher's receipt for `topic` up to `seq`. Written beside the
+    /// entries rather than in their slot: the next batch need not wait for
+    /// it, and apply keeps the larger of two receipts in any order.
+    Watermark { topic: String, seq: u64 },
+}
+
+/// Handle to the merging task; cheap to clone.
+#[derive(Clone)]
+pub struct Coalescer {
+    tx: mpsc::UnboundedSender<Work>,
+    /// A leader whose disk is low commits nothing (`crate::diskspace`).
+    disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+}
+
+fn bytes(batch: &Batch) -> usize {
+    batch
+        .observations
+        .iter()
+        .map(|o| o.payload.len() + o.mqtt_topic.len() + o.pulsar_topic.len())
+        .sum()
+}
+
+/// Takes the next entry's batches from the front of `queue`: the first
+/// always, then the ones after it while the entry stays within
+/// `max_bytes`, in order.
+fn next_group<T>(queue: &mut VecDeque<(Batch, T)>, max_bytes: usize) -> Vec<(Batch, T)> {
+    let mut group = Vec::new();
+    let mut size = 0;
+    while let Some((batch, _)) = queue.front() {
+        let more = bytes(batch);
+        if !group.is_empty() && size + more > max_bytes {
+            break;
+        }
+        size += more;
+        group.extend(queue.pop_front());
+    }
+    group
+}
+
+/// The merging task's settings.
+pub struct Settings {
+    pub window_ms: u64,
+    /// Bounds a merged entry like a batch: the first batch always goes in,
+    /// later ones only while they fit.
+    pub max_bytes: usize,
+}
+
+impl Coalescer {
+    /// The handle, and the task to run under the node's supervisor until
+    /// `stop`. The task owns every write it starts: when it ends, those it
+    /// did not see through are dropped with it (their callers hear that the
+    /// node is stopping; what was committed stays committed).
+    pub fn new(
+        raft: Raft,
+        state: firstseen_store::StateStore,
+        settings: Settings,
+        disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+        stop: CancellationToken,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx, disk }, run(raft, state, settings, rx, stop))
+    }
+
+    /// Commits `batch` (possibly in one entry with other batches) and
+    /// returns its outcomes, in order, once the entry is committed.
+    pub async fn commit(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
+        if let Some(reason) = self.disk.reason() {
+            return Err(ForwardError::Failed(format!(
+                "leader cannot commit: {reason}"
+            )));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Work::Batch(batch, reply))
+            .map_err(|_| ForwardError::Failed("node is shutting down".into()))?;
+        answer
+            .await
+            .map_err(|_| ForwardError::Failed("node is shutting down".into()))?
+    }
+
+    /// Appends the receipt `Published{topic, seq}` without waiting for it.
+    /// One that is lost (a stop, a lost leadership) is covered by the next.
+    pub fn watermark(&self, topic: String, seq: u64) {
+        if self.tx.send(Work::Watermark { topic, seq }).is_err() {
+            tracing::debug!("watermark not proposed: the node is stopping");
+        }
+    }
+}
+
+async fn run(
+    raft: Raft,
+    state: firstseen_store::StateStore,
+    settings: Settings,
+    mut rx: mpsc::UnboundedReceiver<Work>,
+    stop: CancellationToken,
+) {
+    let mut queue: VecDeque<(Batch, Reply)> = VecDeque::new();
+    let mut entries = JoinSet::new();
+    let mut watermarks = JoinSet::new();
+    let mut clocks = Clocks::default();
+    let mut open = true;
+    loop {
+        // Everything that arrived while the last entry was committed goes
+        // into the next one.
+        while let Ok(work) = rx.try_recv() {
+            match work {
+                Work::Batch(b, reply) => queue.push_back((b, reply)),
+                Work::Watermark { topic, seq } => {
+                    watermarks.spawn(watermark(raft.clone(), topic, seq));
+                }
+            }
+        }
+        while entries.len() < IN_FLIGHT && !queue.is_empty() {
+            let group = next_group(&mut queue, settings.max_bytes);
+            let now = Instant::now();
+            for (b, _) in &group {
+                clocks.saw(&b.observations, now);
+            }
+            let (me, voters) = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+                (m.id, voters)
+            };
+            let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
+            let stamped_ms = clocks.stamp(&voters, me, now_ms(), window_clock, now);
+            entries.spawn(entry(raft.clone(), settings.window_ms, stamped_ms, group));
+        }
+        tokio::select! {
+            Some(done) = entries.join_next(), if !entries.is_empty() => {
+                if let Err(e) = done {
+                    if e.is_panic() {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                }
+            }
+            Some(_) = watermarks.join_next(), if !watermarks.is_empty() => {}
+            work = rx.recv(), if open => match work {
+                Some(Work::Batch(b, reply)) => queue.push_back((b, reply)),
+                Some(Work::Watermark { topic, seq }) => {
+                    watermarks.spawn(watermark(raft.clone(), topic, seq));
+                }
+                None => open = false,
+            },
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Commits one group of batches as one entry and answers each batch with
+/// its own outcomes.
+async fn entry(raft: Raft, window_ms: u64, stamped_ms: u64, group: Vec<(Batch, Reply)>) {
+    let sizes: Vec<usize> = group.iter().map(|(b, _)| b.len()).collect();
+    let mut merged = Batch::default();
+    let mut replies = Vec::with_capacity(group.len());
+    for (b, reply) in group {
+        merged.extend(b);
+        replies.push(reply);
+    }
+    let total = merged.len();
+    let result = match propose(&raft, window_ms, stamped_ms, merged).await {
+        Ok(outcomes) if outcomes.len() != total => Err(ForwardError::Failed(format!(
+            "{} outcomes for {total} observations",
+            outcomes.len()
+        ))),
+        other => other,
+    };
+    match result {
+        Ok(outcomes) => {
+            let mut outcomes = outcomes.into_iter();
+            for (reply, n) in replies.into_iter().zip(sizes) {
+                let _ = reply.send(Ok(outcomes.by_ref().take(n).collect()));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Appends one receipt; a leader that loses its term gives up on it like
+/// on an entry (see [`until_deposed`]).
+async fn watermark(raft: Raft, topic: String, seq: u64) {
+    let cmd = Command::Published {
+        pulsar_topic: topic,
+        seq,
+    };
+    match until_deposed(raft.client_write(cmd), raft.server_metrics()).await {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "watermark not committed; the next one covers it")
+        }
+        None => tracing::debug!("watermark abandoned: no longer leading"),
+    }
+}
+
+/// One entry, with the stamp the leader chose: only a leader appends, so the
+/// window clock only ever reads leader stamps.
+async fn propose(
+    raft: &Raft,
+    window_ms: u64,
+    stamped_ms: u64,
+    batch: Batch,
+) -> Result<Vec<Outcome>, ForwardError> {
+    let cmd = batch.into_command(stamped_ms, window_ms);
+    let server = raft.server_metrics();
+    let Some(written) = until_deposed(raft.client_write(cmd), server.clone()).await else {
+        return Err(ForwardError::NotLeader {
+            leader: server.borrow().current_leader,
+        });
+    };
+    match written {
+        Ok(resp) => match resp.data {
+            Response::Observed(outcomes) => Ok(outcomes),
+            other => Err(ForwardError::Failed(format!(
+                "unexpected response to a batch: {other:?}"
+            ))),
+        },
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(ForwardError::NotLeader {
+                leader: f.leader_id,
+            })
+        }
+        Err(e) => Err(ForwardError::Failed(e.to_string())),
+    }
+}
+
+/// Awaits `write`, or returns `None` once this node has stopped leading in
+/// the term it was in when the write began.
+///
+/// Why: openraft 0.9 answers a write when its entry is applied, and fails it
+/// when the entry is truncated; nothing else drains its responders. A leader
+/// that steps down and then installs a snapshot covering its entry imports
+/// that entry without applying it, so the write waits forever. With one
+/// entry in flight ([`IN_FLIGHT`]), every later batch through this node then
+/// waited too, once it led again (nemesis seed 288942358, release replay:
+/// node 2 led in term 6, installed three snapshots in term 9, led again in
+/// term 10, and every forward to it timed out for the rest of the run).
+/// The batch goes back to its batcher, which proposes it again; whatever of
+/// it did commit comes back as duplicates of itself, as after any repeated
+/// forward, and acking those is what G4 allows.
+async fn until_deposed<F: Future>(
+    write: F,
+    mut server: watch::Receiver<RaftServerMetrics<NodeId, Member>>,
+) -> Option<F::Output> {
+    let (term, leading) = {
+        let m = server.borrow_and_update();
+        (m.vote.leader_id().term, m.state == ServerState::Leader)
+    };
+    let deposed = server.wait_for(|m| {
+        m.vote.leader_id().term != term || (leading && m.state != ServerState::Leader)
+    });
+    tokio::select! {
+        biased;
+        r = write => Some(r),
+        // A closed channel means Raft stopped: the write ends on its own.
+        Ok(_) = deposed => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn server(term: u64, state: ServerState) -> RaftServerMetrics<NodeId, Member> {
+        RaftServerMetrics {
+            id: 1,
+            vote: openraft::Vote::new_committed(term, 1),
+            state,
+            current_leader: (state == ServerState::Leader).then_some(1),
+            membership_config: Arc::new(Default::default()),
+        }
+    }
+
+    /// A write that openraft never answers (its entry came in by snapshot
+    /// after this node stepped down) ends when the term does.
+    #[tokio::test]
+    async fn a_write_that_is_never_answered_ends_with_the_term() {
+        let (tx, rx) = watch::channel(server(6, ServerState::Leader));
+        let pending = tokio::spawn(until_deposed(std::future::pending::<()>(), rx));
+        tokio::task::yield_now().await;
+        assert!(!pending.is_finished(), "still leading: the write waits");
+        tx.send(server(9, ServerState::Follower)).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(5), pending).await;
+        assert!(
+            matches!(ended, Ok(Ok(None))),
+            "still waiting after the term changed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_answered_while_leading_is_returned() {
+        let (tx, rx) = watch::channel(server(6, ServerState::Leader));
+        let (answer, answered) = oneshot::channel::<u32>();
+        let write = async move { answered.await.unwrap() };
+        let pending = tokio::spawn(until_deposed(write, rx));
+        // A change that is not a change of term or role leaves it waiting.
+        tx.send(server(6, ServerState::Leader)).unwrap();
+        tokio::task::yield_now().await;
+        answer.send(7).unwrap();
+        assert_eq!(pending.await.unwrap(), Some(7));
+    }
+
+    fn batch(payload: usize) -> Batch {
+        let mut b = Batch::default();
+        b.observations.push(firstseen_store::Observation {
+            key: [0; 32],
+            mqtt_topic: "t".into(),
+            pulsar_topic: "p".into(),
+            payload: vec![0; payload],
+            qos: 1,
+            retain: false,
+            node: 1,
+            received_ms: 0,
+        });
+        b
+    }
+
+    #[test]
+    fn a_group_takes_the_first_batch_always_and_the_rest_while_they_fit() {
+        // Each batch is its payload plus "t" and "p": 2 bytes more.
+        let mut q: VecDeque<(Batch, u8)> = [
+            (batch(98), 1),
+            (batch(48), 2),
+            (batch(48), 3),
+            (batch(8), 4),
+        ]
+        .into();
+        let g = next_group(&mut q, 100);
+        assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![1]);
+        let g = next_group(&mut q, 100);
+        assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![2, 3]);
+        let mut big: VecDeque<(Batch, u8)> = [(batch(500), 5), (batch(1), 6)].into();
+        let g = next_group(&mut big, 100);
+        assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![5]);
+        assert_eq!(q.len(), 1);
+        assert!(next_group(&mut VecDeque::<(Batch, u8)>::new(), 100).is_empty());
+    }
+}

@@ -1,0 +1,160 @@
+//! Proposing: the one door to the Raft log.
+//!
+//! Everything the node appends goes through here: a batch of observations
+//! from the batcher ([`Proposer::propose`]), a batch a follower forwarded
+//! (served by the peer listener through [`crate::cluster::server::Forwarded`]),
+//! and the publisher's receipts ([`Proposer::watermark`]). On the leader the
+//! [`coalesce`] task merges what waits into one entry and stamps it; a
+//! follower forwards its batch to the leader and waits for the commit there.
+//!
+//! - [`clocks`]: the pure rule for the leader's stamp inputs (which clock
+//!   readings count);
+//! - [`coalesce`]: the leader's merging task, with its pure grouping rule.
+
+pub mod clocks;
+pub mod coalesce;
+
+use std::time::Duration;
+
+use firstseen_raft::{NodeId, Raft};
+use firstseen_store::{Batch, Outcome};
+use futures::future::BoxFuture;
+
+use crate::cluster::peers::{self, Peers};
+use crate::cluster::wire::{ForwardError, Reply, Request};
+
+/// How long a follower waits for the leader to commit a forwarded batch,
+/// unless the leader changes or the connection drops first (both end the
+/// wait at once).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a batch was not committed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("no leader elected yet")]
+    NoLeader,
+    /// The leader changed while the batch was on its way: it is sent to the
+    /// new one at once (repeating it is safe, copies come back duplicates).
+    #[error("leader {from} was replaced while the batch was in flight")]
+    LeaderChanged { from: NodeId },
+    #[error("leader {leader} has no peer address")]
+    NoAddress { leader: NodeId },
+    #[error("forward to leader {leader}: {source}")]
+    Forward {
+        leader: NodeId,
+        source: peers::CallError,
+    },
+    #[error("leader {leader}: {source}")]
+    Leader {
+        leader: NodeId,
+        source: ForwardError,
+    },
+    #[error("leader {leader}: reply of the wrong kind")]
+    WrongReply { leader: NodeId },
+}
+
+/// Proposes observation batches to the group.
+#[derive(Clone)]
+pub struct Proposer {
+    pub raft: Raft,
+    pub node_id: NodeId,
+    pub peers: Peers,
+    /// Merges batches into entries on the leader; it stamps the window.
+    pub coalescer: coalesce::Coalescer,
+}
+
+/// Waits until the leader is no longer `leader` (or Raft stops).
+async fn leader_changes(raft: &Raft, leader: NodeId) {
+    let mut rx = raft.metrics();
+    loop {
+        if rx.borrow_and_update().current_leader != Some(leader) {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Proposer {
+    /// The leader this node knows, and its peer address.
+    pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let leader = m.current_leader;
+        let addr = leader.and_then(|l| {
+            m.membership_config
+                .nodes()
+                .find(|(id, _)| **id == l)
+                .map(|(_, n)| n.addr.clone())
+        });
+        (leader, addr)
+    }
+
+    /// Commits one batch as one entry and returns once it is committed, with
+    /// one outcome per observation. On a follower the batch is forwarded to
+    /// the leader, whose reply also comes only after commit (G4). A forward
+    /// in flight ends at once when the leader changes or its connection
+    /// drops, so that no timeout stands between an election and the next
+    /// commit.
+    pub async fn propose(&self, batch: Batch) -> Result<Vec<Outcome>, ProposeError> {
+        let (leader, addr) = self.leader();
+        match leader {
+            None => Err(ProposeError::NoLeader),
+            Some(l) if l == self.node_id => self
+                .commit_here(batch)
+                .await
+                .map_err(|source| ProposeError::Leader { leader: l, source }),
+            Some(l) => {
+                let addr = addr
+                    .filter(|a| !a.is_empty())
+                    .ok_or(ProposeError::NoAddress { leader: l })?;
+                let request = Request::Forward(batch);
+                let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
+                tokio::select! {
+                    r = call => match r {
+                        Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
+                        Ok(Reply::Forward(Err(source))) => Err(ProposeError::Leader { leader: l, source }),
+                        Ok(_) => Err(ProposeError::WrongReply { leader: l }),
+                        Err(source) => Err(ProposeError::Forward { leader: l, source }),
+                    },
+                    _ = leader_changes(&self.raft, l) => Err(ProposeError::LeaderChanged { from: l }),
+                }
+            }
+        }
+    }
+
+    /// Commits a batch on this node, which must be the leader, possibly in
+    /// one entry with other batches waiting at the same time.
+    pub async fn commit_here(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
+        self.coalescer.commit(batch).await
+    }
+
+    /// Appends the publisher's receipt for `topic` up to `seq`, without
+    /// waiting for its commit.
+    pub fn watermark(&self, topic: String, seq: u64) {
+        self.coalescer.watermark(topic, seq);
+    }
+
+    /// Waits (at most `limit`) until some leader is known.
+    pub async fn wait_for_leader(&self, limit: Duration) {
+        let mut rx = self.raft.metrics();
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                if rx.borrow_and_update().current_leader.is_some() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+impl crate::cluster::server::Forwarded for Proposer {
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ForwardError>> {
+        Box::pin(self.commit_here(batch))
+    }
+}
