@@ -37,25 +37,120 @@ pub mod telemetry;
 pub mod verify;
 pub mod watchdog;
 
-/// Everything that can go wrong in the firstseen crate.
+/// Everything that can go wrong in the firstseen crate. Each variant says
+/// what was being done (a config key, a Raft action, a Pulsar topic) and
+/// keeps the error underneath as its source.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("configuration: {0}")]
-    Config(String),
+    /// A setting that cannot be used as written, and why. `key` is its name
+    /// in the config file (`cluster.tls.ca_file`, `upstreams[0].url`).
+    #[error("configuration: {key}: {problem}")]
+    Setting { key: String, problem: String },
+    /// A file a setting names could not be read.
+    #[error("configuration: {key} {}: {source}", path.display())]
+    SettingFile {
+        key: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An address a setting names could not be bound.
+    #[error("configuration: {key} {addr}: {source}")]
+    Bind {
+        key: &'static str,
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// rustls refused the certificates or keys a setting names.
+    #[error("configuration: {key}: {source}")]
+    Tls {
+        key: &'static str,
+        #[source]
+        source: rustls::Error,
+    },
     #[error(transparent)]
     Store(#[from] firstseen_store::StoreError),
     #[error(transparent)]
     Storage(#[from] firstseen_raft::RaftError),
-    #[error("raft: {0}")]
-    Raft(String),
+    /// openraft refused or failed `action` (start, bootstrap, a membership
+    /// change).
+    #[error("raft: {action}: {source}")]
+    Raft {
+        action: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("pulsar: {0}")]
     Pulsar(#[from] pulsar::Error),
-    #[error("publish: {0}")]
-    Publish(String),
+    /// The Pulsar credentials could not be turned into a token.
+    #[error("pulsar credentials: {0}")]
+    Credentials(#[source] pulsar::error::AuthenticationError),
+    /// A request to Pulsar's admin REST API failed.
+    #[error("pulsar admin: {0}")]
+    Admin(#[source] reqwest::Error),
+    /// A Pulsar topic is not as firstseen left it, or could not be read.
+    #[error("{topic}: {problem}")]
+    Topic { topic: String, problem: TopicProblem },
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     TaskEnded(#[from] supervise::Early),
+}
+
+impl Error {
+    /// A setting's problem that has no error type of its own.
+    pub fn setting(key: impl Into<String>, problem: impl std::fmt::Display) -> Self {
+        Error::Setting {
+            key: key.into(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// openraft's error `source` while doing `action`.
+    pub fn raft(
+        action: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Raft {
+            action: action.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A problem with Pulsar topic `topic`.
+    pub fn topic(topic: &str, problem: TopicProblem) -> Self {
+        Error::Topic {
+            topic: topic.to_string(),
+            problem,
+        }
+    }
+}
+
+/// What is wrong with a Pulsar topic.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicProblem {
+    #[error("broker returned no last message id")]
+    NoLastMessageId,
+    #[error("last message has no firstseen-seq property; is another producer writing here?")]
+    NoSequence,
+    #[error("last message has firstseen-seq={0:?}")]
+    BadSequence(String),
+    #[error("reader closed before the last message")]
+    ReaderClosed,
+    #[error("timed out reading the last message")]
+    TailTimedOut,
+    #[error("no message for {idle:?} before reaching the last one ({ledger}:{entry}); read {count}")]
+    Stalled {
+        idle: std::time::Duration,
+        ledger: u64,
+        entry: u64,
+        count: u64,
+    },
+    #[error("outbox starts at {first} but the next sequence is {next}")]
+    OutboxGap { first: u64, next: u64 },
+    #[error("not a persistent:// topic")]
+    NotPersistent,
 }
 
 /// Milliseconds since the Unix epoch on this node's clock.

@@ -34,14 +34,22 @@ pub async fn run(
 ) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(config.node.http_listen)
         .await
-        .map_err(|e| Error::Config(format!("node.http_listen {}: {e}", config.node.http_listen)))?;
+        .map_err(|source| Error::Bind {
+            key: "node.http_listen",
+            addr: config.node.http_listen,
+            source,
+        })?;
     // Bound before Raft starts, so a taken port fails the start clearly and
     // peers can reach this node as soon as it votes.
     let peer_listener = match config.cluster.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| Error::Config(format!("cluster.listen {addr}: {e}")))?,
+                .map_err(|source| Error::Bind {
+                    key: "cluster.listen",
+                    addr,
+                    source,
+                })?,
         ),
         None => None,
     };
@@ -143,7 +151,7 @@ pub async fn run(
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
             http::tls::server_config(t)
-                .map_err(|(key, why)| Error::Config(format!("node.http_tls.{key}: {why}")))?,
+                .map_err(|(key, why)| Error::setting(format!("node.http_tls.{key}"), why))?,
         ),
         None => None,
     };

@@ -98,7 +98,7 @@ fn decode_slot(raw: &[u8]) -> Option<(u64, Marks)> {
 }
 
 fn encode_slot(seq: u64, marks: &Marks) -> Result<Vec<u8>, RaftError> {
-    let payload = bincode::serialize(marks).map_err(|e| RaftError::Codec(e.to_string()))?;
+    let payload = bincode::serialize(marks)?;
     let mut out = Vec::with_capacity(SLOT);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&seq.to_be_bytes());
@@ -107,10 +107,7 @@ fn encode_slot(seq: u64, marks: &Marks) -> Result<Vec<u8>, RaftError> {
     let sum = blake3::hash(&out[8..]);
     out.extend_from_slice(sum.as_bytes());
     if out.len() > SLOT {
-        return Err(RaftError::Codec(format!(
-            "guard record of {} bytes exceeds its slot",
-            out.len()
-        )));
+        return Err(RaftError::GuardTooLarge(out.len()));
     }
     out.resize(SLOT, 0);
     Ok(out)

@@ -89,7 +89,17 @@ pub enum RaftError {
         source: std::io::Error,
     },
     #[error("encoding: {0}")]
-    Codec(String),
+    Codec(#[from] bincode::Error),
+    /// A blocking storage task (opening, rebuilding the state) panicked or
+    /// was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    /// The guard's record grew past the slot reserved for it.
+    #[error("guard record of {0} bytes exceeds its slot")]
+    GuardTooLarge(usize),
     /// A file of this node is damaged: it must not vote or serve with it.
     #[error("{path} is damaged: {reason}")]
     Damaged { path: PathBuf, reason: String },
@@ -135,7 +145,10 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         let dir = dir.to_path_buf();
         tokio::task::spawn_blocking(move || open_databases(&dir))
             .await
-            .map_err(|e| RaftError::Codec(format!("opening storage: {e}")))??
+            .map_err(|source| RaftError::Task {
+                what: "opening storage",
+                source,
+            })??
     };
     let snapshots = dir.join("snapshots");
     if rebuilt {
@@ -274,13 +287,13 @@ fn is_damage(e: &RaftError) -> bool {
         _ => false,
     };
     match e {
-        RaftError::Damaged { .. } | RaftError::Codec(_) => true,
+        RaftError::Damaged { .. } | RaftError::Codec(_) | RaftError::GuardTooLarge(_) => true,
         RaftError::Sled(s) => sled_damage(s),
         RaftError::Store(s) => match s {
             S::Damaged { .. } | S::Corrupt(_) | S::Codec(_) => true,
             S::Sled(s) => sled_damage(s),
             S::Log(_) | S::Io(_) | S::File { .. } => false,
         },
-        RaftError::Io { .. } => false,
+        RaftError::Io { .. } | RaftError::Task { .. } => false,
     }
 }

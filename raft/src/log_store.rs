@@ -245,7 +245,7 @@ pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
     let meta = db.sled().open_tree("raft_meta")?;
     match meta.get(LAST_PURGED)? {
         Some(raw) => Ok(Some(
-            decode::<LogId<NodeId>>(&raw).map_err(|e| RaftError::Codec(e.to_string()))?,
+            bincode::deserialize::<LogId<NodeId>>(&raw)?,
         )),
         None => Ok(None),
     }
@@ -268,19 +268,19 @@ impl LogStore {
         // read the term's first byte as the tag, and failed from term 2 on.
         let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
             Some(raw) => {
-                Some(decode::<LogId<NodeId>>(&raw).map_err(|e| RaftError::Codec(e.to_string()))?)
+                Some(bincode::deserialize::<LogId<NodeId>>(&raw)?)
             }
             None => None,
         };
         let log = sled.open_tree("raft_log")?;
         let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
-            Some(raw) => Some(decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?),
+            Some(raw) => Some(bincode::deserialize(&raw)?),
             None => None,
         };
         let last_entry: Option<LogId<NodeId>> = match log.last()? {
             Some((_, raw)) => {
                 let e: Entry<TypeConfig> =
-                    decode(&raw).map_err(|e| RaftError::Codec(e.to_string()))?;
+                    bincode::deserialize(&raw)?;
                 Some(e.log_id)
             }
             None => None,

@@ -129,7 +129,7 @@ impl StateMachine {
         }
         let (last_applied, membership) = match store.applied_marker()? {
             Some(raw) => bincode::deserialize::<AppliedMarker>(&raw)
-                .map_err(|e| RaftError::Codec(e.to_string()))?,
+                .map_err(RaftError::Codec)?,
             None => (None, StoredMembership::default()),
         };
         Ok(Self {
@@ -225,7 +225,7 @@ fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError>
 pub fn applied_in(store: &StateStore) -> Result<Option<LogId<NodeId>>, RaftError> {
     match store.applied_marker()? {
         Some(raw) => Ok(bincode::deserialize::<AppliedMarker>(&raw)
-            .map_err(|e| RaftError::Codec(e.to_string()))?
+            .map_err(RaftError::Codec)?
             .0),
         None => Ok(None),
     }
@@ -253,7 +253,7 @@ pub async fn restore_current(
     let meta = snapshot.meta;
     let file = snapshot.snapshot.into_std().await;
     let marker = bincode::serialize(&(meta.last_log_id, meta.last_membership.clone()))
-        .map_err(|e| RaftError::Codec(e.to_string()))?;
+        .map_err(RaftError::Codec)?;
     let store = store.clone();
     let id = meta.snapshot_id.clone();
     tokio::task::spawn_blocking(move || {
@@ -264,7 +264,10 @@ pub async fn restore_current(
         store.flush()
     })
     .await
-    .map_err(|e| RaftError::Codec(format!("rebuilding the state: {e}")))??;
+    .map_err(|source| RaftError::Task {
+        what: "rebuilding the state",
+        source,
+    })??;
     Ok(meta.last_log_id)
 }
 

@@ -82,7 +82,7 @@ fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
         ..Default::default()
     }
     .validate()
-    .map_err(|e| Error::Raft(format!("raft config: {e}")))
+    .map_err(|e| Error::raft("config", e))
 }
 
 /// Entries between snapshots on node `id`: `snapshot_logs`, plus up to 3/16
@@ -134,8 +134,11 @@ pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
 pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
     match &config.cluster.secret_file {
         Some(f) => {
-            let raw = std::fs::read(f)
-                .map_err(|e| Error::Config(format!("cluster.secret_file {}: {e}", f.display())))?;
+            let raw = std::fs::read(f).map_err(|source| Error::SettingFile {
+                key: "cluster.secret_file".into(),
+                path: f.clone(),
+                source,
+            })?;
             Ok(ClusterKey::from_secret(&raw))
         }
         None => Ok(ClusterKey::from_secret(&wire::nonce())),
@@ -180,12 +183,12 @@ impl Cluster {
             storage.state_machine,
         )
         .await
-        .map_err(|e| Error::Raft(e.to_string()))?;
+        .map_err(|e| Error::raft("start", e))?;
         let members = initial_members(config);
         let initialized = raft
             .is_initialized()
             .await
-            .map_err(|e| Error::Raft(e.to_string()))?;
+            .map_err(|e| Error::raft("read whether the group is initialised", e))?;
         if !initialized && !members.contains_key(&config.node.id) {
             tracing::info!(
                 "not among the initial members: waiting to be added with `firstseen members add`"
@@ -196,7 +199,7 @@ impl Cluster {
                 Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
                     tracing::info!("cluster already initialised")
                 }
-                Err(e) => return Err(Error::Raft(format!("bootstrap: {e}"))),
+                Err(e) => return Err(Error::raft("bootstrap", e)),
             }
         }
         Ok(Self {
@@ -240,12 +243,12 @@ impl Cluster {
 pub async fn add_member(raft: &Raft, id: NodeId, member: Member) -> Result<(), Error> {
     raft.add_learner(id, member, true)
         .await
-        .map_err(|e| Error::Raft(format!("add learner {id}: {e}")))?;
+        .map_err(|e| Error::raft(format!("add learner {id}"), e))?;
     let mut ids = BTreeSet::new();
     ids.insert(id);
     raft.change_membership(ChangeMembers::AddVoterIds(ids), false)
         .await
-        .map_err(|e| Error::Raft(format!("promote {id} to voter: {e}")))?;
+        .map_err(|e| Error::raft(format!("promote {id} to voter"), e))?;
     Ok(())
 }
 
@@ -255,7 +258,7 @@ pub async fn remove_member(raft: &Raft, id: NodeId) -> Result<(), Error> {
     ids.insert(id);
     raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
         .await
-        .map_err(|e| Error::Raft(format!("remove {id}: {e}")))?;
+        .map_err(|e| Error::raft(format!("remove {id}"), e))?;
     Ok(())
 }
 

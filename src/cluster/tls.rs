@@ -31,7 +31,7 @@ pub struct PeerTls {
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, Error> {
-    crate::pem::certs(path).map_err(|e| Error::Config(format!("{key} {e}")))
+    crate::pem::certs(path).map_err(|e| Error::setting(key, e))
 }
 
 impl PeerTls {
@@ -40,31 +40,44 @@ impl PeerTls {
         let provider = crate::pem::provider();
         let certs = read_certs(&c.cert_file, "cluster.tls.cert_file")?;
         let key = crate::pem::key(&c.key_file)
-            .map_err(|e| Error::Config(format!("cluster.tls.key_file {e}")))?;
+            .map_err(|e| Error::setting("cluster.tls.key_file", e))?;
         let mut roots = RootCertStore::empty();
         for ca in read_certs(&c.ca_file, "cluster.tls.ca_file")? {
-            roots.add(ca).map_err(|e| {
-                Error::Config(format!("cluster.tls.ca_file {}: {e}", c.ca_file.display()))
+            roots.add(ca).map_err(|source| Error::Tls {
+                key: "cluster.tls.ca_file",
+                source,
             })?;
         }
         let roots = Arc::new(roots);
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
-            .map_err(|e| Error::Config(format!("cluster.tls.ca_file: {e}")))?;
+            .map_err(|e| Error::setting("cluster.tls.ca_file", e))?;
         let server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("cluster.tls: {e}")))?
+            .map_err(|source| Error::Tls {
+                key: "cluster.tls",
+                source,
+            })?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs.clone(), key.clone_key())
-            .map_err(|e| Error::Config(format!("cluster.tls.cert_file/key_file: {e}")))?;
+            .map_err(|source| Error::Tls {
+                key: "cluster.tls.cert_file/key_file",
+                source,
+            })?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("cluster.tls: {e}")))?
+            .map_err(|source| Error::Tls {
+                key: "cluster.tls",
+                source,
+            })?
             .with_root_certificates(roots)
             .with_client_auth_cert(certs, key)
-            .map_err(|e| Error::Config(format!("cluster.tls.cert_file/key_file: {e}")))?;
+            .map_err(|source| Error::Tls {
+                key: "cluster.tls.cert_file/key_file",
+                source,
+            })?;
         let server_name = ServerName::try_from(c.server_name.clone()).map_err(|e| {
-            Error::Config(format!("cluster.tls.server_name `{}`: {e}", c.server_name))
+            Error::setting("cluster.tls.server_name", format!("`{}`: {e}", c.server_name))
         })?;
         Ok(Self {
             acceptor: TlsAcceptor::from(Arc::new(server)),

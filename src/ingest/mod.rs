@@ -134,17 +134,17 @@ impl Upstream {
     }
 
     fn options(&self) -> Result<session::Options, crate::Error> {
-        let addr = UpstreamAddr::parse(&self.config.url).map_err(crate::Error::Config)?;
+        let addr = UpstreamAddr::parse(&self.config.url)
+            .map_err(|why| crate::Error::setting(format!("upstreams[{}].url", self.index), why))?;
         let credentials = match &self.config.username {
             Some(user) => {
                 let password = match (&self.config.password, &self.config.password_file) {
                     (Some(p), _) => p.clone(),
                     (None, Some(f)) => std::fs::read_to_string(f)
-                        .map_err(|e| {
-                            crate::Error::Config(format!(
-                                "upstreams[{}].password_file: {e}",
-                                self.index
-                            ))
+                        .map_err(|source| crate::Error::SettingFile {
+                            key: format!("upstreams[{}].password_file", self.index),
+                            path: f.clone(),
+                            source,
                         })?
                         .trim_end()
                         .to_string(),
@@ -168,10 +168,10 @@ impl Upstream {
                     rumqttc::TlsConfiguration::Rustls(c),
                 )),
                 (true, Err((key, why))) => {
-                    return Err(crate::Error::Config(format!(
-                        "upstreams[{}].{key}: {why}",
-                        self.index
-                    )))
+                    return Err(crate::Error::setting(
+                        format!("upstreams[{}].{key}", self.index),
+                        why,
+                    ))
                 }
             },
             max_packet: MAX_MQTT_PACKET,

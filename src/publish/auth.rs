@@ -65,11 +65,12 @@ pub fn provider(
         return Ok(Some(Box::new(TokenFile { path: f.clone() })));
     }
     if let Some(o) = &config.oauth2 {
-        let secret = std::fs::read_to_string(&o.client_secret_file).map_err(|e| {
-            Error::Config(format!(
-                "pulsar.oauth2.client_secret_file {}: {e}",
-                o.client_secret_file.display()
-            ))
+        let secret = std::fs::read_to_string(&o.client_secret_file).map_err(|source| {
+            Error::SettingFile {
+                key: "pulsar.oauth2.client_secret_file".into(),
+                path: o.client_secret_file.clone(),
+                source,
+            }
         })?;
         // The crate takes the client id and secret as a JSON document behind
         // a URL; a data: URL keeps the secret out of any file but the
@@ -100,9 +101,8 @@ pub async fn admin_token(config: &PulsarConfig) -> Result<Option<String>, Error>
     let Some(mut p) = provider(config)? else {
         return Ok(None);
     };
-    let failed = |e: AuthenticationError| Error::Publish(format!("pulsar credentials: {e}"));
-    p.initialize().await.map_err(failed)?;
-    let data = p.auth_data().await.map_err(failed)?;
+    p.initialize().await.map_err(Error::Credentials)?;
+    let data = p.auth_data().await.map_err(Error::Credentials)?;
     Ok(Some(String::from_utf8_lossy(&data).into_owned()))
 }
 

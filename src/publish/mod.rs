@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
 use crate::propose::Proposer;
-use crate::Error;
+use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
 
 /// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
@@ -102,8 +102,11 @@ pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Err
     if let Some(ca) = &config.ca_file {
         // Read here rather than by the crate, so that a bad file is named
         // with its config key.
-        let pem = std::fs::read(ca)
-            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?;
+        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
+            key: "pulsar.ca_file".into(),
+            path: ca.clone(),
+            source,
+        })?;
         builder = builder.with_certificate_chain(pem);
     }
     builder = builder.with_tls_hostname_verification_enabled(config.tls_hostname_verification);
@@ -115,10 +118,13 @@ fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
     let mut b =
         reqwest::Client::builder().timeout(Duration::from_millis(config.operation_timeout_ms));
     if let Some(ca) = &config.ca_file {
-        let pem = std::fs::read(ca)
-            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?;
+        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
+            key: "pulsar.ca_file".into(),
+            path: ca.clone(),
+            source,
+        })?;
         for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| Error::Config(format!("pulsar.ca_file {}: {e}", ca.display())))?
+            .map_err(|e| Error::setting("pulsar.ca_file", format!("{}: {e}", ca.display())))?
         {
             b = b.add_root_certificate(cert);
         }
@@ -126,7 +132,7 @@ fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
     if !config.tls_hostname_verification {
         b = b.danger_accept_invalid_hostnames(true);
     }
-    b.build().map_err(|e| Error::Publish(e.to_string()))
+    b.build().map_err(Error::Admin)
 }
 
 /// Why a leadership term's publishing ended.
@@ -413,10 +419,13 @@ impl Publisher {
             return Ok(false);
         };
         if *first != tp.next_seq {
-            return Err(Error::Publish(format!(
-                "{}: outbox starts at {first} but the next sequence is {}",
-                tp.topic, tp.next_seq
-            )));
+            return Err(Error::topic(
+                &tp.topic,
+                TopicProblem::OutboxGap {
+                    first: *first,
+                    next: tp.next_seq,
+                },
+            ));
         }
         let producer = tp.producer.as_mut().expect("producer set above");
         let started = Instant::now();
@@ -503,7 +512,7 @@ impl Admin {
         let url = config
             .admin_url
             .as_deref()
-            .ok_or_else(|| Error::Config("pulsar.admin_url is not set".into()))?
+            .ok_or_else(|| Error::setting("pulsar.admin_url", "is not set"))?
             .trim_end_matches('/')
             .to_string();
         Ok(Self {
@@ -517,7 +526,7 @@ impl Admin {
     pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
         let path = topic
             .strip_prefix("persistent://")
-            .ok_or_else(|| Error::Publish(format!("{topic}: not a persistent:// topic")))?;
+            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))?;
         let url = format!(
             "{}/admin/v2/persistent/{path}/deduplicationEnabled?applied=true",
             self.url
@@ -529,12 +538,12 @@ impl Admin {
         let body = request
             .send()
             .await
-            .map_err(|e| Error::Publish(e.to_string()))?
+            .map_err(Error::Admin)?
             .error_for_status()
-            .map_err(|e| Error::Publish(e.to_string()))?
+            .map_err(Error::Admin)?
             .text()
             .await
-            .map_err(|e| Error::Publish(e.to_string()))?;
+            .map_err(Error::Admin)?;
         Ok(body.trim() == "true")
     }
 }

@@ -12,7 +12,7 @@ use pulsar::proto::MessageIdData;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
 
 use super::props;
-use crate::Error;
+use crate::{Error, TopicProblem};
 
 /// Whether a last-message id means "the topic has no message".
 pub fn is_empty_marker(id: &MessageIdData) -> bool {
@@ -82,7 +82,7 @@ pub async fn last_seq(
         .await?
         .into_iter()
         .next()
-        .ok_or_else(|| Error::Publish(format!("{topic}: broker returned no last message id")))?;
+        .ok_or_else(|| Error::topic(topic, TopicProblem::NoLastMessageId))?;
     let _ = probe.close().await;
     if is_empty_marker(&last) {
         return Ok(None);
@@ -95,26 +95,19 @@ pub async fn last_seq(
             if (id.ledger_id, id.entry_id) < (last.ledger_id, last.entry_id) {
                 continue;
             }
-            let seq = props::get(msg.metadata(), props::SEQ).ok_or_else(|| {
-                Error::Publish(format!(
-                    "{topic}: last message has no {} property; is another producer writing here?",
-                    props::SEQ
-                ))
-            })?;
-            return seq.parse::<u64>().map(Some).map_err(|_| {
-                Error::Publish(format!("{topic}: last message has {}={seq:?}", props::SEQ))
-            });
+            let seq = props::get(msg.metadata(), props::SEQ)
+                .ok_or_else(|| Error::topic(topic, TopicProblem::NoSequence))?;
+            return seq
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| Error::topic(topic, TopicProblem::BadSequence(seq.to_string())));
         }
-        Err(Error::Publish(format!(
-            "{topic}: reader closed before the last message"
-        )))
+        Err(Error::topic(topic, TopicProblem::ReaderClosed))
     })
     .await;
     let _ = consumer.close().await;
     match result {
         Ok(r) => r,
-        Err(_) => Err(Error::Publish(format!(
-            "{topic}: timed out reading the last message"
-        ))),
+        Err(_) => Err(Error::topic(topic, TopicProblem::TailTimedOut)),
     }
 }

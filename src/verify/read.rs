@@ -8,7 +8,7 @@ use futures::StreamExt;
 use super::{Audit, Report, Seen};
 use crate::config::PulsarConfig;
 use crate::publish::{props, tail};
-use crate::Error;
+use crate::{Error, TopicProblem};
 
 /// Reads `topic` and audits it. `progress` is called every `every` messages.
 pub async fn verify_topic(
@@ -24,7 +24,7 @@ pub async fn verify_topic(
         .await?
         .into_iter()
         .next()
-        .ok_or_else(|| Error::Publish(format!("{topic}: broker returned no last message id")))?;
+        .ok_or_else(|| Error::topic(topic, TopicProblem::NoLastMessageId))?;
     let mut audit = Audit::new(topic);
     if tail::is_empty_marker(&last) {
         let _ = consumer.close().await;
@@ -39,10 +39,15 @@ pub async fn verify_topic(
             Ok(Some(m)) => m?,
             Ok(None) => break,
             Err(_) => {
-                return Err(Error::Publish(format!(
-                    "{topic}: no message for {idle:?} before reaching the last one ({}:{}); read {count}",
-                    end.0, end.1
-                )))
+                return Err(Error::topic(
+                    topic,
+                    TopicProblem::Stalled {
+                        idle,
+                        ledger: end.0,
+                        entry: end.1,
+                        count,
+                    },
+                ))
             }
         };
         let id = msg.message_id();

@@ -36,7 +36,7 @@ pub enum StoreError {
     Sled(#[from] sled::Error),
     /// A value could not be encoded or decoded.
     #[error("encoding: {0}")]
-    Codec(String),
+    Codec(#[from] bincode::Error),
     /// The data on disk is not what this version wrote.
     #[error("corrupt state: {0}")]
     Corrupt(String),

@@ -303,7 +303,7 @@ impl Memory {
         // change. Their records are deleted at the next checkpoint.
         let mut inline = Vec::new();
         for (k, v) in disk.inline(topic, before + 1, upto)? {
-            let m = OutboxMessage::decode(&v).map_err(|e| StoreError::Codec(e.to_string()))?;
+            let m = OutboxMessage::decode(&v)?;
             inline.push((k, window::outbox_charge(&m.mqtt_topic, &m.payload)));
         }
         let totals = &mut self.head.totals;

@@ -83,11 +83,11 @@ impl std::fmt::Debug for StateStore {
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-    bincode::serialize(value).map_err(|e| StoreError::Codec(e.to_string()))
+    Ok(bincode::serialize(value)?)
 }
 
 fn decode<T: DeserializeOwned>(raw: &[u8]) -> Result<T, StoreError> {
-    bincode::deserialize(raw).map_err(|e| StoreError::Codec(e.to_string()))
+    Ok(bincode::deserialize(raw)?)
 }
 
 fn corrupt(what: &str) -> StoreError {

@@ -62,7 +62,7 @@ impl StateStore {
         for item in self.inline.range(range).take(limit) {
             let (k, v) = item?;
             let seq = window::outbox_seq(&k).ok_or_else(|| corrupt("outbox key"))?;
-            let m = OutboxMessage::decode(&v).map_err(|e| StoreError::Codec(e.to_string()))?;
+            let m = OutboxMessage::decode(&v)?;
             out.push((seq, OutboxItem::Inline(m)));
         }
         let next = out.last().map_or(from, |(s, _)| s + 1);
