@@ -91,7 +91,10 @@ pub enum Error {
     Admin(#[source] reqwest::Error),
     /// A Pulsar topic is not as firstseen left it, or could not be read.
     #[error("{topic}: {problem}")]
-    Topic { topic: String, problem: TopicProblem },
+    Topic {
+        topic: String,
+        problem: TopicProblem,
+    },
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -140,7 +143,9 @@ pub enum TopicProblem {
     ReaderClosed,
     #[error("timed out reading the last message")]
     TailTimedOut,
-    #[error("no message for {idle:?} before reaching the last one ({ledger}:{entry}); read {count}")]
+    #[error(
+        "no message for {idle:?} before reaching the last one ({ledger}:{entry}); read {count}"
+    )]
     Stalled {
         idle: std::time::Duration,
         ledger: u64,

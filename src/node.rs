@@ -16,6 +16,7 @@ use crate::ingest::route::Route;
 use crate::ingest::Upstream;
 use crate::propose::coalesce::{self, Coalescer};
 use crate::propose::Proposer;
+use crate::publish::adapter::{PulsarBroker, RaftGroup, StateOutbox};
 use crate::publish::Publisher;
 use crate::supervise::Supervisor;
 use crate::Error;
@@ -202,16 +203,25 @@ pub async fn run(
     let publisher = tasks.spawn(
         "publisher",
         Publisher {
-            raft: cluster.raft.clone(),
-            proposer: proposer.clone(),
-            state: cluster.state.clone(),
-            outbox: cluster.outbox.clone(),
+            broker: PulsarBroker {
+                config: config.pulsar.clone(),
+                state: cluster.state.clone(),
+            },
+            group: RaftGroup {
+                raft: cluster.raft.clone(),
+                proposer: proposer.clone(),
+                liveness: cluster.liveness.clone(),
+                lease_timeout: cluster.timing.confirm_timeout(),
+                metrics: cluster.raft.metrics(),
+            },
+            outbox: StateOutbox {
+                state: cluster.state.clone(),
+                outbox: cluster.outbox.clone(),
+            },
             node_id: config.node.id,
-            config: config.pulsar.clone(),
+            batch: config.pulsar.publish_batch,
             shutdown: services.clone(),
             disk: disk.clone(),
-            liveness: cluster.liveness.clone(),
-            lease_timeout: cluster.timing.confirm_timeout(),
         }
         .run(),
     );

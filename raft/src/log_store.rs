@@ -244,9 +244,7 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
 pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
     let meta = db.sled().open_tree("raft_meta")?;
     match meta.get(LAST_PURGED)? {
-        Some(raw) => Ok(Some(
-            bincode::deserialize::<LogId<NodeId>>(&raw)?,
-        )),
+        Some(raw) => Ok(Some(bincode::deserialize::<LogId<NodeId>>(&raw)?)),
         None => Ok(None),
     }
 }
@@ -267,9 +265,7 @@ impl LogStore {
         // Stored as a bare LogId by `purge`: decoding it as an Option once
         // read the term's first byte as the tag, and failed from term 2 on.
         let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
-            Some(raw) => {
-                Some(bincode::deserialize::<LogId<NodeId>>(&raw)?)
-            }
+            Some(raw) => Some(bincode::deserialize::<LogId<NodeId>>(&raw)?),
             None => None,
         };
         let log = sled.open_tree("raft_log")?;
@@ -279,8 +275,7 @@ impl LogStore {
         };
         let last_entry: Option<LogId<NodeId>> = match log.last()? {
             Some((_, raw)) => {
-                let e: Entry<TypeConfig> =
-                    bincode::deserialize(&raw)?;
+                let e: Entry<TypeConfig> = bincode::deserialize(&raw)?;
                 Some(e.log_id)
             }
             None => None,

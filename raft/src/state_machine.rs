@@ -128,8 +128,7 @@ impl StateMachine {
             }
         }
         let (last_applied, membership) = match store.applied_marker()? {
-            Some(raw) => bincode::deserialize::<AppliedMarker>(&raw)
-                .map_err(RaftError::Codec)?,
+            Some(raw) => bincode::deserialize::<AppliedMarker>(&raw).map_err(RaftError::Codec)?,
             None => (None, StoredMembership::default()),
         };
         Ok(Self {

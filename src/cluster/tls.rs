@@ -39,8 +39,8 @@ impl PeerTls {
     pub fn load(c: &TlsConfig) -> Result<Self, Error> {
         let provider = crate::pem::provider();
         let certs = read_certs(&c.cert_file, "cluster.tls.cert_file")?;
-        let key = crate::pem::key(&c.key_file)
-            .map_err(|e| Error::setting("cluster.tls.key_file", e))?;
+        let key =
+            crate::pem::key(&c.key_file).map_err(|e| Error::setting("cluster.tls.key_file", e))?;
         let mut roots = RootCertStore::empty();
         for ca in read_certs(&c.ca_file, "cluster.tls.ca_file")? {
             roots.add(ca).map_err(|source| Error::Tls {
@@ -77,7 +77,10 @@ impl PeerTls {
                 source,
             })?;
         let server_name = ServerName::try_from(c.server_name.clone()).map_err(|e| {
-            Error::setting("cluster.tls.server_name", format!("`{}`: {e}", c.server_name))
+            Error::setting(
+                "cluster.tls.server_name",
+                format!("`{}`: {e}", c.server_name),
+            )
         })?;
         Ok(Self {
             acceptor: TlsAcceptor::from(Arc::new(server)),

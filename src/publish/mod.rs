@@ -16,29 +16,26 @@
 //!    the background, so
 //!    every node trims its outbox.
 
+pub mod adapter;
 pub mod auth;
 pub mod policy;
+pub mod port;
 pub mod props;
 pub mod tail;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use firstseen_raft::Raft;
-use firstseen_store::{OutboxMessage, StateStore};
-use pulsar::producer::ProducerOptions;
-use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Producer, Pulsar, TokioExecutor};
+use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Pulsar, TokioExecutor};
+// Tokio's clock, not the system's: it is the same in a node, and it is the
+// simulated clock in the simulation.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
-use crate::propose::Proposer;
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
-
-/// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
-/// `ExclusiveWithFencing`, because a paused old leader's automatic
-/// re-creation would then fence the true leader.
-const ACCESS_EXCLUSIVE: i32 = 1;
+use port::{Broker, Group, Outbox, Receipt, Session};
 
 /// Batches sent per topic before the oldest one's receipts are awaited. With
 /// one, every batch waited out a broker round trip (and a bookie fsync)
@@ -50,32 +47,27 @@ const MAX_IN_FLIGHT: usize = 4;
 
 /// A batch sent and not yet confirmed.
 struct InFlight {
-    receipts: Vec<pulsar::producer::SendFuture>,
+    receipts: Vec<Receipt>,
     /// Last sequence in the batch.
     last: u64,
     messages: u64,
     started: Instant,
 }
 
-/// The leader-only publisher task.
-pub struct Publisher {
-    pub raft: Raft,
-    /// Appends the receipts (`Published{topic, seq}`).
-    pub proposer: Proposer,
-    pub state: StateStore,
-    /// Reads unpublished messages, payloads from the Raft log.
-    pub outbox: firstseen_raft::Outbox,
+/// The leader-only publisher task, over the broker, the group and the
+/// outbox it is given ([`adapter`] has the node's; the simulation has
+/// models).
+pub struct Publisher<B: Broker, G: Group, O: Outbox> {
+    pub broker: B,
+    pub group: G,
+    pub outbox: O,
     pub node_id: u64,
-    pub config: PulsarConfig,
+    /// Messages per batch (`pulsar.publish_batch`).
+    pub batch: usize,
     pub shutdown: CancellationToken,
     /// A leader whose disk is low stops publishing, so that it stops
     /// confirming its lease and the others elect one with room.
     pub disk: std::sync::Arc<crate::diskspace::DiskSpace>,
-    /// Lease confirmations are recorded here, for readiness.
-    pub liveness: std::sync::Arc<crate::cluster::liveness::Liveness>,
-    /// Longest wait for a quorum to confirm the lease: below the election
-    /// timeout, so a leader cut off lets go before a successor can exist.
-    pub lease_timeout: Duration,
 }
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
@@ -143,9 +135,9 @@ enum TermEnd {
 }
 
 /// Publishing state of one topic within a term.
-struct TopicPublisher {
+struct TopicPublisher<P> {
     topic: String,
-    producer: Option<Producer<TokioExecutor>>,
+    producer: Option<P>,
     /// Next sequence to send; valid only while `producer` is `Some`.
     next_seq: u64,
     /// Sent batches, oldest first.
@@ -159,7 +151,7 @@ struct TopicPublisher {
     proposed_at: Option<Instant>,
 }
 
-impl TopicPublisher {
+impl<P> TopicPublisher<P> {
     fn new(topic: String) -> Self {
         Self {
             topic,
@@ -176,7 +168,7 @@ impl TopicPublisher {
 
     /// Proposes the confirmed watermark through Raft if it moved, and, unless
     /// `now` is set, if the last proposal is [`policy::WATERMARK_EVERY`] old.
-    fn propose_watermark(&mut self, proposer: &Proposer, now: bool) {
+    fn propose_watermark(&mut self, group: &impl Group, now: bool) {
         let since_last = self.proposed_at.map(|t| t.elapsed());
         if !policy::watermark_due(self.confirmed, self.proposed, since_last, now) {
             return;
@@ -185,7 +177,7 @@ impl TopicPublisher {
         self.proposed_at = Some(Instant::now());
         // Committed in the background: the next batch need not wait for it.
         // Apply keeps the larger of two watermarks whatever their order.
-        proposer.watermark(self.topic.clone(), self.confirmed);
+        group.watermark(self.topic.clone(), self.confirmed);
     }
 
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
@@ -201,14 +193,14 @@ impl TopicPublisher {
     }
 }
 
-impl TopicPublisher {
+impl<P> TopicPublisher<P> {
     /// Awaits every receipt of the oldest batch in flight. Returns the last
     /// sequence now in Pulsar, or `None` if nothing was in flight.
     async fn settle_oldest(&mut self) -> Option<Result<u64, Error>> {
         let batch = self.in_flight.pop_front()?;
         for r in batch.receipts {
             if let Err(e) = r.await {
-                return Some(Err(e.into()));
+                return Some(Err(e));
             }
         }
         metrics::counter!("firstseen_published_total").increment(batch.messages);
@@ -218,21 +210,17 @@ impl TopicPublisher {
     }
 }
 
-impl Publisher {
+impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
     /// Runs until shutdown, publishing whenever this node leads.
-    pub async fn run(self) {
-        let mut metrics_rx = self.raft.metrics();
+    pub async fn run(mut self) {
         loop {
             if self.shutdown.is_cancelled() {
                 break;
             }
-            let (term, leader) = {
-                let m = metrics_rx.borrow_and_update();
-                (m.current_term, m.current_leader)
-            };
+            let (term, leader) = self.group.leadership();
             if leader != Some(self.node_id) {
                 tokio::select! {
-                    _ = metrics_rx.changed() => {}
+                    _ = self.group.changed() => {}
                     _ = self.shutdown.cancelled() => break,
                 }
                 continue;
@@ -245,7 +233,7 @@ impl Publisher {
                 continue;
             }
             tracing::info!(term, "leading: publisher starting");
-            match self.lead(term, &mut metrics_rx).await {
+            match self.lead(term).await {
                 Ok(TermEnd::Shutdown) => break,
                 Ok(TermEnd::LostLease) => {
                     tracing::info!(term, "publisher stopped: leadership lease not confirmed");
@@ -270,25 +258,16 @@ impl Publisher {
 
     /// Publishes for one leadership term. Everything it holds (client,
     /// producers and their pending queues) is dropped when it returns.
-    async fn lead(
-        &self,
-        term: u64,
-        metrics_rx: &mut tokio::sync::watch::Receiver<
-            openraft::RaftMetrics<u64, firstseen_raft::Member>,
-        >,
-    ) -> Result<TermEnd, Error> {
-        let pulsar = connect(&self.config).await?;
-        self.check_broker_dedup().await;
-        let mut topics: BTreeMap<String, TopicPublisher> = BTreeMap::new();
+    async fn lead(&mut self, term: u64) -> Result<TermEnd, Error> {
+        let session = self.broker.connect().await?;
+        let mut topics: BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>> =
+            BTreeMap::new();
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(TermEnd::Shutdown);
             }
-            {
-                let m = metrics_rx.borrow_and_update();
-                if m.current_term != term || m.current_leader != Some(self.node_id) {
-                    return Ok(TermEnd::LostLease);
-                }
+            if self.group.leadership() != (term, Some(self.node_id)) {
+                return Ok(TermEnd::LostLease);
             }
             if self.disk.is_low() {
                 tracing::warn!(
@@ -298,7 +277,7 @@ impl Publisher {
                 return Ok(TermEnd::LostLease);
             }
             let mut worked = false;
-            for (name, st) in self.state.topics()? {
+            for (name, st) in self.outbox.topics()? {
                 let tp = topics
                     .entry(name.clone())
                     .or_insert_with(|| TopicPublisher::new(name));
@@ -313,10 +292,10 @@ impl Publisher {
                 if unsent && tp.in_flight.len() < MAX_IN_FLIGHT {
                     // The lease, confirmed with a quorum before every batch:
                     // a leader that was paused or cut off stops here.
-                    if !self.confirm_lease().await {
+                    if !self.group.confirm_lease().await {
                         return Ok(TermEnd::LostLease);
                     }
-                    match self.send_batch(&pulsar, tp, term).await {
+                    match self.send_batch(&session, tp, term).await {
                         Ok(s) => sent = s,
                         Err(e) => {
                             tp.fail(&e);
@@ -337,7 +316,7 @@ impl Publisher {
                         // It may lag what is in Pulsar, which is safe: a new
                         // publisher resumes after max(tail, watermark).
                         tp.confirmed = tp.confirmed.max(upto);
-                        tp.propose_watermark(&self.proposer, false);
+                        tp.propose_watermark(&self.group, false);
                     }
                     Some(Err(e)) => tp.fail(&e),
                 }
@@ -345,18 +324,18 @@ impl Publisher {
             if !worked {
                 // Idle: the watermarks held back while busy go now.
                 for tp in topics.values_mut() {
-                    tp.propose_watermark(&self.proposer, true);
+                    tp.propose_watermark(&self.group, true);
                 }
                 // An idle publisher still holds its producers, which keeps a
                 // successor's exclusive producers out. So the lease is also
                 // confirmed on a timer: a leader cut off from its peers lets
                 // go of Pulsar even when it has nothing to send.
                 let holding = topics.values().any(|t| t.producer.is_some());
-                if holding && !self.confirm_lease().await {
+                if holding && !self.group.confirm_lease().await {
                     return Ok(TermEnd::LostLease);
                 }
                 tokio::select! {
-                    _ = metrics_rx.changed() => {}
+                    _ = self.group.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                     _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
                 }
@@ -364,26 +343,12 @@ impl Publisher {
         }
     }
 
-    /// Confirms leadership with a quorum. Without a quorum the confirmation
-    /// may never answer, so it is bounded by less than an election timeout:
-    /// by then a majority elsewhere may already have a new leader.
-    async fn confirm_lease(&self) -> bool {
-        let ok = matches!(
-            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
-            Ok(Ok(_))
-        );
-        if ok {
-            self.liveness.lease_confirmed();
-        }
-        ok
-    }
-
     /// Sends the next batch of one topic without awaiting its receipts.
     /// Returns whether there was anything to send.
     async fn send_batch(
         &self,
-        pulsar: &Pulsar<TokioExecutor>,
-        tp: &mut TopicPublisher,
+        session: &B::Session,
+        tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
         term: u64,
     ) -> Result<bool, Error> {
         if tp.producer.is_none() {
@@ -393,28 +358,15 @@ impl Publisher {
                 term,
                 tail::scratch_subscription("p")
             );
-            let producer = pulsar
-                .producer()
-                .with_topic(tp.topic.clone())
-                .with_name(name.clone())
-                .with_options(ProducerOptions {
-                    access_mode: Some(ACCESS_EXCLUSIVE),
-                    block_queue_if_full: true,
-                    ..Default::default()
-                })
-                .build()
-                .await?;
+            let producer = session.exclusive(&tp.topic, &name).await?;
             // Only now, holding exclusive access, is the tail stable.
-            let wait = Duration::from_millis(self.config.operation_timeout_ms);
-            let tail_seq = tail::last_seq(pulsar, &tp.topic, wait).await?;
-            let watermark = self.state.topic_state(&tp.topic)?.published_seq;
+            let tail_seq = session.last_seq(&tp.topic).await?;
+            let watermark = self.outbox.topic(&tp.topic)?.published_seq;
             tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
             tp.producer = Some(producer);
         }
-        let batch = self
-            .outbox
-            .read(&tp.topic, tp.next_seq, self.config.publish_batch)?;
+        let batch = self.outbox.read(&tp.topic, tp.next_seq, self.batch)?;
         let Some((first, _)) = batch.first() else {
             return Ok(false);
         };
@@ -432,7 +384,7 @@ impl Publisher {
         let mut receipts = Vec::with_capacity(batch.len());
         let mut last = tp.next_seq;
         for (seq, m) in batch {
-            receipts.push(send(producer, seq, m).await?);
+            receipts.push(session.send(producer, seq, m).await?);
             last = seq;
         }
         tp.in_flight.push_back(InFlight {
@@ -444,59 +396,6 @@ impl Publisher {
         tp.next_seq = last + 1;
         Ok(true)
     }
-
-    /// Warns once per term when the namespace does not deduplicate: without
-    /// it, a resend by the crate after a reconnect can duplicate a message.
-    async fn check_broker_dedup(&self) {
-        if self.config.admin_url.is_none() {
-            return;
-        }
-        // One client and one token for every topic: with OAuth2 each token
-        // is a request to the issuer.
-        let admin = match Admin::new(&self.config).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not check broker deduplication");
-                return;
-            }
-        };
-        let topics = self.state.topics().unwrap_or_default();
-        for (topic, _) in topics.iter().take(8) {
-            match admin.dedup_enabled(topic).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(topic = %topic, "broker deduplication is off for this topic; see docs/exactly-once.md")
-                }
-                Err(e) => {
-                    tracing::warn!(topic = %topic, error = %e, "could not check broker deduplication")
-                }
-            }
-        }
-    }
-}
-
-async fn send(
-    producer: &mut Producer<TokioExecutor>,
-    seq: u64,
-    m: OutboxMessage,
-) -> Result<pulsar::producer::SendFuture, Error> {
-    let key = hex::encode(m.key);
-    let mut message = producer
-        .create_message()
-        .with_content(m.payload)
-        .with_key(key.clone())
-        .with_property(props::SEQ, seq.to_string())
-        .with_property(props::KEY, key)
-        .with_property(props::MQTT_TOPIC, m.mqtt_topic)
-        .with_property(props::NODE, m.node.to_string())
-        .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
-        .event_time(m.first_seen_ms);
-    if let Some(p) = &m.properties {
-        for (k, v) in props::mqtt5(p) {
-            message = message.with_property(k, v);
-        }
-    }
-    Ok(message.send_non_blocking().await?)
 }
 
 /// The admin REST API, with the same CA and credentials as the broker

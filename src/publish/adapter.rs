@@ -1,0 +1,211 @@
+//! The publisher's ports as a node has them: Pulsar through the `pulsar`
+//! crate, the group through openraft and the proposer, the outbox through
+//! the replicated state and the Raft log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use firstseen_raft::{Member, Raft};
+use firstseen_store::{OutboxMessage, StateStore, TopicState};
+use openraft::RaftMetrics;
+use pulsar::producer::ProducerOptions;
+use pulsar::{Producer, Pulsar, TokioExecutor};
+use tokio::sync::watch;
+
+use super::port::{Broker, Group, Outbox, Receipt, Session};
+use super::{connect, props, tail, Admin};
+use crate::cluster::liveness::Liveness;
+use crate::config::PulsarConfig;
+use crate::propose::Proposer;
+use crate::Error;
+
+/// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
+/// `ExclusiveWithFencing`, because a paused old leader's automatic
+/// re-creation would then fence the true leader.
+const ACCESS_EXCLUSIVE: i32 = 1;
+
+/// Pulsar, as configured in `[pulsar]`.
+pub struct PulsarBroker {
+    pub config: PulsarConfig,
+    /// The topics whose broker-side deduplication is checked at connect.
+    pub state: StateStore,
+}
+
+impl Broker for PulsarBroker {
+    type Session = PulsarSession;
+
+    async fn connect(&self) -> Result<PulsarSession, Error> {
+        let client = connect(&self.config).await?;
+        self.check_broker_dedup().await;
+        Ok(PulsarSession {
+            client,
+            wait: Duration::from_millis(self.config.operation_timeout_ms),
+        })
+    }
+}
+
+impl PulsarBroker {
+    /// Warns once per term when the namespace does not deduplicate: without
+    /// it, a resend by the crate after a reconnect can duplicate a message.
+    async fn check_broker_dedup(&self) {
+        if self.config.admin_url.is_none() {
+            return;
+        }
+        // One client and one token for every topic: with OAuth2 each token
+        // is a request to the issuer.
+        let admin = match Admin::new(&self.config).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check broker deduplication");
+                return;
+            }
+        };
+        let topics = self.state.topics().unwrap_or_default();
+        for (topic, _) in topics.iter().take(8) {
+            match admin.dedup_enabled(topic).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(topic = %topic, "broker deduplication is off for this topic; see docs/exactly-once.md")
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %topic, error = %e, "could not check broker deduplication")
+                }
+            }
+        }
+    }
+}
+
+/// One Pulsar client, for one leadership term.
+pub struct PulsarSession {
+    client: Pulsar<TokioExecutor>,
+    /// Longest wait for the tail's last message.
+    wait: Duration,
+}
+
+impl Session for PulsarSession {
+    type Producer = Producer<TokioExecutor>;
+
+    async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, Error> {
+        Ok(self
+            .client
+            .producer()
+            .with_topic(topic)
+            .with_name(name)
+            .with_options(ProducerOptions {
+                access_mode: Some(ACCESS_EXCLUSIVE),
+                block_queue_if_full: true,
+                ..Default::default()
+            })
+            .build()
+            .await?)
+    }
+
+    async fn last_seq(&self, topic: &str) -> Result<Option<u64>, Error> {
+        tail::last_seq(&self.client, topic, self.wait).await
+    }
+
+    async fn send(
+        &self,
+        producer: &mut Self::Producer,
+        seq: u64,
+        message: OutboxMessage,
+    ) -> Result<Receipt, Error> {
+        let receipt = send(producer, seq, message).await?;
+        Ok(Box::pin(async move {
+            receipt.await.map(|_| ()).map_err(Error::from)
+        }))
+    }
+}
+
+async fn send(
+    producer: &mut Producer<TokioExecutor>,
+    seq: u64,
+    m: OutboxMessage,
+) -> Result<pulsar::producer::SendFuture, Error> {
+    let key = hex::encode(m.key);
+    let mut message = producer
+        .create_message()
+        .with_content(m.payload)
+        .with_key(key.clone())
+        .with_property(props::SEQ, seq.to_string())
+        .with_property(props::KEY, key)
+        .with_property(props::MQTT_TOPIC, m.mqtt_topic)
+        .with_property(props::NODE, m.node.to_string())
+        .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
+        .event_time(m.first_seen_ms);
+    if let Some(p) = &m.properties {
+        for (k, v) in props::mqtt5(p) {
+            message = message.with_property(k, v);
+        }
+    }
+    Ok(message.send_non_blocking().await?)
+}
+
+/// The Raft group through openraft, with receipts proposed through the
+/// node's proposer.
+pub struct RaftGroup {
+    pub raft: Raft,
+    pub proposer: Proposer,
+    /// Lease confirmations are recorded here, for readiness.
+    pub liveness: Arc<Liveness>,
+    /// Longest wait for a quorum to confirm the lease: below the election
+    /// timeout, so a leader cut off lets go before a successor can exist.
+    pub lease_timeout: Duration,
+    pub metrics: watch::Receiver<RaftMetrics<u64, Member>>,
+}
+
+impl Group for RaftGroup {
+    fn leadership(&self) -> (u64, Option<u64>) {
+        let m = self.metrics.borrow();
+        (m.current_term, m.current_leader)
+    }
+
+    async fn changed(&mut self) {
+        if self.metrics.changed().await.is_err() {
+            // openraft's core stopped (a storage error): nothing changes any
+            // more, and the storage watchdog stops the node. Waiting here
+            // keeps the publisher from spinning until it does.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    async fn confirm_lease(&self) -> bool {
+        let ok = matches!(
+            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
+            Ok(Ok(_))
+        );
+        if ok {
+            self.liveness.lease_confirmed();
+        }
+        ok
+    }
+
+    fn watermark(&self, topic: String, seq: u64) {
+        self.proposer.watermark(topic, seq);
+    }
+}
+
+/// The outbox in the replicated state, payloads read from the Raft log.
+pub struct StateOutbox {
+    pub state: StateStore,
+    pub outbox: firstseen_raft::Outbox,
+}
+
+impl Outbox for StateOutbox {
+    fn topics(&self) -> Result<Vec<(String, TopicState)>, Error> {
+        Ok(self.state.topics()?)
+    }
+
+    fn topic(&self, topic: &str) -> Result<TopicState, Error> {
+        Ok(self.state.topic_state(topic)?)
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, OutboxMessage)>, Error> {
+        Ok(self.outbox.read(topic, from, limit)?)
+    }
+}

@@ -1,0 +1,92 @@
+//! What the publisher needs from the outside world, as traits.
+//!
+//! The publisher's protocol (leader only, lease before each batch, exclusive
+//! producer, resume after the tail, receipts oldest first, watermarks) talks
+//! to three things: the broker, the Raft group and the replicated outbox.
+//! Here they are traits, so that the same publisher runs against Pulsar and
+//! openraft in a node (`adapter.rs`) and against models of them in the
+//! simulation (`tests/simulate_publish.rs`), where thousands of seeded
+//! schedules of leader changes, pauses and lost receipts run in seconds.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use firstseen_store::{OutboxMessage, TopicState};
+
+use crate::Error;
+
+/// Resolves once the broker has persisted one message, or fails when it
+/// will never say so (the connection or the producer is gone: the message
+/// may or may not be in the topic).
+pub type Receipt = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+
+/// The broker (Pulsar).
+pub trait Broker: Send + Sync {
+    /// One connection to the broker, held for a leadership term.
+    type Session: Session;
+
+    /// Connects for a new term.
+    fn connect(&self) -> impl Future<Output = Result<Self::Session, Error>> + Send;
+}
+
+/// A connection to the broker.
+pub trait Session: Send + Sync {
+    /// A producer with exclusive access to one topic.
+    type Producer: Send;
+
+    /// Takes exclusive access to `topic` under `name`. Refused while another
+    /// producer holds it, with an error that [`super::policy::held_elsewhere`]
+    /// recognises.
+    fn exclusive(
+        &self,
+        topic: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Self::Producer, Error>> + Send;
+
+    /// The `firstseen-seq` of the topic's last message, `None` when it has
+    /// none. Read while holding the topic's producer, so it cannot move.
+    fn last_seq(&self, topic: &str) -> impl Future<Output = Result<Option<u64>, Error>> + Send;
+
+    /// Queues message `seq` on `producer`. Messages are persisted in the
+    /// order they are queued; the receipt says when this one is.
+    fn send(
+        &self,
+        producer: &mut Self::Producer,
+        seq: u64,
+        message: OutboxMessage,
+    ) -> impl Future<Output = Result<Receipt, Error>> + Send;
+}
+
+/// The Raft group, as the publisher of one node sees it.
+pub trait Group: Send + Sync {
+    /// The current term, and the leader this node knows of.
+    fn leadership(&self) -> (u64, Option<u64>);
+
+    /// Waits until [`Group::leadership`] may have changed.
+    fn changed(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// Whether a quorum still follows this node as leader. Bounded by less
+    /// than an election timeout, so a leader cut off lets go before a
+    /// successor can exist.
+    fn confirm_lease(&self) -> impl Future<Output = bool> + Send;
+
+    /// Proposes the receipt `Published{topic, seq}` without waiting for it.
+    fn watermark(&self, topic: String, seq: u64);
+}
+
+/// The replicated outbox: messages with a sequence, not yet published.
+pub trait Outbox: Send + Sync {
+    /// Every topic with its last assigned and last published sequence.
+    fn topics(&self) -> Result<Vec<(String, TopicState)>, Error>;
+
+    /// One topic's last assigned and last published sequence.
+    fn topic(&self, topic: &str) -> Result<TopicState, Error>;
+
+    /// Up to `limit` messages of `topic` from sequence `from` on, in order.
+    fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, OutboxMessage)>, Error>;
+}
