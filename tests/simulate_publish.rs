@@ -270,8 +270,8 @@ struct SimGroup {
 }
 
 impl Group for SimGroup {
-    fn leadership(&self) -> (u64, Option<u64>) {
-        *self.view.borrow()
+    fn leadership(&mut self) -> (u64, Option<u64>) {
+        *self.view.borrow_and_update()
     }
 
     async fn changed(&mut self) {

@@ -155,8 +155,11 @@ pub struct RaftGroup {
 }
 
 impl Group for RaftGroup {
-    fn leadership(&self) -> (u64, Option<u64>) {
-        let m = self.metrics.borrow();
+    fn leadership(&mut self) -> (u64, Option<u64>) {
+        // Marked seen: `changed` then waits for the next change instead of
+        // returning at once for one the publisher has already acted on (an
+        // idle publisher confirms its lease on each wake-up).
+        let m = self.metrics.borrow_and_update();
         (m.current_term, m.current_leader)
     }
 

@@ -59,10 +59,12 @@ pub trait Session: Send + Sync {
 
 /// The Raft group, as the publisher of one node sees it.
 pub trait Group: Send + Sync {
-    /// The current term, and the leader this node knows of.
-    fn leadership(&self) -> (u64, Option<u64>);
+    /// The current term, and the leader this node knows of. What it returns
+    /// counts as seen by [`Group::changed`].
+    fn leadership(&mut self) -> (u64, Option<u64>);
 
-    /// Waits until [`Group::leadership`] may have changed.
+    /// Waits until [`Group::leadership`] may have changed since it was last
+    /// read.
     fn changed(&mut self) -> impl Future<Output = ()> + Send;
 
     /// Whether a quorum still follows this node as leader. Bounded by less
