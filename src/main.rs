@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use firstseen::config::{Config, PulsarConfig};
+use firstseen::http::Status;
 use tokio_util::sync::CancellationToken;
 
 // The profile at 4,000 msg/s spent ~16% of each node's time in glibc malloc
@@ -472,7 +473,7 @@ async fn status(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>) 
     };
     let body = match client.get(&endpoint).send().await {
         Ok(r) => match r.error_for_status() {
-            Ok(r) => r.json::<serde_json::Value>().await,
+            Ok(r) => r.text().await,
             Err(e) => {
                 eprintln!("error: {endpoint}: {e}");
                 return ExitCode::from(2);
@@ -483,7 +484,10 @@ async fn status(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>) 
             return ExitCode::from(2);
         }
     };
-    let s = match body {
+    let parsed = body
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_str::<Status>(&b).map_err(|e| e.to_string()));
+    let s = match parsed {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {endpoint} did not return status JSON: {e}");
@@ -494,90 +498,74 @@ async fn status(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>) 
         println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
-    let t = &s["totals"];
+    let t = &s.totals;
     if brief {
-        let published: u64 = s["topics"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|tp| tp["published_seq"].as_u64().unwrap_or(0))
-            .sum();
+        let published: u64 = s.topics.iter().map(|tp| tp.published_seq).sum();
         println!(
             "received {:>7}  duplicates dropped {:>7}  first copies {:>6}  in Pulsar {:>6}  outbox {:>6}  leader {}",
-            v(&t["observed"]),
-            v(&t["duplicates"]),
-            v(&t["window_keys"]),
+            t.observed,
+            t.duplicates,
+            t.window_keys,
             published,
-            v(&t["outbox_messages"]),
-            v(&s["leader"])
+            t.outbox_messages,
+            or_dash(s.leader)
         );
         return ExitCode::SUCCESS;
     }
     println!(
         "node {} (zone {})  leader {}  term {}  applied {}",
-        v(&s["node"]),
-        v(&s["zone"]),
-        v(&s["leader"]),
-        v(&s["term"]),
-        v(&s["last_applied"])
+        s.node,
+        s.zone,
+        or_dash(s.leader),
+        s.term,
+        or_dash(s.last_applied)
     );
     println!(
         "observed {}  duplicates {}  window keys {}  outbox {} msgs / {} bytes",
-        v(&t["observed"]),
-        v(&t["duplicates"]),
-        v(&t["window_keys"]),
-        v(&t["outbox_messages"]),
-        v(&t["outbox_bytes"])
+        t.observed, t.duplicates, t.window_keys, t.outbox_messages, t.outbox_bytes
     );
     println!(
         "\n{:<24} {:>10} {:>10}  last error",
         "upstream", "connected", "received"
     );
-    for u in s["upstreams"].as_array().into_iter().flatten() {
+    for u in &s.upstreams {
         println!(
             "{:<24} {:>10} {:>10}  {}",
-            v(&u["name"]),
-            v(&u["connected"]),
-            v(&u["received"]),
-            v(&u["last_error"])
+            u.name,
+            u.connected,
+            u.received,
+            or_dash(u.last_error.as_ref())
         );
     }
     println!(
         "\n{:<48} {:>10} {:>10} {:>8}",
         "pulsar topic", "last seq", "published", "backlog"
     );
-    for tp in s["topics"].as_array().into_iter().flatten() {
+    for tp in &s.topics {
         println!(
             "{:<48} {:>10} {:>10} {:>8}",
-            v(&tp["topic"]),
-            v(&tp["last_seq"]),
-            v(&tp["published_seq"]),
-            v(&tp["backlog"])
+            tp.topic, tp.last_seq, tp.published_seq, tp.backlog
         );
     }
     println!(
         "\n{:<6} {:<14} {:>10} {:>10} {:>9} {:>9}",
         "node", "zone", "seen", "first", "seen %", "first %"
     );
-    for c in s["coverage"].as_array().into_iter().flatten() {
+    for c in &s.coverage {
         println!(
             "{:<6} {:<14} {:>10} {:>10} {:>8.1}% {:>8.1}%",
-            v(&c["node"]),
-            v(&c["zone"]),
-            v(&c["seen"]),
-            v(&c["first"]),
-            c["seen_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            c["first_ratio"].as_f64().unwrap_or(0.0) * 100.0
+            c.node,
+            c.zone,
+            c.seen,
+            c.first,
+            c.seen_ratio * 100.0,
+            c.first_ratio * 100.0
         );
     }
     ExitCode::SUCCESS
 }
 
-/// A JSON value as table text: strings without quotes, null as "-".
-fn v(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "-".into(),
-        other => other.to_string(),
-    }
+/// An optional value as table text: "-" when there is none.
+fn or_dash<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| v.to_string())
 }

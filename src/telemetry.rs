@@ -281,7 +281,8 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
 }
 
 /// One warning or error, as the status page shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct LoggedEvent {
     pub at_ms: u64,
     pub level: String,

@@ -15,7 +15,7 @@ use axum::Router;
 use firstseen_raft::Raft;
 use firstseen_store::StateStore;
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::wire::ClusterKey;
@@ -69,7 +69,11 @@ pub struct Sample {
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const SAMPLES: usize = 180;
 
-#[derive(Serialize)]
+/// What `GET /status` answers, and what `firstseen status` reads back: one
+/// type for the server and the CLI. Fields a node of another version leaves
+/// out read as their defaults.
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(default)]
 pub struct Status {
     pub node: u64,
     pub zone: String,
@@ -85,7 +89,7 @@ pub struct Status {
     /// `leader`, `leader_unconfirmed` (leads in its own eyes, but no quorum
     /// confirmed it recently: cut off, or the others moved on), `follower`,
     /// `follower_without_leader`, `candidate`, `learner` or `shutdown`.
-    pub role: &'static str,
+    pub role: String,
     /// Since the last accepted append from a leader, in milliseconds.
     pub leader_contact_ms: Option<u64>,
     /// Since this node, as leader, last had a quorum confirm it.
@@ -109,7 +113,8 @@ pub struct Status {
     pub recent_errors: Vec<crate::telemetry::LoggedEvent>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(default)]
 pub struct DiskView {
     pub free_bytes: u64,
     pub reserve_bytes: u64,
@@ -118,7 +123,8 @@ pub struct DiskView {
     pub low: bool,
 }
 
-#[derive(Serialize, Clone)]
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+#[serde(default)]
 pub struct MemberStatus {
     pub id: u64,
     pub zone: String,
@@ -135,7 +141,8 @@ pub struct MemberStatus {
     pub lag: Option<u64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(default)]
 pub struct UpstreamView {
     pub name: String,
     pub connected: bool,
@@ -143,7 +150,8 @@ pub struct UpstreamView {
     pub last_error: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(default)]
 pub struct TopicView {
     pub topic: String,
     pub last_seq: u64,
@@ -151,7 +159,8 @@ pub struct TopicView {
     pub backlog: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(default)]
 pub struct CoverageView {
     pub node: u64,
     pub zone: String,
@@ -209,7 +218,7 @@ impl AppState {
             leader: trusted,
             known_leader: m.current_leader,
             is_leader: role == "leader",
-            role,
+            role: role.to_string(),
             leader_contact_ms: self
                 .liveness
                 .leader_contact_age()
