@@ -12,9 +12,9 @@
 //!    any error the producer — and the crate's queue of pending messages with
 //!    it — is dropped with every batch in flight, and step 3 runs again. The
 //!    crate's own retries are capped at zero.
-//! 5. After each batch it commits `Published{topic, seq}` through Raft, in
-//!    the background, so
-//!    every node trims its outbox.
+//! 5. After each batch it proposes `Published{topic, seq}` through the
+//!    proposer, without waiting for the commit, so every node trims its
+//!    outbox.
 
 pub mod adapter;
 pub mod auth;
