@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use firstseen_store::disk::Disk;
 use serde::{Deserialize, Serialize};
 
+pub mod cover;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
@@ -172,8 +173,9 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         log: log_db,
         state: state_db,
     };
-    let (log, reaper) = LogStore::open(&disk.log, state.clone())?;
-    let state_machine = StateMachine::open(state.clone(), log.clone(), snapshots).await?;
+    let cover = cover::SnapshotCover::new(state_machine::on_disk(&snapshots));
+    let (log, reaper) = LogStore::open(&disk.log, state.clone(), cover.clone())?;
+    let state_machine = StateMachine::open(state.clone(), log.clone(), snapshots, cover).await?;
     let outbox = Outbox::new(state.clone(), log.clone());
     Ok(Storage {
         disk,

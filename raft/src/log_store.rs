@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use firstseen_store::disk::Db;
 use firstseen_store::{Command, StateStore, StoreError};
 
+use crate::cover::SnapshotCover;
 use crate::guard::{Guard, Marks};
 use crate::{NodeId, RaftError, TypeConfig};
 
@@ -53,6 +54,8 @@ pub struct LogStore {
     /// The last entry written, for the group-commit thread to know what a
     /// sync covers.
     written: Arc<Mutex<Written>>,
+    /// What the snapshot on disk covers: a purge never passes it.
+    cover: SnapshotCover,
 }
 
 /// What was written to the log and not yet known durable.
@@ -259,7 +262,11 @@ impl LogStore {
     ///
     /// Refuses a log that holds less than its guard recorded (a truncated or
     /// corrupted file), naming the file.
-    pub fn open(db: &Db, state: StateStore) -> Result<(Self, Reaper), RaftError> {
+    pub fn open(
+        db: &Db,
+        state: StateStore,
+        cover: SnapshotCover,
+    ) -> Result<(Self, Reaper), RaftError> {
         let sled = db.sled();
         let meta = sled.open_tree("raft_meta")?;
         // Stored as a bare LogId by `purge`: decoding it as an Option once
@@ -329,6 +336,7 @@ impl LogStore {
             reaper,
             guard,
             written,
+            cover,
         };
         // A state whose outbox reads entries that were deleted is older than
         // the checkpoint the deletion was based on. That is not damage by
@@ -603,6 +611,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        // Never past the snapshot on disk: a follower's purge for a snapshot
+        // it is still installing waits here for the install (see `cover`).
+        self.cover
+            .wait_until_covered(log_id)
+            .await
+            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
         // The state is written in checkpoints to its own database. Entries
         // up to `log_id` are applied, but maybe not yet durably: were they
         // purged first, a crash would leave applied state that can be neither

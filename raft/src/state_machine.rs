@@ -22,6 +22,7 @@ use openraft::{
 };
 use tokio::io::AsyncSeekExt;
 
+use crate::cover::SnapshotCover;
 use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, TypeConfig};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
@@ -98,6 +99,9 @@ pub struct StateMachine {
     /// The file `begin_receiving_snapshot` handed out last, which becomes
     /// the current snapshot once installed.
     receiving: Option<PathBuf>,
+    /// Told of every snapshot that reaches the disk, so the log's purges
+    /// wait for it.
+    cover: SnapshotCover,
 }
 
 fn any(e: impl std::error::Error + 'static) -> AnyError {
@@ -113,7 +117,12 @@ fn unique_suffix() -> u128 {
 
 impl StateMachine {
     /// Opens the adapter over `store`, keeping snapshot files in `dir`.
-    pub async fn open(store: StateStore, log: LogStore, dir: PathBuf) -> Result<Self, RaftError> {
+    pub async fn open(
+        store: StateStore,
+        log: LogStore,
+        dir: PathBuf,
+        cover: SnapshotCover,
+    ) -> Result<Self, RaftError> {
         std::fs::create_dir_all(&dir).map_err(|source| RaftError::Io {
             path: dir.clone(),
             source,
@@ -138,11 +147,107 @@ impl StateMachine {
             last_applied,
             membership,
             receiving: None,
+            cover,
         })
     }
 
     fn marker(&self) -> Result<Vec<u8>, AnyError> {
         bincode::serialize(&(self.last_applied, self.membership.clone())).map_err(any)
+    }
+
+    /// Installs a received snapshot: first as the current snapshot on disk,
+    /// then into the state.
+    ///
+    /// In that order so that every moment a crash can come leaves a node
+    /// that starts: the log's purge for this snapshot waits until it is on
+    /// disk (see [`crate::cover`]), and a state import cut short is refused
+    /// at the next start and rebuilt from that snapshot. Promoted last, as
+    /// before, a kill during the import left a purge point past the only
+    /// snapshot on disk, and the node never started again (finding 16).
+    async fn install(&mut self, meta: &Meta, file: tokio::fs::File) -> StorageResult<()> {
+        let sig = Some(meta.signature());
+        let werr = |e: AnyError| StorageError::from(StorageIOError::write_snapshot(sig.clone(), e));
+        let mut file = file;
+        file.seek(std::io::SeekFrom::Start(0))
+            .await
+            .map_err(|e| werr(any(e)))?;
+        let mut std_file = file.into_std().await;
+        // The bytes in a file of their own in the snapshots directory,
+        // synced, with their hash: the file handed out for receiving when
+        // that is what openraft passed here (it always is in a node), or a
+        // copy of what it passed.
+        let (received, dir) = (self.receiving.take(), self.dir.clone());
+        let (exported, f) = tokio::task::spawn_blocking(move || {
+            let exported = match received {
+                Some(path) if same_file(&path, &std_file) => {
+                    hash_file(&path).and_then(|(blake3, len)| {
+                        std_file.sync_all()?;
+                        Ok(Exported { path, blake3, len })
+                    })
+                }
+                other => {
+                    if let Some(unused) = other {
+                        let _ = std::fs::remove_file(unused);
+                    }
+                    copy_to_file(&mut std_file, &dir)
+                }
+            };
+            let rewound = std::io::Seek::seek(&mut std_file, std::io::SeekFrom::Start(0));
+            (rewound.and(exported), std_file)
+        })
+        .await
+        .map_err(|e| werr(any(e)))?;
+        std_file = f;
+        let exported = exported.map_err(|e| werr(any(e)))?;
+        // A snapshot whose bytes are not what the sender hashed is refused
+        // before any of it reaches the disk's current snapshot or the state.
+        let mut meta = meta.clone();
+        match id_hash(&meta.snapshot_id) {
+            Some(want) if want != exported.blake3 => {
+                let _ = std::fs::remove_file(&exported.path);
+                return Err(werr(any(RaftError::Damaged {
+                    path: exported.path.clone(),
+                    reason: format!(
+                        "snapshot {} received with blake3 {}, expected {want}",
+                        meta.snapshot_id, exported.blake3
+                    ),
+                })));
+            }
+            Some(_) => {}
+            // Not named by its hash: named so now, as this node serves it on.
+            None => meta.snapshot_id = format!("{}-{}", meta.snapshot_id, exported.blake3),
+        }
+        {
+            let (dir, m) = (self.dir.clone(), meta.clone());
+            tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
+                .await
+                .map_err(|e| werr(any(e)))?
+                .map_err(werr)?;
+        }
+        self.cover.installed(meta.last_log_id);
+        let store = self.store.clone();
+        let id = meta.snapshot_id.clone();
+        let records = tokio::task::spawn_blocking(move || {
+            store.import_with_progress(&mut BufReader::new(std_file), |n| {
+                tracing::info!(snapshot = %id, records = n, "installing snapshot");
+            })
+        })
+        .await
+        .map_err(|e| werr(any(e)))?
+        .map_err(|e| werr(any(e)))?;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        let marker = self.marker().map_err(werr)?;
+        self.store
+            .apply(None, 0, &marker)
+            .map_err(|e| werr(any(e)))?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .map_err(|e| werr(any(e)))?
+            .map_err(|e| werr(any(e)))?;
+        tracing::info!(snapshot = %meta.snapshot_id, records, "snapshot installed");
+        Ok(())
     }
 
     fn meta_now(&self) -> Meta {
@@ -188,6 +293,33 @@ fn export_to_file(store: &StateStore, log: &LogStore, dir: &Path) -> Result<Expo
     })
 }
 
+/// Whether `path` names the file `file` is open on.
+fn same_file(path: &Path, file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Copies a snapshot's bytes from `from` into a new synced file in `dir`,
+/// hashing them on the way.
+fn copy_to_file(from: &mut std::fs::File, dir: &Path) -> std::io::Result<Exported> {
+    let path = dir.join(format!("incoming-{}.snap", unique_suffix()));
+    let mut out = Hashing {
+        inner: std::fs::File::create(&path)?,
+        hasher: blake3::Hasher::new(),
+        len: 0,
+    };
+    std::io::copy(from, &mut out)?;
+    out.inner.sync_all()?;
+    Ok(Exported {
+        path,
+        blake3: out.hasher.finalize().to_hex().to_string(),
+        len: out.len,
+    })
+}
+
 /// Makes an exported file the current snapshot. The data keeps a name of
 /// its own (`snap-….snap`); `current.meta` is written beside it, synced and
 /// renamed over the old one, and the directory synced, so the meta never
@@ -218,6 +350,15 @@ fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError>
         }
     }
     Ok(())
+}
+
+/// The last entry of the current snapshot in `dir`, from its meta alone
+/// (the data is checked against it where it is read). `None` when there is
+/// none or its meta cannot be read; the first read of it reports that.
+pub(crate) fn on_disk(dir: &Path) -> Option<LogId<NodeId>> {
+    let raw = std::fs::read(dir.join(CURRENT_META)).ok()?;
+    let current: Current = bincode::deserialize(&raw).ok()?;
+    current.meta.last_log_id
 }
 
 /// The last log id a loaded state has applied, from its marker.
@@ -336,6 +477,7 @@ pub struct Builder {
     dir: PathBuf,
     exported: Result<Exported, AnyError>,
     meta: Meta,
+    cover: SnapshotCover,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
@@ -355,6 +497,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             .await
             .map_err(|e| StorageIOError::write_snapshot(sig.clone(), any(e)))?
             .map_err(|e| StorageIOError::write_snapshot(sig.clone(), e))?;
+        self.cover.built(self.meta.last_log_id);
         tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
         open_current(&self.dir).await?.ok_or_else(|| {
             StorageIOError::read_snapshot(sig, AnyError::error("snapshot vanished")).into()
@@ -420,6 +563,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             exported,
             dir: self.dir.clone(),
             meta,
+            cover: self.cover.clone(),
         }
     }
 
@@ -434,6 +578,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
         self.receiving = Some(path);
+        self.cover.receiving();
         Ok(Box::new(file))
     }
 
@@ -442,93 +587,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &Meta,
         snapshot: Box<tokio::fs::File>,
     ) -> StorageResult<()> {
-        let sig = Some(meta.signature());
-        let werr = |e: AnyError| StorageError::from(StorageIOError::write_snapshot(sig.clone(), e));
-        let mut file = *snapshot;
-        file.seek(std::io::SeekFrom::Start(0))
-            .await
-            .map_err(|e| werr(any(e)))?;
-        let mut std_file = file.into_std().await;
-        // A snapshot whose bytes are not what the sender hashed is refused
-        // before any of it reaches the state.
-        if let Some(want) = id_hash(&meta.snapshot_id).map(str::to_string) {
-            let (got, f) = tokio::task::spawn_blocking(move || {
-                let mut hasher = blake3::Hasher::new();
-                let copied = std::io::copy(&mut std_file, &mut hasher);
-                let rewound = std::io::Seek::seek(&mut std_file, std::io::SeekFrom::Start(0));
-                (
-                    copied
-                        .and(rewound)
-                        .map(|_| hasher.finalize().to_hex().to_string()),
-                    std_file,
-                )
-            })
-            .await
-            .map_err(|e| werr(any(e)))?;
-            std_file = f;
-            let got = got.map_err(|e| werr(any(e)))?;
-            if got != want {
-                return Err(werr(any(RaftError::Damaged {
-                    path: self.dir.join("incoming"),
-                    reason: format!(
-                        "snapshot {} received with blake3 {got}, expected {want}",
-                        meta.snapshot_id
-                    ),
-                })));
-            }
+        let result = self.install(meta, *snapshot).await;
+        if result.is_err() {
+            // A purge openraft queued with this install must not pass the
+            // snapshot on disk, which may still be the old one.
+            self.cover.install_failed();
         }
-        let store = self.store.clone();
-        let id = meta.snapshot_id.clone();
-        let records = tokio::task::spawn_blocking(move || {
-            store.import_with_progress(&mut BufReader::new(std_file), |n| {
-                tracing::info!(snapshot = %id, records = n, "installing snapshot");
-            })
-        })
-        .await
-        .map_err(|e| werr(any(e)))?
-        .map_err(|e| werr(any(e)))?;
-        self.last_applied = meta.last_log_id;
-        self.membership = meta.last_membership.clone();
-        let marker = self.marker().map_err(werr)?;
-        self.store
-            .apply(None, 0, &marker)
-            .map_err(|e| werr(any(e)))?;
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.flush())
-            .await
-            .map_err(|e| werr(any(e)))?
-            .map_err(|e| werr(any(e)))?;
-        // The received file becomes this node's current snapshot, so it can
-        // serve it on: its bytes are the ones the id's hash names.
-        let received = self.receiving.take();
-        match received {
-            Some(path) => {
-                let (dir, m) = (self.dir.clone(), meta.clone());
-                tokio::task::spawn_blocking(move || {
-                    let (blake3, len) = hash_file(&path).map_err(any)?;
-                    std::fs::File::open(&path)
-                        .and_then(|f| f.sync_all())
-                        .map_err(any)?;
-                    promote(&dir, &Exported { path, blake3, len }, &m)
-                })
-                .await
-                .map_err(|e| werr(any(e)))?
-                .map_err(werr)?;
-            }
-            None => {
-                // Not received through `begin_receiving_snapshot`: export it.
-                let exported = export_to_file(&self.store, &self.log, &self.dir).map_err(werr)?;
-                let mut m = meta.clone();
-                m.snapshot_id = format!("{}-{}", m.snapshot_id, exported.blake3);
-                let dir = self.dir.clone();
-                tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
-                    .await
-                    .map_err(|e| werr(any(e)))?
-                    .map_err(werr)?;
-            }
-        }
-        tracing::info!(snapshot = %meta.snapshot_id, records, "snapshot installed");
-        Ok(())
+        result
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {

@@ -1,10 +1,12 @@
-//! A node's storage opened again after a purge, as after a restart.
+//! A node's storage opened again after a purge or a snapshot install, as
+//! after a restart or a kill.
 
 use std::time::{Duration, Instant};
 
-use firstseen_raft::Storage;
-use openraft::storage::RaftLogStorage;
-use openraft::{CommittedLeaderId, LogId};
+use firstseen_raft::{Member, Storage, TypeConfig};
+use openraft::storage::{RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Opens the storage in `dir`, waiting for the previous instance's
 /// background threads to let go of sled's file lock.
@@ -34,4 +36,114 @@ async fn the_purge_point_survives_a_restart_in_a_later_term() {
     let state = storage.log.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(purged));
     assert_eq!(state.last_log_id, Some(purged));
+}
+
+fn id(index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+/// Applies blank entries `from..=to` and builds a snapshot of the result.
+async fn applied_with_snapshot(storage: &mut Storage, from: u64, to: u64) -> Snapshot<TypeConfig> {
+    let entries = (from..=to).map(|i| Entry::<TypeConfig> {
+        log_id: id(i),
+        payload: EntryPayload::Blank,
+    });
+    storage.state_machine.apply(entries).await.unwrap();
+    let mut builder = storage.state_machine.get_snapshot_builder().await;
+    builder.build_snapshot().await.unwrap()
+}
+
+/// Node B at 30 (with a snapshot there) and the bytes and meta of node A's
+/// snapshot at 100, received by B into the file openraft asks it for.
+async fn follower_receiving(
+    dir: &std::path::Path,
+) -> (Storage, SnapshotMeta<u64, Member>, Box<tokio::fs::File>) {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = firstseen_raft::open(leader_dir.path()).await.unwrap();
+    let snapshot = applied_with_snapshot(&mut leader, 1, 100).await;
+    let mut data = Vec::new();
+    let mut from = snapshot.snapshot;
+    from.read_to_end(&mut data).await.unwrap();
+
+    let mut follower = firstseen_raft::open(dir).await.unwrap();
+    applied_with_snapshot(&mut follower, 1, 30).await;
+    follower.log.purge(id(30)).await.unwrap();
+    let mut into = follower
+        .state_machine
+        .begin_receiving_snapshot()
+        .await
+        .unwrap();
+    into.write_all(&data).await.unwrap();
+    into.flush().await.unwrap();
+    (follower, snapshot.meta, into)
+}
+
+/// Finding 16: openraft 0.9 queues a follower's purge up to a received
+/// snapshot's end beside the install, without waiting for it. The purge
+/// used to record its point at once; a kill before the install finished
+/// left a purge point past the only snapshot on disk, and the node refused
+/// every start after ("the snapshot ends at … and the log was purged up to
+/// …"). Now the purge waits for the snapshot to be on disk, and the node
+/// killed meanwhile starts as it was.
+#[tokio::test]
+async fn a_kill_before_a_received_snapshot_is_installed_leaves_a_node_that_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (follower, _meta, _received) = follower_receiving(dir.path()).await;
+        let mut log = follower.log.clone();
+        let mut purge = tokio::spawn(async move { log.purge(id(100)).await });
+        // The install never comes: the purge must still be waiting. (Before
+        // the fix it returned within milliseconds.)
+        let waited = tokio::time::timeout(Duration::from_secs(2), &mut purge).await;
+        assert!(
+            waited.is_err(),
+            "the purge ran ahead of the install: {waited:?}"
+        );
+        // The kill: the waiting purge and every handle dropped.
+        purge.abort();
+        let _ = purge.await;
+    }
+    let mut storage = reopen(dir.path()).await;
+    let state = storage.log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(id(30)));
+    let (applied, _) = storage.state_machine.applied_state().await.unwrap();
+    assert_eq!(applied, Some(id(30)));
+}
+
+/// The same race run to its end: the purge completes once the install has
+/// put the snapshot on disk, and a restart (with the state database lost,
+/// so that it is rebuilt) comes back at the snapshot's end.
+#[tokio::test]
+async fn a_received_snapshot_is_on_disk_before_the_purge_it_came_with() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut follower, meta, received) = follower_receiving(dir.path()).await;
+        let mut log = follower.log.clone();
+        let purge = tokio::spawn(async move { log.purge(id(100)).await });
+        follower
+            .state_machine
+            .install_snapshot(&meta, received)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(30), purge)
+            .await
+            .expect("the purge ends once the snapshot is on disk")
+            .unwrap()
+            .unwrap();
+        let current = follower
+            .state_machine
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(current.meta.last_log_id, Some(id(100)));
+    }
+    // The state database gone, as a damaged one is moved aside: rebuilt
+    // from the snapshot, which covers the purge point.
+    std::fs::remove_dir_all(firstseen_store::disk::Disk::state_dir(dir.path())).unwrap();
+    let mut storage = reopen(dir.path()).await;
+    let (applied, _) = storage.state_machine.applied_state().await.unwrap();
+    assert_eq!(applied, Some(id(100)));
+    let state = storage.log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(id(100)));
 }

@@ -55,6 +55,8 @@ use memory::{Head, Memory};
 pub use snapshot::ResolveEntry;
 
 const META_HEAD: &[u8] = b"head";
+/// Present while a snapshot is being imported (see `import_with_progress`).
+const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
 const TREES: [&str; 5] = ["sm_window", "sm_masks", "sm_runs", "sm_inline", "sm_meta"];
 
@@ -141,6 +143,11 @@ impl StateStore {
 
     /// Replaces the memory state with what sled holds: the last checkpoint.
     fn reload(&self) -> Result<(), StoreError> {
+        if self.meta.contains_key(META_IMPORTING)? {
+            return Err(corrupt(
+                "a snapshot import was cut short: the state holds part of it",
+            ));
+        }
         let head: Head = match self.meta.get(META_HEAD)? {
             Some(raw) => decode(&raw)?,
             None => Head::default(),
@@ -343,6 +350,58 @@ mod tests {
                 let r = s.apply(Some(&observe(1_200, 60_000, vec![obs(2, 2, "a")])), 3, b"3");
                 panic!("opened an inconsistent state; the next apply gave {r:?}");
             }
+        }
+    }
+
+    /// A snapshot import that stops part-way (the process killed, or the
+    /// stream failing) leaves a state that refuses to load, so the node
+    /// rebuilds it from its current snapshot. Before the marker, the
+    /// cleared meta tree made a half-imported window load as a fresh state
+    /// onto which the log was re-applied.
+    #[test]
+    fn an_import_cut_short_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || reopenable(dir.path());
+        let mut stream = Vec::new();
+        {
+            let source = super::testing::store();
+            let log: Vec<_> = (1..=20u8)
+                .map(|k| observe(1_000, 60_000, vec![obs(k, 1, "a")]))
+                .collect();
+            for (i, cmd) in log.iter().enumerate() {
+                source.apply(Some(cmd), i as u64 + 1, b"m").unwrap();
+            }
+            source
+                .export(
+                    &mut stream,
+                    &mut |index| Ok(log[index as usize - 1].clone()),
+                )
+                .unwrap();
+        }
+        {
+            let db = open();
+            let s = StateStore::open(&db).unwrap();
+            s.apply(
+                Some(&observe(1_000, 60_000, vec![obs(99, 1, "a")])),
+                1,
+                b"1",
+            )
+            .unwrap();
+            s.checkpoint().unwrap();
+            // The stream ends in the middle of its records.
+            let mut cut = &stream[..stream.len() / 2];
+            assert!(s.import(&mut cut).is_err());
+            db.flush().unwrap();
+        }
+        let db = open();
+        match StateStore::open(&db) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("import was cut short"), "{why}"),
+            Err(e) => panic!("expected Corrupt, got {e}"),
+            Ok(s) => panic!(
+                "a half-imported state loaded: {} keys, applied marker {:?}",
+                s.indexed_keys(),
+                s.applied_marker().unwrap()
+            ),
         }
     }
 }

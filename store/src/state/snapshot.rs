@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use super::memory::Memory;
-use super::{corrupt, encode, StateStore};
+use super::{corrupt, encode, StateStore, META_IMPORTING};
 use crate::model::{Command, OutboxMessage};
 use crate::record;
 use crate::window;
@@ -112,8 +112,20 @@ impl StateStore {
         input: &mut R,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, StoreError> {
-        for tree in self.trees() {
+        // The marker goes in before anything is cleared and leaves only
+        // after the last record: whatever prefix of this sequence a crash
+        // keeps is either the old state whole or a state `reload` refuses,
+        // never a mix that loads (a half-imported window with an empty
+        // meta tree looked like a fresh state to re-apply the log onto).
+        self.meta.insert(META_IMPORTING, &[])?;
+        for tree in [&self.window, &self.masks, &self.runs, &self.inline] {
             tree.clear()?;
+        }
+        for key in self.meta.iter().keys() {
+            let key = key?;
+            if key != META_IMPORTING {
+                self.meta.remove(key)?;
+            }
         }
         *self.lock() = Memory::default();
         let trees = self.trees();
@@ -135,6 +147,7 @@ impl StateStore {
                 progress(records);
             }
         }
+        self.meta.remove(META_IMPORTING)?;
         self.reload()?;
         Ok(records)
     }
