@@ -108,7 +108,7 @@ pub async fn run(
             .collect(),
     );
     let upstreams = Upstream::from_config(&config, routes, disk.clone());
-    let gates = upstreams.iter().map(|u| u.gate.clone()).collect();
+    let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),
@@ -236,8 +236,8 @@ pub async fn run(
                     max_bytes: config.batch.max_bytes,
                     linger: Duration::from_millis(config.batch.linger_ms),
                 },
-                proposer,
-                gates,
+                group: Arc::new(proposer),
+                acks: Arc::new(gates),
                 state: cluster.state.clone(),
                 quota_bytes: config.outbox.quota_bytes,
                 disk: disk.clone(),

@@ -3,10 +3,14 @@
 //! [`Pending`] is the pure decision of when a batch is complete (size, bytes,
 //! linger). [`run`] is the task around it: it proposes each batch, waits
 //! until the entry is committed, and only then acks its messages upstream.
+//! [`port`] is what it needs of the group and of the upstream sessions.
 
+pub mod port;
 mod run;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 pub use run::{run, Batcher};
 

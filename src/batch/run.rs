@@ -1,23 +1,26 @@
 //! The batcher task.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::port::{Acks, Commit};
 use super::{BatchPolicy, Pending};
-use crate::ack::AckGate;
+use crate::ack::AckToken;
 use crate::ingest::Received;
-use crate::propose::{ProposeError, Proposer};
+use crate::propose::ProposeError;
 use firstseen_store::{Outcome, StateStore};
 
 /// What the batcher needs besides its input.
 pub struct Batcher {
     pub policy: BatchPolicy,
-    pub proposer: Proposer,
-    /// One gate per upstream, indexed like the config.
-    pub gates: Vec<Arc<AckGate>>,
+    /// The group: the node's [`crate::propose::Proposer`].
+    pub group: Arc<dyn Commit>,
+    /// The upstream sessions: the node's ack gates, indexed like the config.
+    pub acks: Arc<dyn Acks>,
     pub state: StateStore,
     pub quota_bytes: u64,
     /// While the disk is below its reserve nothing is proposed either.
@@ -33,6 +36,8 @@ pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
     let mut pending = Pending::default();
     loop {
         let Some(first) = rx.recv().await else { break };
+        // tokio's clock, so that a simulation on a paused clock drives the
+        // linger as it drives everything else.
         pending.push(first, Instant::now());
         let mut closed = false;
         while !pending.is_full(&b.policy) {
@@ -44,7 +49,7 @@ pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
                     Some(item) => pending.push(item, Instant::now()),
                     None => { closed = true; break }
                 },
-                _ = tokio::time::sleep_until(deadline.into()) => break,
+                _ = tokio::time::sleep_until(deadline) => break,
             }
         }
         if !flush(&mut b, pending.take()).await {
@@ -73,8 +78,8 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         let started = Instant::now();
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
-            let (leader, _) = b.proposer.leader();
-            match b.proposer.propose(batch.clone()).await {
+            let leader = b.group.leader();
+            match b.group.propose(batch.clone()).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
                     metrics::counter!("firstseen_propose_errors_total").increment(1);
@@ -87,19 +92,8 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
                     // Retried as soon as a new leader is known, or after the
                     // backoff if the leader stays the same.
                     let next_leader = async {
-                        if changed {
-                            return;
-                        }
-                        match leader {
-                            Some(l) => {
-                                let mut rx = b.proposer.raft.metrics();
-                                while rx.borrow_and_update().current_leader == Some(l) {
-                                    if rx.changed().await.is_err() {
-                                        break;
-                                    }
-                                }
-                            }
-                            None => b.proposer.wait_for_leader(delay).await,
+                        if !changed {
+                            b.group.leader_moves(leader, delay).await
                         }
                     };
                     tokio::select! {
@@ -127,16 +121,19 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
     // G4: everything in `items` is now either committed (its entry, or an
     // earlier copy's, is in the state machine) or set aside durably. Acks go
     // out in receive order, per upstream.
-    for (index, gate) in b.gates.iter().enumerate() {
-        let stats = gate.ack(
-            items
-                .iter()
-                .filter_map(|i| i.ack.as_ref())
-                .filter(|a| a.upstream == index),
-        );
+    for upstream in 0..b.acks.upstreams() {
+        let tokens: Vec<AckToken> = items
+            .iter()
+            .filter_map(|i| i.ack)
+            .filter(|a| a.upstream == upstream)
+            .collect();
+        if tokens.is_empty() {
+            continue;
+        }
+        let stats = b.acks.ack(upstream, &tokens);
         if stats.stale > 0 || stats.dropped > 0 {
             tracing::debug!(
-                upstream = index,
+                upstream,
                 stale = stats.stale,
                 dropped = stats.dropped,
                 "acks not sent; the broker redelivers those messages"
