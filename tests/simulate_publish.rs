@@ -35,6 +35,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod sim;
+
+use sim::{check_seeds, lock, traced, Rng};
+
 use firstseen::publish::port::{Broker, Group, Outbox, Receipt, Session};
 use firstseen::publish::Publisher;
 use firstseen::Error;
@@ -49,28 +53,6 @@ const TOPICS: [&str; 2] = ["persistent://sim/t/a", "persistent://sim/t/b"];
 const FAULTS_FOR: Duration = Duration::from_secs(20);
 /// After the faults, everything must be in Pulsar within this.
 const SETTLE_WITHIN: Duration = Duration::from_secs(30);
-
-/// splitmix64: small, seedable, and the same on every machine.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
 
 /// A message queued on a producer, not yet persisted.
 struct Queued {
@@ -111,14 +93,9 @@ struct World {
 
 type Shared = Arc<Mutex<World>>;
 
-fn lock(w: &Shared) -> std::sync::MutexGuard<'_, World> {
-    w.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl World {
     fn log(&mut self, line: String) {
-        let at = self.started.elapsed().as_millis();
-        self.trace.push(format!("{at:>6} ms  {line}"));
+        self.trace.push(traced(self.started, line));
     }
 
     /// Persists the first `n` queued messages of `producer`; with `receipts`
@@ -614,48 +591,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
     })
 }
 
-fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("SIM_SEED") {
-        return vec![s.parse().expect("SIM_SEED is a number")];
-    }
-    let n: u64 = std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(500);
-    let base: u64 = std::env::var("SIM_BASE")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-        });
-    (0..n)
-        .map(|i| base.wrapping_mul(1_000).wrapping_add(i))
-        .collect()
-}
-
 #[test]
 fn every_message_reaches_pulsar_exactly_once_under_seeded_faults() {
-    let seeds = seeds();
-    let started = std::time::Instant::now();
-    for seed in &seeds {
-        let (trace, problems) = run(*seed);
-        if std::env::var("SIM_SEED").is_ok() {
-            eprintln!("{}", trace.join("\n"));
-        }
-        assert!(
-            problems.is_empty(),
-            "seed {seed} (replay: SIM_SEED={seed} cargo test --test simulate_publish -- --nocapture):\n{}\n--- trace (last 60 events) ---\n{}",
-            problems.join("\n"),
-            trace[trace.len().saturating_sub(60)..].join("\n")
-        );
-    }
-    eprintln!(
-        "{} seeds, {:?} simulated each, in {:.1} s",
-        seeds.len(),
-        FAULTS_FOR,
-        started.elapsed().as_secs_f64()
-    );
+    check_seeds("simulate_publish", 500, FAULTS_FOR, run);
 }
