@@ -18,7 +18,7 @@ use openraft::EntryPayload;
 use openraft::{
     AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use firstseen_store::disk::Db;
 use firstseen_store::{Command, StateStore, StoreError};
@@ -56,6 +56,8 @@ pub struct LogStore {
     written: Arc<Mutex<Written>>,
     /// What the snapshot on disk covers: a purge never passes it.
     cover: SnapshotCover,
+    /// What the reaper's last finished pass served (see `reaper_served`).
+    passes: Arc<watch::Sender<u64>>,
 }
 
 /// What was written to the log and not yet known durable.
@@ -95,6 +97,7 @@ async fn reap_loop(
     first_kept: Arc<AtomicU64>,
     guard: Arc<Mutex<Guard>>,
     mut wake: mpsc::UnboundedReceiver<()>,
+    passes: Arc<watch::Sender<u64>>,
 ) {
     let mut deleted_below = 0u64;
     loop {
@@ -102,56 +105,71 @@ async fn reap_loop(
         if let Ok(None) = tokio::time::timeout(REAP_EVERY, wake.recv()).await {
             return;
         }
-        if let Err(e) = state.checkpoint() {
-            tracing::warn!(error = %e, "state checkpoint before deleting log entries failed; retrying");
-            continue;
+        // The purge point this pass saw: every purge up to it is served.
+        let served = first_kept.load(Ordering::Acquire);
+        reap_once(&log, &state, served, &guard, &mut deleted_below).await;
+        passes.send_modify(|n| *n = (*n).max(served));
+    }
+}
+
+/// One pass of the reaper: deletes what is purged and no longer held.
+/// Failures are logged and left to the next pass.
+async fn reap_once(
+    log: &sled::Tree,
+    state: &StateStore,
+    first_kept: u64,
+    guard: &Arc<Mutex<Guard>>,
+    deleted_below: &mut u64,
+) {
+    if let Err(e) = state.checkpoint() {
+        tracing::warn!(error = %e, "state checkpoint before deleting log entries failed; retrying");
+        return;
+    }
+    let target = first_kept.min(state.durable_hold());
+    if target <= *deleted_below {
+        return;
+    }
+    let flushed = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || state.flush()).await
+    };
+    match flushed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "syncing the state before deleting log entries failed; retrying");
+            return;
         }
-        let target = first_kept.load(Ordering::Acquire).min(state.durable_hold());
-        if target <= deleted_below {
-            continue;
+        Err(e) => {
+            tracing::warn!(error = %e, "state sync task failed; retrying");
+            return;
         }
-        let flushed = {
-            let state = state.clone();
-            tokio::task::spawn_blocking(move || state.flush()).await
-        };
-        match flushed {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "syncing the state before deleting log entries failed; retrying");
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "state sync task failed; retrying");
-                continue;
-            }
+    }
+    let tree = log.clone();
+    let started = std::time::Instant::now();
+    let guard = guard.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        // Recorded before anything is deleted: a state that still reads
+        // from below this point is not the one the node ran with.
+        lock(&guard)
+            .update(|m| m.deleted_below = m.deleted_below.max(target))
+            .map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))?;
+        delete_upto(&tree, target - 1)
+    })
+    .await;
+    match result {
+        Ok(Ok(n)) => {
+            *deleted_below = target;
+            tracing::debug!(
+                below = target,
+                entries = n,
+                ms = started.elapsed().as_millis() as u64,
+                "purged log entries deleted"
+            );
         }
-        let tree = log.clone();
-        let started = std::time::Instant::now();
-        let guard = guard.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            // Recorded before anything is deleted: a state that still reads
-            // from below this point is not the one the node ran with.
-            lock(&guard)
-                .update(|m| m.deleted_below = m.deleted_below.max(target))
-                .map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))?;
-            delete_upto(&tree, target - 1)
-        })
-        .await;
-        match result {
-            Ok(Ok(n)) => {
-                deleted_below = target;
-                tracing::debug!(
-                    below = target,
-                    entries = n,
-                    ms = started.elapsed().as_millis() as u64,
-                    "purged log entries deleted"
-                );
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, below = target, "deleting purged log entries failed; retrying")
-            }
-            Err(e) => tracing::warn!(error = %e, "log reaper task failed; retrying"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, below = target, "deleting purged log entries failed; retrying")
         }
+        Err(e) => tracing::warn!(error = %e, "log reaper task failed; retrying"),
     }
 }
 
@@ -253,6 +271,14 @@ pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
 }
 
 impl LogStore {
+    /// The first index kept by the purges the reaper has served: once it
+    /// passes a purge's point, the reaper has deleted what that purge
+    /// allowed (or found it still held). Tests wait on it to see a purge's
+    /// effect.
+    pub fn reaper_served(&self) -> watch::Receiver<u64> {
+        self.passes.subscribe()
+    }
+
     /// Opens the log trees in `db` and starts its group-commit thread and
     /// reaper task, so it must be called inside a tokio runtime. Both end
     /// when the last clone of the store is dropped.
@@ -319,12 +345,14 @@ impl LogStore {
         }
         let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
         let (reaper, wake) = mpsc::unbounded_channel();
+        let passes = Arc::new(watch::channel(0).0);
         let reaping: Reaper = Box::pin(reap_loop(
             log.clone(),
             state.clone(),
             first_kept.clone(),
             guard.clone(),
             wake,
+            passes.clone(),
         ));
         let store = Self {
             db: db.clone(),
@@ -337,6 +365,7 @@ impl LogStore {
             guard,
             written,
             cover,
+            passes,
         };
         // A state whose outbox reads entries that were deleted is older than
         // the checkpoint the deletion was based on. That is not damage by
