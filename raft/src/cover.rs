@@ -63,11 +63,6 @@ impl SnapshotCover {
         Self(Arc::new(tx))
     }
 
-    /// The last entry the current snapshot on disk holds.
-    pub fn on_disk(&self) -> Option<LogId<NodeId>> {
-        self.0.borrow().on_disk
-    }
-
     /// A snapshot is on its way in (openraft asked for a file to receive it).
     pub fn receiving(&self) {
         self.0.send_modify(|c| c.install = Install::Underway);

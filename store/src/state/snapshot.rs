@@ -115,8 +115,10 @@ impl StateStore {
         // The marker goes in before anything is cleared and leaves only
         // after the last record: whatever prefix of this sequence a crash
         // keeps is either the old state whole or a state `reload` refuses,
-        // never a mix that loads (a half-imported window with an empty
-        // meta tree looked like a fresh state to re-apply the log onto).
+        // never a mix that loads. Without it a half import loaded: with the
+        // meta tree not yet imported, as a fresh state to re-apply the log
+        // onto; with it imported, as a complete state missing part of its
+        // outbox (the inline records come last).
         self.meta.insert(META_IMPORTING, &[])?;
         for tree in [&self.window, &self.masks, &self.runs, &self.inline] {
             tree.clear()?;
