@@ -92,7 +92,7 @@ pub async fn run(
     let proposer = Proposer {
         raft: cluster.raft.clone(),
         node_id: config.node.id,
-        peers: cluster.peers.clone(),
+        peers: Arc::new(cluster.peers.clone()),
         coalescer,
     };
 
@@ -180,7 +180,7 @@ pub async fn run(
         crate::cluster::elect::drive(
             cluster.raft.clone(),
             config.node.id,
-            cluster.peers.clone(),
+            Arc::new(cluster.peers.clone()),
             cluster.liveness.clone(),
             cluster.timing,
             disk.clone(),

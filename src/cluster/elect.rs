@@ -32,7 +32,7 @@ use openraft::{LogId, ServerState};
 use tokio_util::sync::CancellationToken;
 
 use super::liveness::{Liveness, Timing};
-use super::peers::Peers;
+use super::peers::Call;
 use super::wire::{PreVote, PreVoteReply, Reply, Request};
 
 /// What a voter knows when it is asked for a pre-vote.
@@ -123,7 +123,7 @@ pub fn answer(raft: &Raft, liveness: &Liveness, timing: &Timing, req: &PreVote) 
 pub async fn drive(
     raft: Raft,
     me: NodeId,
-    peers: Peers,
+    peers: Arc<dyn Call>,
     liveness: Arc<Liveness>,
     timing: Timing,
     disk: Arc<crate::diskspace::DiskSpace>,

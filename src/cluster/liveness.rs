@@ -14,9 +14,12 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use firstseen_raft::NodeId;
+// tokio's clock: the same as std's in a node, and the simulated one in the
+// whole-cluster simulation, where elections must see simulated silence.
+use tokio::time::Instant;
 
 /// Raft timing, from `cluster.heartbeat_ms` and `cluster.election_timeout_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -145,40 +145,28 @@ pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
     }
 }
 
-impl Cluster {
-    /// Opens storage under `<data_dir>/raft`, starts Raft and bootstraps the
-    /// group if it was never initialised. Starting every node with the same
-    /// config is safe: a node that already has state skips bootstrap, and
-    /// nodes bootstrapping together write the same membership entry.
-    ///
-    /// Connection tasks are spawned on `tasks`, the node's supervisor's.
-    pub async fn start(config: &Config, tasks: TaskTracker) -> Result<Self, Error> {
-        let key = load_key(config)?;
-        let source_ip: Option<IpAddr> = config
-            .cluster
-            .listen
-            .map(|a| a.ip())
-            .filter(|ip| !ip.is_unspecified());
-        let tls = config
-            .cluster
-            .tls
-            .as_ref()
-            .map(tls::PeerTls::load)
-            .transpose()?;
-        let liveness = Arc::new(liveness::Liveness::new());
-        let peers = Peers::new(
-            config.node.id,
-            key.clone(),
-            source_ip,
-            tls.clone(),
-            liveness.clone(),
-            tasks,
-        );
+/// A node's Raft group member: its storage and openraft on some network.
+pub struct Group {
+    pub raft: Raft,
+    pub state: StateStore,
+    pub outbox: firstseen_raft::Outbox,
+    pub disk: firstseen_store::disk::Disk,
+    pub reaper: firstseen_raft::log_store::Reaper,
+}
+
+impl Group {
+    /// Opens storage under `<data_dir>/raft`, starts Raft on `network` and
+    /// bootstraps the group if it was never initialised. Starting every
+    /// node with the same config is safe: a node that already has state
+    /// skips bootstrap, and nodes bootstrapping together write the same
+    /// membership entry. The node passes its TCP peers; the whole-cluster
+    /// simulation passes its in-memory network.
+    pub async fn open(config: &Config, network: peers::Network) -> Result<Self, Error> {
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
             config.node.id,
             Arc::new(raft_config(config)?),
-            peers.clone(),
+            network,
             storage.log,
             storage.state_machine,
         )
@@ -207,13 +195,51 @@ impl Cluster {
             state: storage.state,
             outbox: storage.outbox,
             disk: storage.disk,
+            reaper: storage.reaper,
+        })
+    }
+}
+
+impl Cluster {
+    /// Connects to the peers over TCP (or TLS) and opens the node's
+    /// [`Group`] on them.
+    ///
+    /// Connection tasks are spawned on `tasks`, the node's supervisor's.
+    pub async fn start(config: &Config, tasks: TaskTracker) -> Result<Self, Error> {
+        let key = load_key(config)?;
+        let source_ip: Option<IpAddr> = config
+            .cluster
+            .listen
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified());
+        let tls = config
+            .cluster
+            .tls
+            .as_ref()
+            .map(tls::PeerTls::load)
+            .transpose()?;
+        let liveness = Arc::new(liveness::Liveness::new());
+        let peers = Peers::new(
+            config.node.id,
+            key.clone(),
+            source_ip,
+            tls.clone(),
+            liveness.clone(),
+            tasks,
+        );
+        let group = Group::open(config, peers::Network(Arc::new(peers.clone()))).await?;
+        Ok(Self {
+            raft: group.raft,
+            state: group.state,
+            outbox: group.outbox,
+            disk: group.disk,
             node_id: config.node.id,
             peers,
             key,
             tls,
             liveness,
             timing: timing(config),
-            reaper: Some(storage.reaper),
+            reaper: Some(group.reaper),
         })
     }
 

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use firstseen_raft::{Member, NodeId, TypeConfig};
+use futures::future::BoxFuture;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -79,6 +80,31 @@ pub enum CallError {
     Timeout { addr: String, timeout: Duration },
     #[error("{addr}: {reason}")]
     Protocol { addr: String, reason: String },
+}
+
+/// The peer network as the node's core sees it: one request to the peer at
+/// `addr`, answered or failed within `timeout`. [`Peers`] carries it over
+/// authenticated TCP (or TLS); the whole-cluster simulation carries it in
+/// memory, through its nemesis. openraft's network ([`Network`]), the
+/// proposer's forwards and the pre-votes all go through this one door.
+pub trait Call: Send + Sync + 'static {
+    fn call<'a>(
+        &'a self,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Reply, CallError>>;
+}
+
+impl Call for Peers {
+    fn call<'a>(
+        &'a self,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Reply, CallError>> {
+        Box::pin(Peers::call(self, addr, request, timeout))
+    }
 }
 
 type Waiter = oneshot::Sender<Result<Reply, CallError>>;
@@ -557,12 +583,16 @@ impl Peers {
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for Peers {
+/// openraft's network: Raft's RPCs over a [`Call`].
+#[derive(Clone)]
+pub struct Network(pub Arc<dyn Call>);
+
+impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
         PeerClient {
-            peers: self.clone(),
+            peers: self.0.clone(),
             target,
             addr: node.addr.clone(),
         }
@@ -571,7 +601,7 @@ impl RaftNetworkFactory<TypeConfig> for Peers {
 
 /// openraft's connection to one peer.
 pub struct PeerClient {
-    peers: Peers,
+    peers: Arc<dyn Call>,
     target: NodeId,
     addr: String,
 }

@@ -240,7 +240,9 @@ async fn handshake(s: &mut BoxStream, svc: &PeerService) -> Result<NodeId, Strin
     Ok(node)
 }
 
-async fn dispatch(svc: &PeerService, request: Request) -> Reply {
+/// Serves one request from an authenticated peer. Public for the
+/// whole-cluster simulation, whose network hands requests straight to it.
+pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
     // Refused before openraft sees it: a write that fails in sled is fatal
     // to the Raft node, and a leader carries on without this member. Empty
     // appends (heartbeats) still pass, so this node keeps its leader.

@@ -14,13 +14,14 @@
 pub mod clocks;
 pub mod coalesce;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_raft::{NodeId, Raft};
 use firstseen_store::{Batch, Outcome};
 use futures::future::BoxFuture;
 
-use crate::cluster::peers::{self, Peers};
+use crate::cluster::peers::{self, Call};
 use crate::cluster::wire::{ForwardError, Reply, Request};
 
 /// How long a follower waits for the leader to commit a forwarded batch,
@@ -58,7 +59,8 @@ pub enum ProposeError {
 pub struct Proposer {
     pub raft: Raft,
     pub node_id: NodeId,
-    pub peers: Peers,
+    /// The peer network, for forwards to the leader.
+    pub peers: Arc<dyn Call>,
     /// Merges batches into entries on the leader; it stamps the window.
     pub coalescer: coalesce::Coalescer,
 }
