@@ -365,6 +365,15 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
             tp.producer = Some(producer);
+            // A tail ahead of the watermark is in Pulsar, so it is the
+            // watermark now. Without this, receipts that came back after the
+            // last watermark of a term that then ended (a lost lease) were
+            // never recorded while the topic stayed idle: the outbox kept
+            // messages that were in Pulsar, and the log could not be purged
+            // past them (the whole-cluster simulation found it).
+            tp.proposed = tp.proposed.max(watermark);
+            tp.confirmed = tp.confirmed.max(tail_seq.unwrap_or(0));
+            tp.propose_watermark(&self.group, true);
         }
         let batch = self.outbox.read(&tp.topic, tp.next_seq, self.batch)?;
         let Some((first, _)) = batch.first() else {
