@@ -1,4 +1,9 @@
-//! What the simulations share: a seedable generator and the seed list.
+//! What the simulations share: a seedable generator and the seed list, and
+//! the model of Pulsar ([`pulsar`]).
+
+// Not every simulation publishes.
+#[allow(dead_code)]
+pub mod pulsar;
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;

@@ -1,0 +1,919 @@
+//! The whole cluster in one process: three nodes, each with its real storage
+//! (sled in a temporary directory), openraft, the elections, the leader's
+//! coalescer, the proposer, the peer service, the batcher and the
+//! publisher, wired as `src/node.rs` wires them, on tokio's paused clock.
+//! What is not real is the outside world, behind the node's ports:
+//!
+//! - **The peer network** (`Call`): requests go through the wire codec and
+//!   the peer service's dispatch, as over TCP, but in memory. The nemesis
+//!   delays them, loses them, and cuts nodes off (a request to or from a
+//!   cut node times out; one to a crashed node is refused).
+//! - **The MQTT broker**: one persistent session per node, every message
+//!   published to all three (the zones). A session keeps a message until
+//!   that node acks it, and after a crash the next connection gets every
+//!   unacked message again first, in order, with new packet ids; an ack
+//!   from an older connection is ignored, as the node's ack gate does.
+//! - **Pulsar** (`tests/sim/pulsar.rs`): exclusive producers, receipts lost
+//!   with the connection, a prefix of the queue persisted anyway.
+//!
+//! The nemesis, on a schedule drawn from the seed: crashes a node (its tasks
+//! dropped mid-flight, openraft stopped) and restarts it on the same
+//! directory; cuts a node off the peer network; makes the network lossy;
+//! cuts a node's connection to Pulsar. Faults overlap. A crash here keeps
+//! what sled wrote: losing unsynced writes is the power-cut tests' job
+//! (`tests/durability.rs`, on the crash filesystem).
+//!
+//! The checker, after the faults heal and the cluster settles: every
+//! message acked by any node is in Pulsar (G1, G4: an ack before the
+//! commit loses a message when the leader dies), no key is there twice
+//! (G2), each topic's sequence runs 1, 2, 3… with no gap or repeat (G3),
+//! every session is drained, and every node's outbox is empty (G5).
+//!
+//! `SIM_SEEDS=N` runs N seeds (default 40), `SIM_SEED=S` runs one,
+//! printing its trace. As in the other simulations, the seed fixes the
+//! schedule; the interleaving also depends on tokio's choices and on the
+//! blocking pool that does sled's I/O, so a failing seed replays its
+//! schedule, not always its exact run.
+
+mod sim;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use firstseen::ack::{AckStats, AckToken};
+use firstseen::batch::port::Acks;
+use firstseen::batch::{BatchPolicy, Batcher};
+use firstseen::cluster::liveness::Liveness;
+use firstseen::cluster::peers::{Call, CallError, Network};
+use firstseen::cluster::server::{dispatch, PeerService};
+use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
+use firstseen::cluster::{self, elect, Group};
+use firstseen::config::Config;
+use firstseen::diskspace::DiskSpace;
+use firstseen::ingest::Received;
+use firstseen::propose::coalesce::{self, Coalescer};
+use firstseen::propose::Proposer;
+use firstseen::publish::adapter::{RaftGroup, StateOutbox};
+use firstseen::publish::Publisher;
+use firstseen_raft::{NodeId, Raft};
+use firstseen_store::Observation;
+use futures::future::BoxFuture;
+use sim::pulsar::{self, HasPulsar, Pulsar, SimBroker};
+use sim::{check_seeds, lock, traced, Rng};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const NODES: u64 = 3;
+const TOPICS: [&str; 2] = ["persistent://sim/t/a", "persistent://sim/t/b"];
+/// Messages the upstream publisher sends per run (each reaches every node).
+const MESSAGES: u64 = 300;
+/// Faults happen during this much simulated time.
+const FAULTS_FOR: Duration = Duration::from_secs(12);
+/// After the faults, everything must be acked and in Pulsar within this.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+/// One node's persistent session on the MQTT broker.
+struct Session {
+    epoch: u64,
+    next_pkid: u16,
+    /// Packet id → message, for the current connection.
+    inflight: BTreeMap<u16, u64>,
+    /// Messages not yet acked, in the order they were published.
+    unacked: BTreeSet<u64>,
+    /// Messages to hand to the next connection that reads.
+    outgoing: VecDeque<u64>,
+    wake: Arc<Notify>,
+}
+
+/// Everything the models share.
+struct World {
+    rng: Rng,
+    started: Instant,
+    trace: Vec<String>,
+    problems: Vec<String>,
+    sessions: BTreeMap<NodeId, Session>,
+    /// Messages some node acked: the broker forgot them there.
+    acked: BTreeSet<u64>,
+    // The peer network.
+    down: BTreeSet<NodeId>,
+    cut: BTreeSet<NodeId>,
+    /// Requests (and replies) lost, per thousand.
+    loss: u64,
+    pulsar: Pulsar,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+impl World {
+    fn log(&mut self, line: String) {
+        self.trace.push(traced(self.started, line));
+    }
+}
+
+impl HasPulsar for World {
+    fn pulsar(&mut self) -> &mut Pulsar {
+        &mut self.pulsar
+    }
+
+    fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
+    }
+
+    fn log(&mut self, line: String) {
+        World::log(self, line)
+    }
+}
+
+fn key_of(message: u64) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&message.to_be_bytes());
+    key
+}
+
+fn message_of(key: &[u8; 32]) -> u64 {
+    u64::from_be_bytes(key[..8].try_into().expect("8 bytes"))
+}
+
+fn addr(id: NodeId) -> String {
+    format!("127.0.0.1:{}", 10_000 + id)
+}
+
+fn node_of(addr: &str) -> Option<NodeId> {
+    addr.rsplit(':')
+        .next()?
+        .parse::<u64>()
+        .ok()?
+        .checked_sub(10_000)
+}
+
+// ----- The peer network -----
+
+/// The peer services of the running nodes, by id: where requests land.
+type Services = Arc<Mutex<HashMap<NodeId, Arc<PeerService>>>>;
+
+/// Node `from`'s side of the network.
+struct SimCall {
+    from: NodeId,
+    world: Shared,
+    services: Services,
+    liveness: Arc<Liveness>,
+}
+
+/// What the network does to one leg of a call.
+enum Leg {
+    Delay(Duration),
+    Lost,
+    Refused,
+}
+
+impl SimCall {
+    fn leg(&self, to: NodeId) -> Leg {
+        let mut w = lock(&self.world);
+        if w.down.contains(&to) {
+            return Leg::Refused;
+        }
+        if w.cut.contains(&to) || w.cut.contains(&self.from) {
+            return Leg::Lost;
+        }
+        let loss = w.loss;
+        if w.rng.below(1_000) < loss {
+            return Leg::Lost;
+        }
+        // Mostly a millisecond or two; now and then a stall.
+        if w.rng.below(50) == 0 {
+            Leg::Delay(w.rng.ms(20, 150))
+        } else {
+            Leg::Delay(w.rng.ms(0, 2))
+        }
+    }
+
+    async fn exchange(&self, addr: &str, request: &Request) -> Result<Reply, CallError> {
+        let lost = || CallError::Lost {
+            addr: addr.into(),
+            reason: "connection closed".into(),
+        };
+        let to = node_of(addr).ok_or_else(|| CallError::Unreachable {
+            addr: addr.into(),
+            reason: "no such node".into(),
+        })?;
+        let frame = wire::encode(&Envelope {
+            id: 0,
+            body: request,
+        })
+        .map_err(|e| CallError::Protocol {
+            addr: addr.into(),
+            reason: e.to_string(),
+        })?;
+        match self.leg(to) {
+            Leg::Refused => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return Err(CallError::Unreachable {
+                    addr: addr.into(),
+                    reason: "connection refused".into(),
+                });
+            }
+            // Never answered: the caller's timeout ends it.
+            Leg::Lost => std::future::pending::<()>().await,
+            Leg::Delay(d) => tokio::time::sleep(d).await,
+        }
+        let service = lock(&self.services).get(&to).cloned().ok_or_else(lost)?;
+        service.liveness.peer_seen(self.from);
+        let request: Envelope<Request> =
+            wire::decode(&frame[4..]).map_err(|e| CallError::Protocol {
+                addr: addr.into(),
+                reason: e.to_string(),
+            })?;
+        let reply = dispatch(&service, request.body).await;
+        drop(service);
+        let frame =
+            wire::encode(&Envelope { id: 0, body: reply }).map_err(|e| CallError::Protocol {
+                addr: addr.into(),
+                reason: e.to_string(),
+            })?;
+        match self.leg(to) {
+            // The node crashed while it served the request.
+            Leg::Refused => return Err(lost()),
+            Leg::Lost => std::future::pending::<()>().await,
+            Leg::Delay(d) => tokio::time::sleep(d).await,
+        }
+        let reply: Envelope<Reply> =
+            wire::decode(&frame[4..]).map_err(|e| CallError::Protocol {
+                addr: addr.into(),
+                reason: e.to_string(),
+            })?;
+        self.liveness.peer_seen(to);
+        Ok(reply.body)
+    }
+}
+
+impl Call for SimCall {
+    fn call<'a>(
+        &'a self,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Reply, CallError>> {
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, self.exchange(addr, request)).await {
+                Ok(r) => r,
+                Err(_) => Err(CallError::Timeout {
+                    addr: addr.into(),
+                    timeout,
+                }),
+            }
+        })
+    }
+}
+
+// ----- The MQTT broker -----
+
+/// Node `node`'s ack gate, as the broker's session sees it.
+struct Acker {
+    node: NodeId,
+    world: Shared,
+}
+
+impl Acks for Acker {
+    fn upstreams(&self) -> usize {
+        1
+    }
+
+    fn ack(&self, _upstream: usize, tokens: &[AckToken]) -> AckStats {
+        let mut w = lock(&self.world);
+        let mut stats = AckStats::default();
+        let mut acked = Vec::new();
+        let s = w.sessions.get_mut(&self.node).expect("a session per node");
+        for t in tokens {
+            if t.epoch != s.epoch {
+                stats.stale += 1;
+                continue;
+            }
+            match s.inflight.remove(&t.pkid) {
+                Some(message) => {
+                    s.unacked.remove(&message);
+                    acked.push(message);
+                    stats.sent += 1;
+                }
+                None => {
+                    let line = format!(
+                        "node {}: ack for packet id {} that is not in flight",
+                        self.node, t.pkid
+                    );
+                    w.problems.push(line);
+                    return stats;
+                }
+            }
+        }
+        w.acked.extend(acked);
+        stats
+    }
+}
+
+fn received(node: NodeId, message: u64, epoch: u64, pkid: u16) -> Received {
+    Received {
+        observation: Some(Observation {
+            key: key_of(message),
+            mqtt_topic: "/hfp/sim".into(),
+            pulsar_topic: TOPICS[(message % 2) as usize].into(),
+            payload: message.to_be_bytes().to_vec(),
+            qos: 1,
+            retain: false,
+            node,
+            // The node's wall clock, as ingest stamps it: the leader stamps
+            // the window from these readings and its own clock, which is
+            // the machine's, not the simulated one.
+            received_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_millis() as u64,
+        }),
+        properties: None,
+        ack: Some(AckToken {
+            upstream: 0,
+            epoch,
+            pkid,
+            qos: 1,
+        }),
+    }
+}
+
+/// Node `node`'s connection to the broker, for one life of the node:
+/// unacked messages first, in order, then the rest as they come.
+async fn connection(node: NodeId, world: Shared, tx: mpsc::Sender<Received>) {
+    let (epoch, wake) = {
+        let mut w = lock(&world);
+        let s = w.sessions.get_mut(&node).expect("a session per node");
+        s.epoch += 1;
+        s.inflight.clear();
+        let again: Vec<u64> = s
+            .unacked
+            .iter()
+            .copied()
+            .filter(|m| !s.outgoing.contains(m))
+            .collect();
+        for m in again.into_iter().rev() {
+            s.outgoing.push_front(m);
+        }
+        (s.epoch, s.wake.clone())
+    };
+    loop {
+        let next = {
+            let mut w = lock(&world);
+            let s = w.sessions.get_mut(&node).expect("a session per node");
+            s.outgoing.pop_front().map(|m| {
+                let pkid = s.next_pkid;
+                s.next_pkid = s.next_pkid.wrapping_add(1).max(1);
+                s.inflight.insert(pkid, m);
+                (m, pkid)
+            })
+        };
+        match next {
+            Some((m, pkid)) => {
+                if tx.send(received(node, m, epoch, pkid)).await.is_err() {
+                    return;
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+// ----- A node -----
+
+/// A running node: its tasks and what the harness needs to stop it.
+struct Running {
+    raft: Raft,
+    tasks: Vec<JoinHandle<()>>,
+    state: firstseen_store::StateStore,
+}
+
+fn config(id: NodeId, dir: &Path, secret: &Path) -> Config {
+    let mut members = String::new();
+    for m in 1..=NODES {
+        members.push_str(&format!(
+            "[[cluster.members]]\nid = {m}\nzone = \"z{m}\"\naddr = \"{}\"\n",
+            addr(m)
+        ));
+    }
+    let text = format!(
+        r#"[node]
+id = {id}
+zone = "z{id}"
+data_dir = "{data}"
+http_listen = "127.0.0.1:0"
+
+[batch]
+max_messages = 20
+linger_ms = 5
+
+[pulsar]
+url = "pulsar://127.0.0.1:1"
+
+[[upstreams]]
+name = "sim"
+url = "mqtt://127.0.0.1:1"
+[[upstreams.subscriptions]]
+filter = "/hfp/#"
+qos = 1
+
+[[routes]]
+filter = "/hfp/#"
+pulsar_topic = "{topic}"
+
+[cluster]
+listen = "{listen}"
+secret_file = "{secret}"
+snapshot_logs = 40
+{members}"#,
+        data = dir.display(),
+        topic = TOPICS[0],
+        listen = addr(id),
+        secret = secret.display(),
+    );
+    Config::parse(&text, Path::new("sim.toml"), Vec::new()).expect("the simulation's config")
+}
+
+/// Starts node `id` on `dir`, as `src/node.rs` does, minus HTTP, the disk
+/// and storage watchdogs and the upstream connections (the model's).
+async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services) -> Running {
+    let liveness = Arc::new(Liveness::new());
+    let call = Arc::new(SimCall {
+        from: id,
+        world: world.clone(),
+        services: services.clone(),
+        liveness: liveness.clone(),
+    });
+    // The crashed life's last handles (a call it was serving) may still
+    // hold the databases' locks for a moment.
+    let mut attempt = 0;
+    let group = loop {
+        match Group::open(config, Network(call.clone())).await {
+            Ok(g) => break g,
+            Err(e) if attempt < 100 => {
+                attempt += 1;
+                if attempt == 1 {
+                    lock(world).log(format!("node {id} cannot open its storage yet: {e}"));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("node {id} cannot open its storage: {e}"),
+        }
+    };
+    let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
+    let timing = cluster::timing(config);
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let (coalescer, coalescing) = Coalescer::new(
+        group.raft.clone(),
+        group.state.clone(),
+        coalesce::Settings {
+            window_ms: config.dedup.window_secs * 1_000,
+            max_bytes: config.batch.max_bytes,
+        },
+        disk.clone(),
+        stop.clone(),
+    );
+    tasks.push(tokio::spawn(coalescing));
+    tasks.push(tokio::spawn(group.reaper));
+    let proposer = Proposer {
+        raft: group.raft.clone(),
+        node_id: id,
+        peers: call.clone(),
+        coalescer,
+    };
+    lock(services).insert(
+        id,
+        Arc::new(PeerService {
+            node_id: id,
+            raft: group.raft.clone(),
+            key: ClusterKey::from_secret(b"sim"),
+            forwarded: Arc::new(proposer.clone()),
+            tls: None,
+            disk: disk.clone(),
+            liveness: liveness.clone(),
+            timing,
+        }),
+    );
+    tasks.push(tokio::spawn(elect::drive(
+        group.raft.clone(),
+        id,
+        call.clone(),
+        liveness.clone(),
+        timing,
+        disk.clone(),
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(elect::watch_lease(
+        group.raft.clone(),
+        liveness.clone(),
+        timing,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(
+        Publisher {
+            broker: SimBroker {
+                node: id,
+                world: world.clone(),
+            },
+            group: RaftGroup {
+                raft: group.raft.clone(),
+                proposer: proposer.clone(),
+                liveness: liveness.clone(),
+                lease_timeout: timing.confirm_timeout(),
+                metrics: group.raft.metrics(),
+            },
+            outbox: StateOutbox {
+                state: group.state.clone(),
+                outbox: group.outbox.clone(),
+            },
+            node_id: id,
+            batch: config.pulsar.publish_batch,
+            shutdown: stop.clone(),
+            disk: disk.clone(),
+        }
+        .run(),
+    ));
+    let (tx, rx) = mpsc::channel(64);
+    tasks.push(tokio::spawn(firstseen::batch::run(
+        Batcher {
+            policy: BatchPolicy {
+                max_messages: config.batch.max_messages,
+                max_bytes: config.batch.max_bytes,
+                linger: Duration::from_millis(config.batch.linger_ms),
+            },
+            group: Arc::new(proposer),
+            acks: Arc::new(Acker {
+                node: id,
+                world: world.clone(),
+            }),
+            state: group.state.clone(),
+            quota_bytes: config.outbox.quota_bytes,
+            disk,
+            shutdown: stop.clone(),
+        },
+        rx,
+    )));
+    tasks.push(tokio::spawn(connection(id, world.clone(), tx)));
+    tasks.push(tokio::spawn(watch_leadership(
+        id,
+        group.raft.clone(),
+        world.clone(),
+    )));
+    // Never cancelled: a crash stops nothing politely.
+    drop(stop);
+    Running {
+        raft: group.raft,
+        tasks,
+        state: group.state,
+    }
+}
+
+/// Puts node `id`'s view of the leadership in the trace.
+async fn watch_leadership(id: NodeId, raft: Raft, world: Shared) {
+    let mut rx = raft.metrics();
+    let mut last = None;
+    loop {
+        let now = {
+            let m = rx.borrow_and_update();
+            (m.current_term, m.current_leader)
+        };
+        if last != Some(now) {
+            lock(&world).log(format!("node {id}: term {}, leader {:?}", now.0, now.1));
+            last = Some(now);
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The process dies: every task is dropped where it stands, openraft's
+/// core stops, and the node's handles go. What sled wrote stays.
+async fn crash(id: NodeId, node: Running, services: &Services) {
+    lock(services).remove(&id);
+    for t in &node.tasks {
+        t.abort();
+    }
+    for t in node.tasks {
+        let _ = t.await;
+    }
+    let _ = node.raft.shutdown().await;
+}
+
+// ----- The run -----
+
+#[derive(Debug)]
+enum Fault {
+    Crash(NodeId, Duration),
+    Cut(NodeId, Duration),
+    Lossy(u64, Duration),
+    PulsarCut(NodeId),
+}
+
+fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    let mut at = Duration::from_millis(800);
+    let mut faults = Vec::new();
+    loop {
+        at += rng.ms(100, 2_000);
+        if at >= FAULTS_FOR {
+            return faults;
+        }
+        let node = 1 + rng.below(NODES);
+        let fault = match rng.below(7) {
+            0..=2 => Fault::Crash(node, rng.ms(0, 2_500)),
+            3 | 4 => Fault::Cut(node, rng.ms(100, 3_000)),
+            5 => Fault::Lossy(rng.below(300), rng.ms(200, 2_000)),
+            _ => Fault::PulsarCut(node),
+        };
+        faults.push((at, fault));
+    }
+}
+
+/// Each node's outbox at the end: (topic, last sequence, published up to).
+type Outboxes = Vec<(NodeId, Vec<(String, u64, u64)>)>;
+
+fn check(w: &World, outboxes: &Outboxes) -> Vec<String> {
+    let mut problems = w.problems.clone();
+    let mut seen: BTreeMap<u64, String> = BTreeMap::new();
+    for (topic, messages) in &w.pulsar.topics {
+        for (i, (seq, key)) in messages.iter().enumerate() {
+            if *seq != i as u64 + 1 {
+                problems.push(format!(
+                    "{topic}: message {} has sequence {seq} (G3: no gap, no repeat)",
+                    i + 1
+                ));
+                break;
+            }
+            let m = message_of(key);
+            let here = format!("{topic} #{seq}");
+            if let Some(first) = seen.insert(m, here.clone()) {
+                problems.push(format!(
+                    "message {m} is in Pulsar twice ({first} and {here}, G2)"
+                ));
+            }
+        }
+    }
+    let lost: Vec<u64> = w
+        .acked
+        .iter()
+        .copied()
+        .filter(|m| !seen.contains_key(m))
+        .collect();
+    if !lost.is_empty() {
+        problems.push(format!(
+            "{} acked messages are not in Pulsar (G1), first: {:?}",
+            lost.len(),
+            &lost[..lost.len().min(10)]
+        ));
+    }
+    let missing = (0..MESSAGES).filter(|m| !seen.contains_key(m)).count();
+    if missing > 0 {
+        problems.push(format!(
+            "{missing} of {MESSAGES} messages did not reach Pulsar within {SETTLE_WITHIN:?}"
+        ));
+    }
+    for (node, s) in &w.sessions {
+        if !s.unacked.is_empty() {
+            problems.push(format!(
+                "node {node} left {} messages unacked",
+                s.unacked.len()
+            ));
+        }
+    }
+    for (node, topics) in outboxes {
+        for (topic, next, published) in topics {
+            if next != published {
+                problems.push(format!(
+                    "node {node}: {topic} has sequences up to {next} but published only {published} (G5)"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Whether every message is acked everywhere and in Pulsar.
+fn settled(w: &World) -> bool {
+    w.sessions.values().all(|s| s.unacked.is_empty())
+        && w.pulsar.topics.values().map(Vec::len).sum::<usize>() as u64 >= MESSAGES
+}
+
+fn run(seed: u64) -> (Vec<String>, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let base = tempfile::TempDir::new().expect("temporary directory");
+    let secret = base.path().join("cluster.secret");
+    std::fs::write(&secret, "sim-secret\n").expect("secret file");
+    let dirs: Vec<PathBuf> = (1..=NODES)
+        .map(|id| {
+            let d = base.path().join(format!("node{id}"));
+            std::fs::create_dir_all(&d).expect("data dir");
+            d
+        })
+        .collect();
+    let configs: BTreeMap<NodeId, Config> = (1..=NODES)
+        .map(|id| (id, config(id, &dirs[id as usize - 1], &secret)))
+        .collect();
+    let result = rt.block_on(async move {
+        let mut rng = Rng(seed);
+        let world: Shared = Arc::new(Mutex::new(World {
+            rng: Rng(rng.next()),
+            started: Instant::now(),
+            trace: Vec::new(),
+            problems: Vec::new(),
+            sessions: (1..=NODES)
+                .map(|id| {
+                    (
+                        id,
+                        Session {
+                            epoch: 0,
+                            next_pkid: 1,
+                            inflight: BTreeMap::new(),
+                            unacked: BTreeSet::new(),
+                            outgoing: VecDeque::new(),
+                            wake: Arc::new(Notify::new()),
+                        },
+                    )
+                })
+                .collect(),
+            acked: BTreeSet::new(),
+            down: BTreeSet::new(),
+            cut: BTreeSet::new(),
+            loss: 0,
+            pulsar: Pulsar::default(),
+        }));
+        let services: Services = Arc::new(Mutex::new(HashMap::new()));
+        let pulsar_stop = CancellationToken::new();
+        let pulsar_disk = tokio::spawn(pulsar::disk(world.clone(), pulsar_stop.clone()));
+        let mut nodes: BTreeMap<NodeId, Running> = BTreeMap::new();
+        for id in 1..=NODES {
+            nodes.insert(id, start(id, &configs[&id], &world, &services).await);
+        }
+        // The upstream publisher: every message to every node's session.
+        let publisher = {
+            let world = world.clone();
+            let mut rng = Rng(rng.next());
+            tokio::spawn(async move {
+                for m in 0..MESSAGES {
+                    let gap = 2 * FAULTS_FOR.as_millis() as u64 / MESSAGES;
+                    tokio::time::sleep(rng.ms(0, gap)).await;
+                    let mut w = lock(&world);
+                    for s in w.sessions.values_mut() {
+                        s.unacked.insert(m);
+                        s.outgoing.push_back(m);
+                        s.wake.notify_one();
+                    }
+                }
+            })
+        };
+        // Faults end by themselves: each one heals on a timer of its own.
+        let started = Instant::now();
+        let mut heals: Vec<(Instant, Fault)> = Vec::new();
+        for (at, fault) in schedule(&mut Rng(rng.next())) {
+            heal_until(
+                started + at,
+                &mut heals,
+                &mut nodes,
+                &configs,
+                &world,
+                &services,
+            )
+            .await;
+            lock(&world).log(format!("fault: {fault:?}"));
+            match fault {
+                Fault::Crash(id, down_for) => {
+                    if let Some(node) = nodes.remove(&id) {
+                        lock(&world).down.insert(id);
+                        crash(id, node, &services).await;
+                        heals.push((Instant::now() + down_for, Fault::Crash(id, down_for)));
+                    }
+                }
+                Fault::Cut(id, for_) => {
+                    lock(&world).cut.insert(id);
+                    heals.push((Instant::now() + for_, Fault::Cut(id, for_)));
+                }
+                Fault::Lossy(loss, for_) => {
+                    lock(&world).loss = loss;
+                    heals.push((Instant::now() + for_, Fault::Lossy(loss, for_)));
+                }
+                Fault::PulsarCut(id) => {
+                    let mut w = lock(&world);
+                    let mut rng = w.rng.clone();
+                    let lines = w.pulsar.cut(id, &mut rng);
+                    w.rng = rng;
+                    for l in lines {
+                        w.log(l);
+                    }
+                }
+            }
+        }
+        heal_until(
+            started + FAULTS_FOR,
+            &mut heals,
+            &mut nodes,
+            &configs,
+            &world,
+            &services,
+        )
+        .await;
+        heal(&mut heals, &mut nodes, &configs, &world, &services, true).await;
+        publisher.await.expect("publisher");
+        lock(&world).log("faults over".into());
+        let settle = Instant::now() + SETTLE_WITHIN;
+        while Instant::now() < settle && !settled(&lock(&world)) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The publisher needs a moment to record its last receipts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut outboxes: Outboxes = Vec::new();
+        for (id, node) in &nodes {
+            let topics = node
+                .state
+                .topics()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(t, s)| (t, s.last_seq, s.published_seq))
+                .collect();
+            outboxes.push((*id, topics));
+        }
+        for (id, node) in std::mem::take(&mut nodes) {
+            crash(id, node, &services).await;
+        }
+        pulsar_stop.cancel();
+        let _ = pulsar_disk.await;
+        let mut w = lock(&world);
+        let problems = check(&w, &outboxes);
+        (std::mem::take(&mut w.trace), problems)
+    });
+    drop(rt);
+    drop(base);
+    result
+}
+
+/// Waits until `until`, undoing each fault when its time comes.
+async fn heal_until(
+    until: Instant,
+    heals: &mut Vec<(Instant, Fault)>,
+    nodes: &mut BTreeMap<NodeId, Running>,
+    configs: &BTreeMap<NodeId, Config>,
+    world: &Shared,
+    services: &Services,
+) {
+    while let Some(next) = heals
+        .iter()
+        .map(|(at, _)| *at)
+        .min()
+        .filter(|at| *at < until)
+    {
+        tokio::time::sleep_until(next).await;
+        heal(heals, nodes, configs, world, services, false).await;
+    }
+    tokio::time::sleep_until(until).await;
+}
+
+/// Undoes the faults whose time has come (all of them with `all`).
+async fn heal(
+    heals: &mut Vec<(Instant, Fault)>,
+    nodes: &mut BTreeMap<NodeId, Running>,
+    configs: &BTreeMap<NodeId, Config>,
+    world: &Shared,
+    services: &Services,
+    all: bool,
+) {
+    let now = Instant::now();
+    let (due, later): (Vec<_>, Vec<_>) = std::mem::take(heals)
+        .into_iter()
+        .partition(|(at, _)| all || *at <= now);
+    *heals = later;
+    for (_, fault) in due {
+        match fault {
+            Fault::Crash(id, _) => {
+                lock(world).down.remove(&id);
+                let node = start(id, &configs[&id], world, services).await;
+                nodes.insert(id, node);
+                lock(world).log(format!("node {id} restarted"));
+            }
+            Fault::Cut(id, _) => {
+                lock(world).cut.remove(&id);
+                lock(world).log(format!("node {id} reconnected"));
+            }
+            Fault::Lossy(..) => {
+                lock(world).loss = 0;
+                lock(world).log("network lossless again".into());
+            }
+            Fault::PulsarCut(_) => {}
+        }
+    }
+}
+
+#[test]
+fn the_whole_cluster_keeps_every_acked_message_exactly_once_under_seeded_faults() {
+    check_seeds("simulate_cluster", 40, FAULTS_FOR, run);
+}
