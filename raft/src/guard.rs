@@ -19,8 +19,9 @@
 //! A torn write damages at most the slot being written; the other still
 //! holds the previous record. The vote, purges and truncations are written
 //! and synced before the log call returns. The durable log id is written
-//! after every log sync but synced only every [`Guard::EVERY`] (and when the
-//! log closes): a process crash or a clean stop leaves the exact position
+//! after every log sync but synced only every [`Guard::EVERY`] (by the
+//! group commit while busy, by the log's reaper within a tick once idle,
+//! and when the log closes): a process crash or a clean stop leaves the exact position
 //! in the page cache, a power cut leaves one at most a second old, and it
 //! costs no second `fdatasync` per group commit. Since the guard is written
 //! after the log's own sync, whatever part of it survives a power cut is

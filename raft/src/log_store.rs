@@ -2,7 +2,7 @@
 //!
 //! Durability goes through [`firstseen_store::disk`]: an append is reported
 //! durable only after a sync of the log database that began after it was
-//! written (group commit, on a thread of its own), and the vote is synced
+//! written (group commit, on the blocking pool), and the vote is synced
 //! before `save_vote` returns. The [`Guard`] beside the log records lower
 //! bounds of both, so a log that comes back shorter is refused at start-up.
 
@@ -41,9 +41,8 @@ pub struct LogStore {
     state: StateStore,
     log: sled::Tree,
     meta: sled::Tree,
-    /// Appended batches waiting for the sync that makes them durable, on the
-    /// group-commit thread.
-    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    /// Group commit: appends wait here for the sync that makes them durable.
+    flusher: Arc<Flusher>,
     /// First index not purged. Entries below it may still be on disk while
     /// a background task deletes them, and are never returned to openraft.
     first_kept: Arc<AtomicU64>,
@@ -51,8 +50,8 @@ pub struct LogStore {
     reaper: mpsc::UnboundedSender<()>,
     /// Lower bounds of what this log made durable (see [`crate::guard`]).
     guard: Arc<Mutex<Guard>>,
-    /// The last entry written, for the group-commit thread to know what a
-    /// sync covers.
+    /// The last entry written, for the group commit to know what a sync
+    /// covers.
     written: Arc<Mutex<Written>>,
     /// What the snapshot on disk covers: a purge never passes it.
     cover: SnapshotCover,
@@ -109,6 +108,12 @@ async fn reap_loop(
         let served = first_kept.load(Ordering::Acquire);
         reap_once(&log, &state, served, &guard, &mut deleted_below).await;
         passes.send_modify(|n| *n = (*n).max(served));
+        // The durable position the group commit's last run recorded, synced
+        // within a tick once the log is idle (busy, the runs sync it).
+        let g = guard.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || lock(&g).sync()).await {
+            tracing::warn!(error = %e, "could not sync the guard");
+        }
     }
 }
 
@@ -173,46 +178,77 @@ async fn reap_once(
     }
 }
 
-/// Group commit, on a thread of its own: one sync of the log covers every
-/// append written before it began. openraft does not wait for an append's
-/// sync before handing over the next one, so under load several appends
-/// share a sync; when idle, an append is synced at once. A thread rather
-/// than a task, because `fdatasync` blocks for as long as the disk takes,
-/// and on a two-core node a runtime worker is too dear to spend on it.
-fn flush_thread(
+/// Group commit: one sync of the log covers every append written before it
+/// began. openraft does not wait for an append's sync before handing over
+/// the next one, so under load several appends share a sync; when idle, an
+/// append is synced at once.
+///
+/// The syncs run on the blocking pool, one run at a time, which goes on
+/// while appends keep arriving and ends when none waits: `fdatasync` blocks
+/// for as long as the disk takes, and on a two-core node a runtime worker is
+/// too dear to spend on it. A dedicated thread did this before; the pool
+/// does it as cheaply, and tokio's paused clock sees a sync in progress
+/// (the whole-cluster simulation's clock would otherwise run on while the
+/// disk works).
+struct Flusher {
     db: Db,
     guard: Arc<Mutex<Guard>>,
     written: Arc<Mutex<Written>>,
-    rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>,
-) {
-    use std::sync::mpsc::RecvTimeoutError;
-    let mut waiting = Vec::new();
-    // (truncation generation, last entry) of the last successful sync.
-    let mut synced: Option<(u64, Option<LogId<NodeId>>)> = None;
-    let mut guarded_at = Instant::now();
-    loop {
-        match rx.recv_timeout(Guard::EVERY) {
-            Ok(first) => waiting.push(first),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+    queue: Mutex<FlushQueue>,
+}
+
+#[derive(Default)]
+struct FlushQueue {
+    /// Appends written and waiting for a sync.
+    waiting: Vec<LogFlushed<TypeConfig>>,
+    /// Whether a run is under way; it takes `waiting` before each sync.
+    running: bool,
+    /// When the guard was last synced by a run.
+    guarded_at: Option<Instant>,
+}
+
+impl Flusher {
+    /// Reports `callback` durable after the next sync, starting a run
+    /// unless one is under way (it takes the callback before its next sync).
+    fn submit(self: &Arc<Self>, callback: LogFlushed<TypeConfig>) {
+        let start = {
+            let mut q = lock(&self.queue);
+            q.waiting.push(callback);
+            !std::mem::replace(&mut q.running, true)
+        };
+        if start {
+            let me = self.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn_blocking(move || me.run());
+                }
+                // Outside a runtime (no caller of openraft's is): sync here.
+                Err(_) => me.run(),
+            }
         }
-        while let Ok(more) = rx.try_recv() {
-            waiting.push(more);
-        }
-        if !waiting.is_empty() {
+    }
+
+    /// Syncs until no append waits. Blocking.
+    fn run(&self) {
+        loop {
+            let waiting = {
+                let mut q = lock(&self.queue);
+                if q.waiting.is_empty() {
+                    q.running = false;
+                    return;
+                }
+                std::mem::take(&mut q.waiting)
+            };
             // Every callback in `waiting` was queued after its entries were
             // written, so this sync covers them all.
             let (generation, upto) = {
-                let w = lock(&written);
+                let w = lock(&self.written);
                 (w.generation, w.last)
             };
-            let result = db.sync();
+            let result = self.db.sync();
             metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
-            if result.is_ok() {
-                synced = Some((generation, upto));
-            }
-            let result = result.map_err(|e| std::io::Error::other(e.to_string()));
-            for callback in waiting.drain(..) {
+            let synced = result.is_ok();
+            for callback in waiting {
                 // G4 and G6 rest on this: openraft counts this node towards
                 // a commit, which releases upstream acks, only after the
                 // entries are on stable storage.
@@ -223,28 +259,34 @@ fn flush_thread(
                         .map_err(|e| std::io::Error::other(e.to_string())),
                 );
             }
-        }
-        let mut g = lock(&guard);
-        // Checked under the guard's lock: a truncation bumps the generation
-        // before it lowers the guard, so a sync that raced one never raises
-        // the mark above entries it removed.
-        if let Some((generation, upto)) = synced.take() {
-            if lock(&written).generation == generation {
+            let mut g = lock(&self.guard);
+            // Checked under the guard's lock: a truncation bumps the
+            // generation before it lowers the guard, so a sync that raced
+            // one never raises the mark above entries it removed.
+            if synced && lock(&self.written).generation == generation {
                 if let Err(e) = g.note_durable(upto) {
                     tracing::warn!(error = %e, "could not record the durable log position in the guard");
                 }
             }
-        }
-        if guarded_at.elapsed() >= Guard::EVERY {
-            guarded_at = Instant::now();
-            if let Err(e) = g.sync() {
-                tracing::warn!(error = %e, "could not sync the guard");
+            // Busy, the guard is synced here at most every second; idle, the
+            // reaper's tick syncs what the last run recorded.
+            let mut q = lock(&self.queue);
+            if q.guarded_at.is_none_or(|t| t.elapsed() >= Guard::EVERY) {
+                q.guarded_at = Some(Instant::now());
+                if let Err(e) = g.sync() {
+                    tracing::warn!(error = %e, "could not sync the guard");
+                }
             }
         }
     }
-    // The log is closing: the guard gets its exact last position.
-    if let Err(e) = lock(&guard).sync() {
-        tracing::warn!(error = %e, "could not sync the guard");
+}
+
+impl Drop for Flusher {
+    /// The log is closing: the guard gets its exact last position.
+    fn drop(&mut self) {
+        if let Err(e) = lock(&self.guard).sync() {
+            tracing::warn!(error = %e, "could not sync the guard");
+        }
     }
 }
 
@@ -332,17 +374,12 @@ impl LogStore {
             generation: 0,
             last,
         }));
-        let (flusher, rx) = std::sync::mpsc::channel();
-        {
-            let (db, guard, written) = (db.clone(), guard.clone(), written.clone());
-            std::thread::Builder::new()
-                .name("raft-log-sync".into())
-                .spawn(move || flush_thread(db, guard, written, rx))
-                .map_err(|source| RaftError::Io {
-                    path: dir.clone(),
-                    source,
-                })?;
-        }
+        let flusher = Arc::new(Flusher {
+            db: db.clone(),
+            guard: guard.clone(),
+            written: written.clone(),
+            queue: Mutex::new(FlushQueue::default()),
+        });
         let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
         let (reaper, wake) = mpsc::unbounded_channel();
         let passes = Arc::new(watch::channel(0).0);
@@ -590,15 +627,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut w = lock(&self.written);
             w.last = w.last.max(last);
         }
-        // Reported durable by the group-commit thread, never before a sync.
-        if let Err(std::sync::mpsc::SendError(callback)) = self.flusher.send(callback) {
-            // The thread ended only if it panicked: sync here.
-            let synced = self
-                .sync()
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()));
-            callback.log_io_completed(synced);
-        }
+        // Reported durable by the group commit, never before a sync.
+        self.flusher.submit(callback);
         Ok(())
     }
 
