@@ -19,7 +19,8 @@
 //! The nemesis, on a schedule drawn from the seed: crashes a node (its tasks
 //! dropped mid-flight, openraft stopped) and restarts it on the same
 //! directory; cuts a node off the peer network; makes the network lossy;
-//! cuts a node's connection to Pulsar. Faults overlap. A crash here keeps
+//! cuts a node's connection to Pulsar; takes Pulsar down for a while (the
+//! outbox grows, and snapshots purge the log under it). Faults overlap. A crash here keeps
 //! what sled wrote: losing unsynced writes is the power-cut tests' job
 //! (`tests/durability.rs`, on the crash filesystem).
 //!
@@ -75,6 +76,8 @@ const MESSAGES: u64 = 200;
 const FAULTS_FOR: Duration = Duration::from_secs(10);
 /// After the faults, everything must be acked and in Pulsar within this.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+/// A seed takes about 2 s of wall time; one that takes this long hangs.
+const WALL_LIMIT: Duration = Duration::from_secs(120);
 
 /// One node's persistent session on the MQTT broker.
 struct Session {
@@ -98,11 +101,21 @@ struct World {
     sessions: BTreeMap<NodeId, Session>,
     /// Messages some node acked: the broker forgot them there.
     acked: BTreeSet<u64>,
+    /// The running nodes' states, for the G4 check at each ack.
+    states: BTreeMap<NodeId, firstseen_store::StateStore>,
+    /// Messages published upstream and not yet seen applied anywhere.
+    pending: BTreeSet<u64>,
+    /// Messages seen applied by some node.
+    applied: BTreeSet<u64>,
     // The peer network.
     down: BTreeSet<NodeId>,
     cut: BTreeSet<NodeId>,
     /// Requests (and replies) lost, per thousand.
     loss: u64,
+    /// Requests each node has sent.
+    calls: BTreeMap<NodeId, u64>,
+    /// Nodes whose Raft the harness stops on purpose.
+    stopping: BTreeSet<NodeId>,
     pulsar: Pulsar,
 }
 
@@ -228,7 +241,15 @@ impl SimCall {
                 reason: e.to_string(),
             })?;
         let reply = dispatch(&service, request.body).await;
+        // A reply travels on the connection the request came in on: one
+        // from a node that crashed meanwhile is lost, even if it is back.
+        let same = lock(&self.services)
+            .get(&to)
+            .is_some_and(|now| Arc::ptr_eq(now, &service));
         drop(service);
+        if !same {
+            return Err(lost());
+        }
         let frame =
             wire::encode(&Envelope { id: 0, body: reply }).map_err(|e| CallError::Protocol {
                 addr: addr.into(),
@@ -257,6 +278,7 @@ impl Call for SimCall {
         request: &'a Request,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Reply, CallError>> {
+        *lock(&self.world).calls.entry(self.from).or_default() += 1;
         Box::pin(async move {
             match tokio::time::timeout(timeout, self.exchange(addr, request)).await {
                 Ok(r) => r,
@@ -306,6 +328,32 @@ impl Acks for Acker {
                     w.problems.push(line);
                     return stats;
                 }
+            }
+        }
+        // G4: the broker forgets an acked message, so its key must be
+        // committed already: applied by some node now, or seen applied by
+        // the watcher ([`watch_applied`]) before. A node acks only after its
+        // batch's entry (or an earlier copy's) was applied on the leader, so
+        // the leader's state holds the key when the reply leaves; the
+        // watcher covers a leader whose state is replaced by a snapshot
+        // while the reply travels.
+        for m in &acked {
+            let applied = w.applied.contains(m)
+                || w.states
+                    .values()
+                    .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))));
+            if !applied {
+                let seen: Vec<String> = w
+                    .states
+                    .iter()
+                    .map(|(id, state)| format!("{id}: {:?}", state.lookup(&key_of(*m))))
+                    .collect();
+                let line = format!(
+                    "node {}: message {m} acked before any node applied it (G4); running nodes' lookups: {seen:?}",
+                    self.node
+                );
+                w.log(line.clone());
+                w.problems.push(line);
             }
         }
         w.acked.extend(acked);
@@ -485,6 +533,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         peers: call.clone(),
         coalescer,
     };
+    lock(world).states.insert(id, group.state.clone());
     lock(services).insert(
         id,
         Arc::new(PeerService {
@@ -572,6 +621,32 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     }
 }
 
+/// Every few simulated milliseconds, notes which pending messages some
+/// running node has applied, for the G4 check.
+async fn watch_applied(world: Shared, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            _ = stop.cancelled() => return,
+        }
+        let mut w = lock(&world);
+        let now: Vec<u64> = w
+            .pending
+            .iter()
+            .copied()
+            .filter(|m| {
+                w.states
+                    .values()
+                    .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))))
+            })
+            .collect();
+        for m in now {
+            w.pending.remove(&m);
+            w.applied.insert(m);
+        }
+    }
+}
+
 /// Puts node `id`'s view of the leadership in the trace.
 async fn watch_leadership(id: NodeId, raft: Raft, world: Shared) {
     let mut rx = raft.metrics();
@@ -586,6 +661,15 @@ async fn watch_leadership(id: NodeId, raft: Raft, world: Shared) {
             last = Some(now);
         }
         if rx.changed().await.is_err() {
+            // Raft stopped, and not by a crash (that drops this task
+            // first): a fatal storage error, which a node turns into an exit
+            // (its storage watchdog). The real build must never meet one.
+            let mut w = lock(&world);
+            if !w.stopping.contains(&id) {
+                w.problems
+                    .push(format!("node {id}: openraft stopped by itself"));
+                w.log(format!("node {id}: openraft stopped by itself"));
+            }
             return;
         }
     }
@@ -593,8 +677,9 @@ async fn watch_leadership(id: NodeId, raft: Raft, world: Shared) {
 
 /// The process dies: every task is dropped where it stands, openraft's
 /// core stops, and the node's handles go. What sled wrote stays.
-async fn crash(id: NodeId, node: Running, services: &Services) {
+async fn crash(id: NodeId, node: Running, services: &Services, world: &Shared) {
     lock(services).remove(&id);
+    lock(world).states.remove(&id);
     for t in &node.tasks {
         t.abort();
     }
@@ -612,6 +697,7 @@ enum Fault {
     Cut(NodeId, Duration),
     Lossy(u64, Duration),
     PulsarCut(NodeId),
+    PulsarDown(Duration),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -623,11 +709,12 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             return faults;
         }
         let node = 1 + rng.below(NODES);
-        let fault = match rng.below(7) {
+        let fault = match rng.below(8) {
             0..=2 => Fault::Crash(node, rng.ms(0, 2_500)),
             3 | 4 => Fault::Cut(node, rng.ms(100, 3_000)),
             5 => Fault::Lossy(rng.below(300), rng.ms(200, 2_000)),
-            _ => Fault::PulsarCut(node),
+            6 => Fault::PulsarCut(node),
+            _ => Fault::PulsarDown(rng.ms(500, 4_000)),
         };
         faults.push((at, fault));
     }
@@ -726,7 +813,48 @@ fn settled(w: &World) -> bool {
         && w.pulsar.topics.values().map(Vec::len).sum::<usize>() as u64 >= MESSAGES
 }
 
-fn run(seed: u64) -> (Vec<String>, Vec<String>) {
+/// The models, before any node starts.
+fn new_world(rng: Rng) -> Shared {
+    Arc::new(Mutex::new(World {
+        rng,
+        started: Instant::now(),
+        trace: Vec::new(),
+        problems: Vec::new(),
+        sessions: (1..=NODES)
+            .map(|id| {
+                (
+                    id,
+                    Session {
+                        epoch: 0,
+                        next_pkid: 1,
+                        inflight: BTreeMap::new(),
+                        unacked: BTreeSet::new(),
+                        outgoing: VecDeque::new(),
+                        wake: Arc::new(Notify::new()),
+                    },
+                )
+            })
+            .collect(),
+        acked: BTreeSet::new(),
+        states: BTreeMap::new(),
+        pending: BTreeSet::new(),
+        applied: BTreeSet::new(),
+        down: BTreeSet::new(),
+        cut: BTreeSet::new(),
+        loss: 0,
+        calls: BTreeMap::new(),
+        stopping: BTreeSet::new(),
+        pulsar: Pulsar::default(),
+    }))
+}
+
+/// A paused runtime, and each node's directory (under one temporary
+/// directory) and config.
+fn setup() -> (
+    tokio::runtime::Runtime,
+    tempfile::TempDir,
+    BTreeMap<NodeId, Config>,
+) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -754,37 +882,46 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
     let configs: BTreeMap<NodeId, Config> = (1..=NODES)
         .map(|id| (id, config(id, &dirs[id as usize - 1], &secret)))
         .collect();
+    (rt, base, configs)
+}
+
+/// Runs seed `seed` on a thread of its own, bounded by [`WALL_LIMIT`] of
+/// wall time: a run that hangs (a task that never yields, a sync that never
+/// returns) fails with the trace it had, instead of hanging the test.
+fn run(seed: u64) -> (Vec<String>, Vec<String>) {
+    let slot: Arc<Mutex<Option<Shared>>> = Arc::default();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let world = slot.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(run_seed(seed, world));
+    });
+    match rx.recv_timeout(WALL_LIMIT) {
+        Ok(result) => result,
+        Err(_) => {
+            let trace = lock(&slot)
+                .as_ref()
+                .map(|w| std::mem::take(&mut lock(w).trace))
+                .unwrap_or_default();
+            (
+                trace,
+                vec![format!(
+                    "the run did not finish within {WALL_LIMIT:?} of wall time"
+                )],
+            )
+        }
+    }
+}
+
+fn run_seed(seed: u64, slot: Arc<Mutex<Option<Shared>>>) -> (Vec<String>, Vec<String>) {
+    let (rt, base, configs) = setup();
     let result = rt.block_on(async move {
         let mut rng = Rng(seed);
-        let world: Shared = Arc::new(Mutex::new(World {
-            rng: Rng(rng.next()),
-            started: Instant::now(),
-            trace: Vec::new(),
-            problems: Vec::new(),
-            sessions: (1..=NODES)
-                .map(|id| {
-                    (
-                        id,
-                        Session {
-                            epoch: 0,
-                            next_pkid: 1,
-                            inflight: BTreeMap::new(),
-                            unacked: BTreeSet::new(),
-                            outgoing: VecDeque::new(),
-                            wake: Arc::new(Notify::new()),
-                        },
-                    )
-                })
-                .collect(),
-            acked: BTreeSet::new(),
-            down: BTreeSet::new(),
-            cut: BTreeSet::new(),
-            loss: 0,
-            pulsar: Pulsar::default(),
-        }));
+        let world = new_world(Rng(rng.next()));
+        *lock(&slot) = Some(world.clone());
         let services: Services = Arc::new(Mutex::new(HashMap::new()));
         let pulsar_stop = CancellationToken::new();
         let pulsar_disk = tokio::spawn(pulsar::disk(world.clone(), pulsar_stop.clone()));
+        let watcher = tokio::spawn(watch_applied(world.clone(), pulsar_stop.clone()));
         let mut nodes: BTreeMap<NodeId, Running> = BTreeMap::new();
         for id in 1..=NODES {
             nodes.insert(id, start(id, &configs[&id], &world, &services).await);
@@ -798,6 +935,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                     let gap = 2 * FAULTS_FOR.as_millis() as u64 / MESSAGES;
                     tokio::time::sleep(rng.ms(0, gap)).await;
                     let mut w = lock(&world);
+                    w.pending.insert(m);
                     for s in w.sessions.values_mut() {
                         s.unacked.insert(m);
                         s.outgoing.push_back(m);
@@ -824,7 +962,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 Fault::Crash(id, down_for) => {
                     if let Some(node) = nodes.remove(&id) {
                         lock(&world).down.insert(id);
-                        crash(id, node, &services).await;
+                        crash(id, node, &services, &world).await;
                         heals.push((Instant::now() + down_for, Fault::Crash(id, down_for)));
                     }
                 }
@@ -844,6 +982,16 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                     for l in lines {
                         w.log(l);
                     }
+                }
+                Fault::PulsarDown(for_) => {
+                    let mut w = lock(&world);
+                    let mut rng = w.rng.clone();
+                    let lines = w.pulsar.outage(&mut rng);
+                    w.rng = rng;
+                    for l in lines {
+                        w.log(l);
+                    }
+                    heals.push((Instant::now() + for_, Fault::PulsarDown(for_)));
                 }
             }
         }
@@ -866,10 +1014,11 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
             outboxes = outboxes_of(&nodes);
         }
         for (id, node) in std::mem::take(&mut nodes) {
-            crash(id, node, &services).await;
+            crash(id, node, &services, &world).await;
         }
         pulsar_stop.cancel();
         let _ = pulsar_disk.await;
+        let _ = watcher.await;
         let mut w = lock(&world);
         let problems = check(&w, &outboxes);
         (std::mem::take(&mut w.trace), problems)
@@ -930,6 +1079,10 @@ async fn heal(
                 lock(world).loss = 0;
                 lock(world).log("network lossless again".into());
             }
+            Fault::PulsarDown(_) => {
+                lock(world).pulsar.down = false;
+                lock(world).log("Pulsar is back".into());
+            }
             Fault::PulsarCut(_) => {}
         }
     }
@@ -938,4 +1091,69 @@ async fn heal(
 #[test]
 fn the_whole_cluster_keeps_every_acked_message_exactly_once_under_seeded_faults() {
     check_seeds("simulate_cluster", 50, FAULTS_FOR, run);
+}
+
+/// A follower whose Raft has stopped (as after a fatal storage error, until
+/// its storage watchdog stops the node) and that still has a batch to commit
+/// must back off, not retry at once forever. It did: the proposer took the
+/// closed metrics channel of the stopped Raft for a leader change, the
+/// batcher retried at once, and the node spun at full speed (the
+/// simulation's clock never advanced again; seeds with a planted storage bug
+/// hung until the wall-clock limit). Fixed in `propose::metrics_changed`.
+#[test]
+fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (rt, base, configs) = setup();
+        let sent = rt.block_on(async move {
+            let world = new_world(Rng(42));
+            let services: Services = Arc::new(Mutex::new(HashMap::new()));
+            let mut nodes = BTreeMap::new();
+            for id in 1..=NODES {
+                nodes.insert(id, start(id, &configs[&id], &world, &services).await);
+            }
+            let leader = loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let views: BTreeSet<Option<NodeId>> = nodes
+                    .values()
+                    .map(|n| n.raft.metrics().borrow().current_leader)
+                    .collect();
+                if let [Some(l)] = views.into_iter().collect::<Vec<_>>()[..] {
+                    break l;
+                }
+            };
+            let follower = (1..=NODES).find(|id| *id != leader).expect("a follower");
+            lock(&world).stopping.insert(follower);
+            nodes[&follower].raft.shutdown().await.expect("raft stops");
+            let before = lock(&world).calls.get(&follower).copied().unwrap_or(0);
+            {
+                let mut w = lock(&world);
+                let s = w.sessions.get_mut(&follower).expect("a session");
+                for m in 0..20 {
+                    s.unacked.insert(m);
+                    s.outgoing.push_back(m);
+                }
+                s.wake.notify_one();
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let sent = lock(&world).calls.get(&follower).copied().unwrap_or(0) - before;
+            for (id, node) in std::mem::take(&mut nodes) {
+                crash(id, node, &services, &world).await;
+            }
+            sent
+        });
+        drop(rt);
+        drop(base);
+        let _ = tx.send(sent);
+    });
+    let sent = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the node spun: 3 simulated seconds did not pass within 60 s of wall time");
+    // Backing off from 50 ms to 2 s, a batch is tried about 6 times in 3 s;
+    // each try is one forward.
+    assert!(
+        sent < 30,
+        "{sent} requests in 3 simulated seconds from a node whose Raft stopped"
+    );
+    eprintln!("{sent} requests in 3 simulated seconds from the node whose Raft stopped");
 }

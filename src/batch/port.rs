@@ -56,9 +56,7 @@ impl Commit for Proposer {
                 Some(l) => {
                     let mut rx = self.raft.metrics();
                     while rx.borrow_and_update().current_leader == Some(l) {
-                        if rx.changed().await.is_err() {
-                            break;
-                        }
+                        crate::propose::metrics_changed(&mut rx).await;
                     }
                 }
                 None => self.wait_for_leader(limit).await,

@@ -65,16 +65,28 @@ pub struct Proposer {
     pub coalescer: coalesce::Coalescer,
 }
 
-/// Waits until the leader is no longer `leader` (or Raft stops).
+/// Waits until the leader is no longer `leader`. Never returns once Raft
+/// has stopped: its last metrics still name the leader, and returning made
+/// every caller retry at once, forever (see [`metrics_changed`]).
 async fn leader_changes(raft: &Raft, leader: NodeId) {
     let mut rx = raft.metrics();
-    loop {
-        if rx.borrow_and_update().current_leader != Some(leader) {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
+    while rx.borrow_and_update().current_leader == Some(leader) {
+        metrics_changed(&mut rx).await;
+    }
+}
+
+/// Waits for Raft's metrics to change; forever, once Raft has stopped.
+///
+/// Why not return then: the batcher retries a batch at once when the leader
+/// changed, and sooner than its backoff when a leader moves. A node whose
+/// Raft stopped (a fatal storage error; the storage watchdog then stops the
+/// node) answered both at once, forever, so its batcher spun on one batch at
+/// full speed and logged "leader changed" two million times a minute (the
+/// whole-cluster simulation found it). Waiting leaves each caller to its
+/// other branch: the forward's own timeout, the backoff, the limit.
+pub async fn metrics_changed<T: Send + Sync>(rx: &mut tokio::sync::watch::Receiver<T>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -142,13 +154,8 @@ impl Proposer {
     pub async fn wait_for_leader(&self, limit: Duration) {
         let mut rx = self.raft.metrics();
         let _ = tokio::time::timeout(limit, async {
-            loop {
-                if rx.borrow_and_update().current_leader.is_some() {
-                    return;
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
+            while rx.borrow_and_update().current_leader.is_none() {
+                metrics_changed(&mut rx).await;
             }
         })
         .await;

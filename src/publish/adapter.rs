@@ -164,12 +164,10 @@ impl Group for RaftGroup {
     }
 
     async fn changed(&mut self) {
-        if self.metrics.changed().await.is_err() {
-            // openraft's core stopped (a storage error): nothing changes any
-            // more, and the storage watchdog stops the node. Waiting here
-            // keeps the publisher from spinning until it does.
-            std::future::pending::<()>().await;
-        }
+        // Once openraft's core stopped (a storage error) nothing changes any
+        // more, and the storage watchdog stops the node; this waits rather
+        // than let the publisher spin until it does.
+        crate::propose::metrics_changed(&mut self.metrics).await;
     }
 
     async fn confirm_lease(&self) -> bool {

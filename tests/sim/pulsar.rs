@@ -45,6 +45,8 @@ pub struct Pulsar {
     holders: BTreeMap<String, u64>,
     producers: BTreeMap<u64, Producer>,
     next_producer: u64,
+    /// While set, the broker refuses producers and sends (an outage).
+    pub down: bool,
 }
 
 /// What a simulation's world gives the model: itself, a generator and a
@@ -86,6 +88,16 @@ impl Pulsar {
         Some(format!(
             "node {node}'s producer on {topic} {why}: {persisted} of {queued} queued persisted"
         ))
+    }
+
+    /// The broker goes down: every producer dies, and nothing is accepted
+    /// until it is back.
+    pub fn outage(&mut self, rng: &mut Rng) -> Vec<String> {
+        self.down = true;
+        let all: Vec<u64> = self.producers.keys().copied().collect();
+        all.into_iter()
+            .filter_map(|id| self.kill(id, rng, "lost its connection: the broker went down"))
+            .collect()
     }
 
     /// Node `node`'s connection to the broker fails: every producer on it
@@ -174,6 +186,9 @@ impl<W: HasPulsar> Session for SimSession<W> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut w = lock(&self.world);
         let p = w.pulsar();
+        if p.down {
+            return Err(refused("connection refused: the broker is down"));
+        }
         if let Some(holder) = p.holders.get(topic) {
             return Err(refused(&format!(
                 "ProducerBusy: {topic} is held by producer {holder}"
