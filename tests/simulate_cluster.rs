@@ -920,7 +920,7 @@ fn run_seed(seed: u64, slot: Arc<Mutex<Option<Shared>>>) -> (Vec<String>, Vec<St
         *lock(&slot) = Some(world.clone());
         let services: Services = Arc::new(Mutex::new(HashMap::new()));
         let pulsar_stop = CancellationToken::new();
-        let pulsar_disk = tokio::spawn(pulsar::disk(world.clone(), pulsar_stop.clone()));
+        let pulsar_disk = tokio::spawn(pulsar::disk(world.clone(), pulsar_stop.clone(), (1, 4), 8));
         let watcher = tokio::spawn(watch_applied(world.clone(), pulsar_stop.clone()));
         let mut nodes: BTreeMap<NodeId, Running> = BTreeMap::new();
         for id in 1..=NODES {

@@ -30,20 +30,20 @@
 //! tokio's, which picks among `select!` branches that are ready together at
 //! random, so a failing seed replays its schedule, not always its exact run.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::future::Future;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod sim;
 
+use sim::pulsar::{self, HasPulsar, Pulsar, SimBroker};
 use sim::{check_seeds, lock, traced, Rng};
 
-use firstseen::publish::port::{Broker, Group, Outbox, Receipt, Session};
+use firstseen::publish::port::{Group, Outbox};
 use firstseen::publish::Publisher;
 use firstseen::Error;
 use firstseen_store::{OutboxMessage, TopicState};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -53,19 +53,6 @@ const TOPICS: [&str; 2] = ["persistent://sim/t/a", "persistent://sim/t/b"];
 const FAULTS_FOR: Duration = Duration::from_secs(20);
 /// After the faults, everything must be in Pulsar within this.
 const SETTLE_WITHIN: Duration = Duration::from_secs(30);
-
-/// A message queued on a producer, not yet persisted.
-struct Queued {
-    seq: u64,
-    key: [u8; 32],
-    receipt: oneshot::Sender<Result<(), Error>>,
-}
-
-struct ProducerState {
-    node: u64,
-    topic: String,
-    queue: VecDeque<Queued>,
-}
 
 struct TopicModel {
     /// Message `seq` is `messages[seq - 1]`.
@@ -85,10 +72,7 @@ struct World {
     // The outbox.
     topics: BTreeMap<String, TopicModel>,
     // Pulsar.
-    pulsar: BTreeMap<String, Vec<(u64, [u8; 32])>>,
-    holders: BTreeMap<String, u64>,
-    producers: BTreeMap<u64, ProducerState>,
-    next_producer: u64,
+    pulsar: Pulsar,
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -97,144 +81,19 @@ impl World {
     fn log(&mut self, line: String) {
         self.trace.push(traced(self.started, line));
     }
+}
 
-    /// Persists the first `n` queued messages of `producer`; with `receipts`
-    /// their receipts resolve, without they are lost.
-    fn persist(&mut self, producer: u64, n: usize, receipts: bool) {
-        let Some(p) = self.producers.get_mut(&producer) else {
-            return;
-        };
-        let topic = p.topic.clone();
-        let done: Vec<Queued> = (0..n).filter_map(|_| p.queue.pop_front()).collect();
-        for q in done {
-            self.pulsar
-                .entry(topic.clone())
-                .or_default()
-                .push((q.seq, q.key));
-            if receipts {
-                let _ = q.receipt.send(Ok(()));
-            }
-        }
+impl HasPulsar for World {
+    fn pulsar(&mut self) -> &mut Pulsar {
+        &mut self.pulsar
     }
 
-    /// The producer is gone (dropped, or its connection failed): a prefix
-    /// of its queue still reaches the topic, and no receipt comes back.
-    fn kill(&mut self, producer: u64, why: &str) {
-        let Some(p) = self.producers.get(&producer) else {
-            return;
-        };
-        let (node, topic, queued) = (p.node, p.topic.clone(), p.queue.len());
-        let persisted = self.rng.below(queued as u64 + 1) as usize;
-        self.persist(producer, persisted, false);
-        self.producers.remove(&producer);
-        if self.holders.get(&topic) == Some(&producer) {
-            self.holders.remove(&topic);
-        }
-        self.log(format!(
-            "node {node}'s producer on {topic} {why}: {persisted} of {queued} queued persisted"
-        ));
-    }
-}
-
-// ----- Pulsar -----
-
-struct SimBroker {
-    node: u64,
-    world: Shared,
-}
-
-struct SimSession {
-    node: u64,
-    world: Shared,
-}
-
-/// A producer handle; dropping it closes the producer.
-struct SimProducer {
-    id: u64,
-    world: Shared,
-}
-
-impl Drop for SimProducer {
-    fn drop(&mut self) {
-        lock(&self.world).kill(self.id, "closed");
-    }
-}
-
-fn refused(why: &str) -> Error {
-    Error::Io(std::io::Error::other(why.to_string()))
-}
-
-impl Broker for SimBroker {
-    type Session = SimSession;
-
-    fn connect(&self) -> impl Future<Output = Result<SimSession, Error>> + Send {
-        let session = SimSession {
-            node: self.node,
-            world: self.world.clone(),
-        };
-        async move { Ok(session) }
-    }
-}
-
-impl Session for SimSession {
-    type Producer = SimProducer;
-
-    async fn exclusive(&self, topic: &str, name: &str) -> Result<SimProducer, Error> {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let mut w = lock(&self.world);
-        if let Some(holder) = w.holders.get(topic) {
-            return Err(refused(&format!(
-                "ProducerBusy: {topic} is held by producer {holder}"
-            )));
-        }
-        w.next_producer += 1;
-        let id = w.next_producer;
-        w.holders.insert(topic.to_string(), id);
-        w.producers.insert(
-            id,
-            ProducerState {
-                node: self.node,
-                topic: topic.to_string(),
-                queue: VecDeque::new(),
-            },
-        );
-        w.log(format!("node {} holds {topic} as {name}", self.node));
-        Ok(SimProducer {
-            id,
-            world: self.world.clone(),
-        })
+    fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
     }
 
-    async fn last_seq(&self, topic: &str) -> Result<Option<u64>, Error> {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let w = lock(&self.world);
-        Ok(w.pulsar.get(topic).and_then(|m| m.last()).map(|(s, _)| *s))
-    }
-
-    async fn send(
-        &self,
-        producer: &mut SimProducer,
-        seq: u64,
-        message: OutboxMessage,
-    ) -> Result<Receipt, Error> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut w = lock(&self.world);
-            let Some(p) = w.producers.get_mut(&producer.id) else {
-                return Err(refused("producer is closed: its connection failed"));
-            };
-            p.queue.push_back(Queued {
-                seq,
-                key: message.key,
-                receipt: tx,
-            });
-        }
-        Ok(Box::pin(async move {
-            match rx.await {
-                Ok(r) => r,
-                Err(_) => Err(refused("connection lost before the receipt")),
-            }
-        }))
+    fn log(&mut self, line: String) {
+        World::log(self, line)
     }
 }
 
@@ -422,23 +281,6 @@ fn elect(world: &Shared, leader: u64, slow: u64, late: Duration) {
     }
 }
 
-/// Persists queued messages a few milliseconds after they were sent.
-async fn pulsar_disk(world: Shared, stop: CancellationToken) {
-    loop {
-        let tick = lock(&world).rng.ms(1, 8);
-        tokio::select! {
-            _ = tokio::time::sleep(tick) => {}
-            _ = stop.cancelled() => return,
-        }
-        let mut w = lock(&world);
-        let ids: Vec<u64> = w.producers.keys().copied().collect();
-        for id in ids {
-            let n = w.rng.below(4) as usize;
-            w.persist(id, n, true);
-        }
-    }
-}
-
 /// What went wrong in one topic, compared with the outbox.
 fn check(world: &World) -> Vec<String> {
     let mut problems = Vec::new();
@@ -447,7 +289,7 @@ fn check(world: &World) -> Vec<String> {
             .topics
             .get(*name)
             .map_or(0, |t| t.messages.len() as u64);
-        let got = world.pulsar.get(*name).cloned().unwrap_or_default();
+        let got = world.pulsar.topics.get(*name).cloned().unwrap_or_default();
         let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
         let want: Vec<u64> = (1..=assigned).collect();
         if seqs != want {
@@ -524,13 +366,10 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                     )
                 })
                 .collect(),
-            pulsar: BTreeMap::new(),
-            holders: BTreeMap::new(),
-            producers: BTreeMap::new(),
-            next_producer: 0,
+            pulsar: Pulsar::default(),
         }));
         let stop = CancellationToken::new();
-        let disk = tokio::spawn(pulsar_disk(world.clone(), stop.clone()));
+        let disk = tokio::spawn(pulsar::disk(world.clone(), stop.clone(), (1, 8), 4));
         let dir = std::env::temp_dir();
         let mut publishers = Vec::new();
         for (node, view) in receivers {
@@ -561,15 +400,12 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 Fault::Elect { leader, slow, late } => elect(&world, leader, slow, late),
                 Fault::Cut { node } => {
                     let mut w = lock(&world);
-                    let ids: Vec<u64> = w
-                        .producers
-                        .iter()
-                        .filter(|(_, p)| p.node == node)
-                        .map(|(id, _)| *id)
-                        .collect();
                     w.log(format!("node {node}'s broker connection fails"));
-                    for id in ids {
-                        w.kill(id, "lost with the connection");
+                    let mut rng = w.rng.clone();
+                    let lines = w.pulsar.cut(node, &mut rng);
+                    w.rng = rng;
+                    for l in lines {
+                        w.log(l);
                     }
                 }
                 Fault::Feed { topic, n } => {

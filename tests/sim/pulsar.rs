@@ -116,11 +116,17 @@ impl Pulsar {
     }
 }
 
-/// Persists a little of every producer's queue every few milliseconds,
-/// until `stop`.
-pub async fn disk<W: HasPulsar>(world: Arc<Mutex<W>>, stop: CancellationToken) {
+/// Persists up to `most - 1` messages of every producer's queue after each
+/// pause of `pause` milliseconds (drawn between the two bounds), until
+/// `stop`.
+pub async fn disk<W: HasPulsar>(
+    world: Arc<Mutex<W>>,
+    stop: CancellationToken,
+    pause: (u64, u64),
+    most: u64,
+) {
     loop {
-        let pause = lock(&world).rng().ms(1, 4);
+        let pause = lock(&world).rng().ms(pause.0, pause.1);
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.cancelled() => return,
@@ -128,7 +134,7 @@ pub async fn disk<W: HasPulsar>(world: Arc<Mutex<W>>, stop: CancellationToken) {
         let mut w = lock(&world);
         let ids: Vec<u64> = w.pulsar().producers.keys().copied().collect();
         for id in ids {
-            let n = w.rng().below(8) as usize;
+            let n = w.rng().below(most) as usize;
             w.pulsar().persist(id, n, true);
         }
     }
