@@ -89,10 +89,12 @@ pub async fn run(
             }
         })
     });
+    // The peer network, for forwards and pre-votes.
+    let call: Arc<dyn crate::cluster::peers::Call> = Arc::new(cluster.peers.clone());
     let proposer = Proposer {
         raft: cluster.raft.clone(),
         node_id: config.node.id,
-        peers: Arc::new(cluster.peers.clone()),
+        peers: call.clone(),
         coalescer,
     };
 
@@ -180,7 +182,7 @@ pub async fn run(
         crate::cluster::elect::drive(
             cluster.raft.clone(),
             config.node.id,
-            Arc::new(cluster.peers.clone()),
+            call,
             cluster.liveness.clone(),
             cluster.timing,
             disk.clone(),

@@ -21,8 +21,9 @@
 //! and synced before the log call returns. The durable log id is written
 //! after every log sync but synced only every [`Guard::EVERY`] (by the
 //! group commit while busy, by the log's reaper within a tick once idle,
-//! and when the log closes): a process crash or a clean stop leaves the exact position
-//! in the page cache, a power cut leaves one at most a second old, and it
+//! and when the log closes): a process crash or a clean stop leaves the
+//! exact position in the page cache, a power cut leaves one at most a
+//! second or so old, and it
 //! costs no second `fdatasync` per group commit. Since the guard is written
 //! after the log's own sync, whatever part of it survives a power cut is
 //! still a lower bound.
