@@ -22,6 +22,7 @@
 
 pub mod ack;
 pub mod batch;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod diskspace;

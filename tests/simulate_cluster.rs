@@ -15,12 +15,15 @@
 //!   from an older connection is ignored, as the node's ack gate does.
 //! - **Pulsar** (`tests/sim/pulsar.rs`): exclusive producers, receipts lost
 //!   with the connection, a prefix of the queue persisted anyway.
+//! - **Clocks** (`Clock`): each node's wall clock is the simulated time from
+//!   a fixed epoch, plus the skew the nemesis gives it.
 //!
 //! The nemesis, on a schedule drawn from the seed: crashes a node (its tasks
 //! dropped mid-flight, openraft stopped) and restarts it on the same
 //! directory; cuts a node off the peer network; makes the network lossy;
 //! cuts a node's connection to Pulsar; takes Pulsar down for a while (the
-//! outbox grows, and snapshots purge the log under it). Faults overlap. A crash here keeps
+//! outbox grows, and snapshots purge the log under it); sets one node's
+//! clock off by seconds to a day. Faults overlap. A crash here keeps
 //! what sled wrote: losing unsynced writes is the power-cut tests' job
 //! (`tests/durability.rs`, on the crash filesystem).
 //!
@@ -28,7 +31,9 @@
 //! message acked by any node is in Pulsar (G1, G4: an ack before the
 //! commit loses a message when the leader dies), no key is there twice
 //! (G2), each topic's sequence runs 1, 2, 3… with no gap or repeat (G3),
-//! every session is drained, and every node's outbox is empty (G5).
+//! every session is drained, and every node's outbox is empty (G5); no
+//! key expired and no window clock runs ahead of the right time (one wrong
+//! clock must not move the window).
 //!
 //! `SIM_SEEDS=N` runs N seeds (default 50), `SIM_SEED=S` runs one,
 //! printing its trace. As in the other simulations, the seed fixes the
@@ -45,19 +50,16 @@ use std::time::Duration;
 
 use firstseen::ack::{AckStats, AckToken};
 use firstseen::batch::port::Acks;
-use firstseen::batch::{BatchPolicy, Batcher};
+use firstseen::clock::Clock;
 use firstseen::cluster::liveness::Liveness;
 use firstseen::cluster::peers::{Call, CallError, Network};
 use firstseen::cluster::server::{dispatch, PeerService};
 use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
-use firstseen::cluster::{self, elect, Group};
+use firstseen::cluster::Group;
 use firstseen::config::Config;
 use firstseen::diskspace::DiskSpace;
 use firstseen::ingest::Received;
-use firstseen::propose::coalesce::{self, Coalescer};
-use firstseen::propose::Proposer;
-use firstseen::publish::adapter::{RaftGroup, StateOutbox};
-use firstseen::publish::Publisher;
+use firstseen::node::core::{Core, Parts, Ports, Stops};
 use firstseen_raft::{NodeId, Raft};
 use firstseen_store::Observation;
 use futures::future::BoxFuture;
@@ -78,6 +80,15 @@ const FAULTS_FOR: Duration = Duration::from_secs(10);
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 /// A seed takes about 2 s of wall time; one that takes this long hangs.
 const WALL_LIMIT: Duration = Duration::from_secs(120);
+/// Every node's clock reads this when a run starts (2023-11-14), then runs
+/// with the simulated time, plus the node's skew. Fixed so that a seed
+/// replays whatever the date; and years from the machine's clock, so that
+/// code which reads the machine's clock instead of its node's stands out.
+const EPOCH_MS: u64 = 1_700_000_000_000;
+/// The dedup window of the simulated nodes: the default, an hour. A run
+/// lasts about a minute of simulated time, so no honest clock can expire a
+/// key here.
+const WINDOW: Duration = Duration::from_secs(3_600);
 
 /// One node's persistent session on the MQTT broker.
 struct Session {
@@ -116,6 +127,9 @@ struct World {
     calls: BTreeMap<NodeId, u64>,
     /// Nodes whose Raft the harness stops on purpose.
     stopping: BTreeSet<NodeId>,
+    /// Milliseconds each node's clock is off (at most one node at a time:
+    /// the window's safety assumes a majority of right clocks).
+    skews: BTreeMap<NodeId, i64>,
     pulsar: Pulsar,
 }
 
@@ -124,6 +138,29 @@ type Shared = Arc<Mutex<World>>;
 impl World {
     fn log(&mut self, line: String) {
         self.trace.push(traced(self.started, line));
+    }
+
+    /// What an honest clock reads now.
+    fn true_ms(&self) -> u64 {
+        EPOCH_MS + self.started.elapsed().as_millis() as u64
+    }
+
+    /// What node `node`'s clock reads now.
+    fn clock_ms(&self, node: NodeId) -> u64 {
+        let skew = self.skews.get(&node).copied().unwrap_or(0);
+        self.true_ms().saturating_add_signed(skew)
+    }
+}
+
+/// Node `node`'s wall clock: the simulated time, skewed as the nemesis says.
+struct SimClock {
+    node: NodeId,
+    world: Shared,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        lock(&self.world).clock_ms(self.node)
     }
 }
 
@@ -361,7 +398,7 @@ impl Acks for Acker {
     }
 }
 
-fn received(node: NodeId, message: u64, epoch: u64, pkid: u16) -> Received {
+fn received(node: NodeId, message: u64, epoch: u64, pkid: u16, received_ms: u64) -> Received {
     Received {
         observation: Some(Observation {
             key: key_of(message),
@@ -371,13 +408,9 @@ fn received(node: NodeId, message: u64, epoch: u64, pkid: u16) -> Received {
             qos: 1,
             retain: false,
             node,
-            // The node's wall clock, as ingest stamps it: the leader stamps
-            // the window from these readings and its own clock, which is
-            // the machine's, not the simulated one.
-            received_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_millis() as u64,
+            // The node's clock, as ingest stamps it: the leader stamps the
+            // window from these readings and its own clock.
+            received_ms,
         }),
         properties: None,
         ack: Some(AckToken {
@@ -412,16 +445,17 @@ async fn connection(node: NodeId, world: Shared, tx: mpsc::Sender<Received>) {
         let next = {
             let mut w = lock(&world);
             let s = w.sessions.get_mut(&node).expect("a session per node");
-            s.outgoing.pop_front().map(|m| {
+            let next = s.outgoing.pop_front().map(|m| {
                 let pkid = s.next_pkid;
                 s.next_pkid = s.next_pkid.wrapping_add(1).max(1);
                 s.inflight.insert(pkid, m);
                 (m, pkid)
-            })
+            });
+            next.map(|(m, pkid)| (m, pkid, w.clock_ms(node)))
         };
         match next {
-            Some((m, pkid)) => {
-                if tx.send(received(node, m, epoch, pkid)).await.is_err() {
+            Some((m, pkid, at)) => {
+                if tx.send(received(node, m, epoch, pkid, at)).await.is_err() {
                     return;
                 }
             }
@@ -476,17 +510,23 @@ pulsar_topic = "{topic}"
 listen = "{listen}"
 secret_file = "{secret}"
 snapshot_logs = 40
+
+[dedup]
+window_secs = {window}
 {members}"#,
         data = dir.display(),
         topic = TOPICS[0],
         listen = addr(id),
         secret = secret.display(),
+        window = WINDOW.as_secs(),
     );
     Config::parse(&text, Path::new("sim.toml"), Vec::new()).expect("the simulation's config")
 }
 
-/// Starts node `id` on `dir`, as `src/node.rs` does, minus HTTP, the disk
-/// and storage watchdogs and the upstream connections (the model's).
+/// Starts node `id` on `dir`: its group and the node's core, built by
+/// `firstseen::node::core` as `src/node/mod.rs` builds it, on the models'
+/// ports. Not here: HTTP, the disk and storage watchdogs, and ingest (the
+/// broker's model hands messages to the batcher).
 async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services) -> Running {
     let liveness = Arc::new(Liveness::new());
     let call = Arc::new(SimCall {
@@ -512,108 +552,58 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         }
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
-    let timing = cluster::timing(config);
+    let (tx, rx) = mpsc::channel(64);
+    // Never cancelled: a crash stops nothing politely.
     let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
-    let (coalescer, coalescing) = Coalescer::new(
-        group.raft.clone(),
-        group.state.clone(),
-        coalesce::Settings {
-            window_ms: config.dedup.window_secs * 1_000,
-            max_bytes: config.batch.max_bytes,
-        },
-        disk.clone(),
-        stop.clone(),
-    );
-    tasks.push(tokio::spawn(coalescing));
-    tasks.push(tokio::spawn(group.reaper));
-    let proposer = Proposer {
-        raft: group.raft.clone(),
-        node_id: id,
-        peers: call.clone(),
-        coalescer,
-    };
-    lock(world).states.insert(id, group.state.clone());
-    lock(services).insert(
-        id,
-        Arc::new(PeerService {
-            node_id: id,
+    let core = Core::build(
+        config,
+        Parts {
             raft: group.raft.clone(),
+            state: group.state.clone(),
+            outbox: group.outbox.clone(),
+            liveness,
             key: ClusterKey::from_secret(b"sim"),
-            forwarded: Arc::new(proposer.clone()),
             tls: None,
-            disk: disk.clone(),
-            liveness: liveness.clone(),
-            timing,
-        }),
-    );
-    tasks.push(tokio::spawn(elect::drive(
-        group.raft.clone(),
-        id,
-        call.clone(),
-        liveness.clone(),
-        timing,
-        disk.clone(),
-        stop.clone(),
-    )));
-    tasks.push(tokio::spawn(elect::watch_lease(
-        group.raft.clone(),
-        liveness.clone(),
-        timing,
-        stop.clone(),
-    )));
-    tasks.push(tokio::spawn(
-        Publisher {
+            disk,
+        },
+        Ports {
+            call,
+            clock: Arc::new(SimClock {
+                node: id,
+                world: world.clone(),
+            }),
             broker: SimBroker {
                 node: id,
                 world: world.clone(),
             },
-            group: RaftGroup {
-                raft: group.raft.clone(),
-                proposer: proposer.clone(),
-                liveness: liveness.clone(),
-                lease_timeout: timing.confirm_timeout(),
-                metrics: group.raft.metrics(),
-            },
-            outbox: StateOutbox {
-                state: group.state.clone(),
-                outbox: group.outbox.clone(),
-            },
-            node_id: id,
-            batch: config.pulsar.publish_batch,
-            shutdown: stop.clone(),
-            disk: disk.clone(),
-        }
-        .run(),
-    ));
-    let (tx, rx) = mpsc::channel(64);
-    tasks.push(tokio::spawn(firstseen::batch::run(
-        Batcher {
-            policy: BatchPolicy {
-                max_messages: config.batch.max_messages,
-                max_bytes: config.batch.max_bytes,
-                linger: Duration::from_millis(config.batch.linger_ms),
-            },
-            group: Arc::new(proposer),
             acks: Arc::new(Acker {
                 node: id,
                 world: world.clone(),
             }),
-            state: group.state.clone(),
-            quota_bytes: config.outbox.quota_bytes,
-            disk,
-            shutdown: stop.clone(),
+        },
+        Stops {
+            batch: stop.clone(),
+            services: stop.clone(),
+            proposals: stop,
         },
         rx,
-    )));
+    );
+    lock(world).states.insert(id, group.state.clone());
+    lock(services).insert(id, core.peer_service);
+    let mut tasks = vec![
+        tokio::spawn(core.coalescer),
+        tokio::spawn(group.reaper),
+        tokio::spawn(core.elections),
+        tokio::spawn(core.lease),
+        tokio::spawn(core.publisher),
+        tokio::spawn(core.batcher),
+    ];
     tasks.push(tokio::spawn(connection(id, world.clone(), tx)));
     tasks.push(tokio::spawn(watch_leadership(
         id,
         group.raft.clone(),
         world.clone(),
     )));
-    // Never cancelled: a crash stops nothing politely.
-    drop(stop);
     Running {
         raft: group.raft,
         tasks,
@@ -698,6 +688,8 @@ enum Fault {
     Lossy(u64, Duration),
     PulsarCut(NodeId),
     PulsarDown(Duration),
+    /// Node's clock off by this many milliseconds for a while.
+    Skew(NodeId, i64, Duration),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -709,12 +701,20 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             return faults;
         }
         let node = 1 + rng.below(NODES);
-        let fault = match rng.below(8) {
+        let fault = match rng.below(10) {
             0..=2 => Fault::Crash(node, rng.ms(0, 2_500)),
             3 | 4 => Fault::Cut(node, rng.ms(100, 3_000)),
             5 => Fault::Lossy(rng.below(300), rng.ms(200, 2_000)),
             6 => Fault::PulsarCut(node),
-            _ => Fault::PulsarDown(rng.ms(500, 4_000)),
+            7 => Fault::PulsarDown(rng.ms(500, 4_000)),
+            _ => {
+                // A day or an hour (a wrong zone, a bad NTP step), or
+                // seconds of drift; ahead or behind.
+                const OFF: [i64; 4] = [86_400_000, 3_600_000, 30_000, 2_000];
+                let off = OFF[rng.below(4) as usize];
+                let off = if rng.below(2) == 0 { off } else { -off };
+                Fault::Skew(node, off, rng.ms(500, 6_000))
+            }
         };
         faults.push((at, fault));
     }
@@ -723,8 +723,31 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
 /// Each node's outbox at the end: (topic, last sequence, published up to).
 type Outboxes = Vec<(NodeId, Vec<(String, u64, u64)>)>;
 
-fn check(w: &World, outboxes: &Outboxes) -> Vec<String> {
+/// Each node's window at the end: (window clock, keys expired).
+type Windows = Vec<(NodeId, u64, u64)>;
+
+fn check(w: &World, outboxes: &Outboxes, windows: &Windows) -> Vec<String> {
     let mut problems = w.problems.clone();
+    // One wrong clock at a time must not move the window (G5 "expired
+    // deterministically", and G2 with it: an early expiry lets a later copy
+    // through). The stamps come from the readings of a majority, so the
+    // window clock never runs ahead of the honest time, and a run shorter
+    // than the window expires nothing.
+    let honest = w.true_ms();
+    for (node, clock_ms, expired) in windows {
+        if *clock_ms > honest {
+            problems.push(format!(
+                "node {node}: the window clock reads {} s after the run began, {} s ahead of every right clock",
+                clock_ms.saturating_sub(EPOCH_MS) / 1_000,
+                (clock_ms - honest) / 1_000
+            ));
+        }
+        if *expired > 0 {
+            problems.push(format!(
+                "node {node}: {expired} keys expired, in a run shorter than the {WINDOW:?} window"
+            ));
+        }
+    }
     let mut seen: BTreeMap<u64, String> = BTreeMap::new();
     for (topic, messages) in &w.pulsar.topics {
         for (i, (seq, key)) in messages.iter().enumerate() {
@@ -800,6 +823,17 @@ fn outboxes_of(nodes: &BTreeMap<NodeId, Running>) -> Outboxes {
         .collect()
 }
 
+/// Each running node's window.
+fn windows_of(nodes: &BTreeMap<NodeId, Running>) -> Windows {
+    nodes
+        .iter()
+        .filter_map(|(id, node)| {
+            let t = node.state.totals().ok()?;
+            Some((*id, t.clock_ms, t.expired))
+        })
+        .collect()
+}
+
 /// Whether every outbox is empty.
 fn drained(outboxes: &Outboxes) -> bool {
     outboxes
@@ -844,6 +878,7 @@ fn new_world(rng: Rng) -> Shared {
         loss: 0,
         calls: BTreeMap::new(),
         stopping: BTreeSet::new(),
+        skews: BTreeMap::new(),
         pulsar: Pulsar::default(),
     }))
 }
@@ -993,6 +1028,15 @@ fn run_seed(seed: u64, slot: Arc<Mutex<Option<Shared>>>) -> (Vec<String>, Vec<St
                     }
                     heals.push((Instant::now() + for_, Fault::PulsarDown(for_)));
                 }
+                Fault::Skew(id, off, for_) => {
+                    let mut w = lock(&world);
+                    if w.skews.keys().any(|n| *n != id) {
+                        w.log("skew skipped: another clock is off".into());
+                    } else {
+                        w.skews.insert(id, off);
+                        heals.push((Instant::now() + for_, Fault::Skew(id, off, for_)));
+                    }
+                }
             }
         }
         heal_until(
@@ -1013,6 +1057,7 @@ fn run_seed(seed: u64, slot: Arc<Mutex<Option<Shared>>>) -> (Vec<String>, Vec<St
             tokio::time::sleep(Duration::from_millis(100)).await;
             outboxes = outboxes_of(&nodes);
         }
+        let windows = windows_of(&nodes);
         for (id, node) in std::mem::take(&mut nodes) {
             crash(id, node, &services, &world).await;
         }
@@ -1020,7 +1065,7 @@ fn run_seed(seed: u64, slot: Arc<Mutex<Option<Shared>>>) -> (Vec<String>, Vec<St
         let _ = pulsar_disk.await;
         let _ = watcher.await;
         let mut w = lock(&world);
-        let problems = check(&w, &outboxes);
+        let problems = check(&w, &outboxes, &windows);
         (std::mem::take(&mut w.trace), problems)
     });
     drop(rt);
@@ -1084,6 +1129,10 @@ async fn heal(
                 lock(world).log("Pulsar is back".into());
             }
             Fault::PulsarCut(_) => {}
+            Fault::Skew(id, ..) => {
+                lock(world).skews.remove(&id);
+                lock(world).log(format!("node {id}'s clock is right again"));
+            }
         }
     }
 }

@@ -21,8 +21,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckGate, AckToken};
+use crate::clock::SharedClock;
 use crate::config::{Config, OversizePolicy, UpstreamConfig};
-use crate::now_ms;
 use deadletter::DeadLetter;
 use route::Route;
 use session::{Event, Message, Session};
@@ -103,6 +103,8 @@ pub struct Upstream {
     pub status: Arc<UpstreamStatus>,
     /// No dead letter is written while the disk is below its reserve.
     pub disk: Arc<crate::diskspace::DiskSpace>,
+    /// Stamps each observation: the leader's window reads these readings.
+    pub clock: SharedClock,
 }
 
 impl Upstream {
@@ -111,6 +113,7 @@ impl Upstream {
         config: &Config,
         routes: Arc<Vec<Route>>,
         disk: Arc<crate::diskspace::DiskSpace>,
+        clock: SharedClock,
     ) -> Vec<Upstream> {
         let dead_letter = DeadLetter::new(config.node.data_dir.join("dead-letter"));
         config
@@ -129,6 +132,7 @@ impl Upstream {
                 gate: Arc::new(AckGate::new()),
                 status: Arc::new(UpstreamStatus::default()),
                 disk: disk.clone(),
+                clock: clock.clone(),
             })
             .collect()
     }
@@ -280,7 +284,7 @@ impl Upstream {
 
     /// Turns one PUBLISH into what the batcher needs.
     async fn receive(&self, p: Message) -> Received {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         self.status.received.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("firstseen_messages_received_total", "upstream" => self.config.name.clone()).increment(1);
         let ack = (p.qos > 0).then(|| AckToken {

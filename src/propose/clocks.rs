@@ -8,7 +8,11 @@
 //! the time.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, which is std's in a node, and the simulated one in a
+// simulation: freshness is measured in the time the node lives in.
+use tokio::time::Instant;
 
 use firstseen_store::Observation;
 

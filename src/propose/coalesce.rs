@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use firstseen_raft::{Command, Member, NodeId, Raft, Response};
 use firstseen_store::{Batch, Outcome};
@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::clocks::Clocks;
 use crate::cluster::wire::ForwardError;
-use crate::now_ms;
 
 /// Entries being committed at once. One merges the most: with two, the
 /// benchmark's peak made 511 entries/s and p99 47 ms; with one, 427 and
@@ -79,6 +78,9 @@ fn next_group<T>(queue: &mut VecDeque<(Batch, T)>, max_bytes: usize) -> Vec<(Bat
 /// The merging task's settings.
 pub struct Settings {
     pub window_ms: u64,
+    /// This node's wall clock: its reading is the leader's own in each
+    /// stamp.
+    pub clock: crate::clock::SharedClock,
     /// Bounds a merged entry like a batch: the first batch always goes in,
     /// later ones only while they fit.
     pub max_bytes: usize,
@@ -162,7 +164,7 @@ async fn run(
                 (m.id, voters)
             };
             let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
-            let stamped_ms = clocks.stamp(&voters, me, now_ms(), window_clock, now);
+            let stamped_ms = clocks.stamp(&voters, me, settings.clock.now_ms(), window_clock, now);
             entries.spawn(entry(raft.clone(), settings.window_ms, stamped_ms, group));
         }
         tokio::select! {

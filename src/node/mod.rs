@@ -1,5 +1,10 @@
 //! One firstseen node: wires ingest → batch → Raft → publish → ack and stops
-//! them in that order, within `node.shutdown_timeout_secs`.
+//! them in that order, within `node.shutdown_timeout_secs`. The core that
+//! decides is built in [`core`], shared with the whole-cluster simulation;
+//! this file adds the process around it: listeners, HTTP, watchdogs, ingest
+//! and the stop order.
+
+pub mod core;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,17 +12,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{self, BatchPolicy, Batcher};
-use crate::cluster::server::{self, PeerService};
+use self::core::{Core, Parts, Ports, Stops};
+use crate::cluster::server;
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::ingest::route::Route;
 use crate::ingest::Upstream;
-use crate::propose::coalesce::{self, Coalescer};
-use crate::propose::Proposer;
-use crate::publish::adapter::{PulsarBroker, RaftGroup, StateOutbox};
-use crate::publish::Publisher;
+use crate::publish::adapter::PulsarBroker;
 use crate::supervise::Supervisor;
 use crate::Error;
 
@@ -64,39 +66,8 @@ pub async fn run(
     );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
     let services = CancellationToken::new();
-    // The coalescer stops last of the tasks: the batcher's last batch, the
-    // publisher's last receipts and the forwards still being served all go
-    // through it.
     let proposals = CancellationToken::new();
-    let (coalescer, coalescing) = Coalescer::new(
-        cluster.raft.clone(),
-        cluster.state.clone(),
-        coalesce::Settings {
-            window_ms: config.dedup.window_secs * 1_000,
-            max_bytes: config.batch.max_bytes,
-        },
-        disk.clone(),
-        proposals.clone(),
-    );
-    let coalescer_task = tasks.spawn("coalescer", coalescing);
-    // Deletes purged log entries; it would run until the storage closes.
-    let reaper_task = cluster.reaper.take().map(|reaping| {
-        let stop = services.clone();
-        tasks.spawn("log reaper", async move {
-            tokio::select! {
-                _ = reaping => {}
-                _ = stop.cancelled() => {}
-            }
-        })
-    });
-    // The peer network, for forwards and pre-votes.
-    let call: Arc<dyn crate::cluster::peers::Call> = Arc::new(cluster.peers.clone());
-    let proposer = Proposer {
-        raft: cluster.raft.clone(),
-        node_id: config.node.id,
-        peers: call.clone(),
-        coalescer,
-    };
+    let clock = crate::clock::SystemClock::shared();
 
     let routes: Arc<Vec<Route>> = Arc::new(
         config
@@ -109,8 +80,48 @@ pub async fn run(
             })
             .collect(),
     );
-    let upstreams = Upstream::from_config(&config, routes, disk.clone());
+    let upstreams = Upstream::from_config(&config, routes, disk.clone(), clock.clone());
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
+    let (tx, rx) = mpsc::channel(INGEST_QUEUE);
+    let core = Core::build(
+        &config,
+        Parts {
+            raft: cluster.raft.clone(),
+            state: cluster.state.clone(),
+            outbox: cluster.outbox.clone(),
+            liveness: cluster.liveness.clone(),
+            key: cluster.key.clone(),
+            tls: cluster.tls.clone(),
+            disk: disk.clone(),
+        },
+        Ports {
+            call: Arc::new(cluster.peers.clone()),
+            clock,
+            broker: PulsarBroker {
+                config: config.pulsar.clone(),
+                state: cluster.state.clone(),
+            },
+            acks: Arc::new(gates),
+        },
+        Stops {
+            batch: shutdown.clone(),
+            services: services.clone(),
+            proposals: proposals.clone(),
+        },
+        rx,
+    );
+    let coalescer_task = tasks.spawn("coalescer", core.coalescer);
+    // Deletes purged log entries; it would run until the storage closes.
+    let reaper_task = cluster.reaper.take().map(|reaping| {
+        let stop = services.clone();
+        tasks.spawn("log reaper", async move {
+            tokio::select! {
+                _ = reaping => {}
+                _ = stop.cancelled() => {}
+            }
+        })
+    });
+
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),
@@ -136,19 +147,9 @@ pub async fn run(
     });
 
     let peer_task = peer_listener.map(|listener| {
-        let service = Arc::new(PeerService {
-            node_id: config.node.id,
-            raft: cluster.raft.clone(),
-            key: cluster.key.clone(),
-            forwarded: Arc::new(proposer.clone()),
-            tls: cluster.tls.clone(),
-            disk: disk.clone(),
-            liveness: cluster.liveness.clone(),
-            timing: cluster.timing,
-        });
         tasks.spawn(
             "peer listener",
-            server::serve(listener, service, services.clone()),
+            server::serve(listener, core.peer_service.clone(), services.clone()),
         )
     });
     let http_tls = match &config.node.http_tls {
@@ -177,77 +178,14 @@ pub async fn run(
             services.clone(),
         ),
     );
-    let elect_task = tasks.spawn(
-        "elections",
-        crate::cluster::elect::drive(
-            cluster.raft.clone(),
-            config.node.id,
-            call,
-            cluster.liveness.clone(),
-            cluster.timing,
-            disk.clone(),
-            services.clone(),
-        ),
-    );
-    let lease_task = tasks.spawn(
-        "lease",
-        crate::cluster::elect::watch_lease(
-            cluster.raft.clone(),
-            cluster.liveness.clone(),
-            cluster.timing,
-            services.clone(),
-        ),
-    );
+    let elect_task = tasks.spawn("elections", core.elections);
+    let lease_task = tasks.spawn("lease", core.lease);
     let heartbeat_task = tasks.spawn(
         "heartbeats",
         crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), services.clone()),
     );
-    let publisher = tasks.spawn(
-        "publisher",
-        Publisher {
-            broker: PulsarBroker {
-                config: config.pulsar.clone(),
-                state: cluster.state.clone(),
-            },
-            group: RaftGroup {
-                raft: cluster.raft.clone(),
-                proposer: proposer.clone(),
-                liveness: cluster.liveness.clone(),
-                lease_timeout: cluster.timing.confirm_timeout(),
-                metrics: cluster.raft.metrics(),
-            },
-            outbox: StateOutbox {
-                state: cluster.state.clone(),
-                outbox: cluster.outbox.clone(),
-            },
-            node_id: config.node.id,
-            batch: config.pulsar.publish_batch,
-            shutdown: services.clone(),
-            disk: disk.clone(),
-        }
-        .run(),
-    );
-
-    let (tx, rx) = mpsc::channel(INGEST_QUEUE);
-    let batcher = tasks.spawn(
-        "batcher",
-        batch::run(
-            Batcher {
-                policy: BatchPolicy {
-                    max_messages: config.batch.max_messages,
-                    max_bytes: config.batch.max_bytes,
-                    linger: Duration::from_millis(config.batch.linger_ms),
-                },
-                group: Arc::new(proposer),
-                acks: Arc::new(gates),
-                state: cluster.state.clone(),
-                quota_bytes: config.outbox.quota_bytes,
-                disk: disk.clone(),
-                shutdown: shutdown.clone(),
-            },
-            rx,
-        ),
-    );
+    let publisher = tasks.spawn("publisher", core.publisher);
+    let batcher = tasks.spawn("batcher", core.batcher);
     let acks_done = CancellationToken::new();
     let mut ingest = Vec::new();
     for u in upstreams {
