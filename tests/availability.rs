@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 
 use common::cluster::TestCluster;
 use common::*;
-use serde_json::Value;
 
 /// `/status` of a node, read directly (the CLI is slower to spawn).
-fn status(n: &Node) -> Option<Value> {
+fn status(n: &Node) -> Option<Status> {
     let (code, body) = n.get("/status");
     (code == 200).then(|| serde_json::from_str(&body).ok())?
 }
 
-fn observed(s: &Value) -> u64 {
-    s["totals"]["observed"].as_u64().unwrap_or(0)
+fn observed(s: &Status) -> u64 {
+    s.totals.observed
 }
 
 fn connects(n: &Node) -> f64 {
@@ -73,9 +72,9 @@ fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
         if unready.is_none() && c.node(old).get("/readyz").0 != 200 {
             unready = Some(now);
         }
-        let views: Vec<Value> = rest.iter().filter_map(|id| status(c.node(*id))).collect();
+        let views: Vec<Status> = rest.iter().filter_map(|id| status(c.node(*id))).collect();
         if elected.is_none() && views.len() == 2 {
-            let leaders: Vec<Option<u64>> = views.iter().map(|s| s["leader"].as_u64()).collect();
+            let leaders: Vec<Option<u64>> = views.iter().map(|s| s.leader).collect();
             if leaders[0].is_some() && leaders[0] == leaders[1] && leaders[0] != Some(old) {
                 elected = Some(now);
                 new = leaders[0];
@@ -101,7 +100,7 @@ fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
         committed.saturating_sub(elected).as_millis(),
         unready.as_millis(),
         why.trim(),
-        old_view["role"]
+        old_view.role
     );
     assert!(
         committed <= Duration::from_secs(5),
@@ -116,8 +115,8 @@ fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
         unready <= Duration::from_secs(5),
         "unready after {unready:?}"
     );
-    assert_eq!(old_view["is_leader"], false, "{old_view}");
-    assert_ne!(old_view["leader"].as_u64(), Some(old), "{old_view}");
+    assert!(!old_view.is_leader, "{old_view:?}");
+    assert_ne!(old_view.leader, Some(old), "{old_view:?}");
     // Reconnect attempts towards the cut node: about one a second each.
     for (i, id) in rest.iter().enumerate() {
         let dials = connects(c.node(*id)) - dials_before[i];
@@ -131,7 +130,7 @@ fn a_cut_leader_is_replaced_and_commits_resume_within_the_bounds() {
     c.node(new)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
     wait_until(Duration::from_secs(30), "the healed node to follow", || {
-        status(c.node(old)).is_some_and(|s| s["leader"].as_u64() == Some(new))
+        status(c.node(old)).is_some_and(|s| s.leader == Some(new))
     });
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
 }
@@ -150,7 +149,7 @@ fn a_follower_cut_for_ten_seconds_changes_no_leader() {
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
     let follower = if leader == 3 { 2 } else { 3 };
-    let term = status(c.node(leader)).unwrap()["term"].as_u64().unwrap();
+    let term = status(c.node(leader)).unwrap().term;
     let load = replay_cmd(mqtt.port, &["--times", "3", "--pace", "800"])
         .spawn()
         .unwrap();
@@ -159,39 +158,27 @@ fn a_follower_cut_for_ten_seconds_changes_no_leader() {
     let cut_at = Instant::now();
     while cut_at.elapsed() < Duration::from_secs(10) {
         let s = status(c.node(leader)).unwrap();
-        assert_eq!(
-            s["term"].as_u64(),
-            Some(term),
-            "the term moved during the cut: {s}"
-        );
-        assert_eq!(
-            s["leader"].as_u64(),
-            Some(leader),
-            "the leader lost its role: {s}"
-        );
+        assert_eq!(s.term, term, "the term moved during the cut: {s:?}");
+        assert_eq!(s.leader, Some(leader), "the leader lost its role: {s:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let cut_term = status(c.node(follower)).unwrap()["term"].as_u64();
+    let cut_term = status(c.node(follower)).unwrap().term;
     c.heal(follower);
     wait_until(
         Duration::from_secs(10),
         "the follower to hear from its leader again",
-        || status(c.node(follower)).is_some_and(|s| s["leader"].as_u64() == Some(leader)),
+        || status(c.node(follower)).is_some_and(|s| s.leader == Some(leader)),
     );
     let healed_at = Instant::now();
     while healed_at.elapsed() < Duration::from_secs(3) {
         for id in 1..=3 {
             let s = status(c.node(id)).unwrap();
-            assert_eq!(
-                s["term"].as_u64(),
-                Some(term),
-                "node {id} changed term: {s}"
-            );
+            assert_eq!(s.term, term, "node {id} changed term: {s:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!(
-        "follower {follower} cut for 10 s: its term stayed {cut_term:?}, leader {leader} kept term {term}"
+        "follower {follower} cut for 10 s: its term stayed {cut_term}, leader {leader} kept term {term}"
     );
     let out = load.wait_with_output().unwrap();
     assert!(out.status.success());

@@ -125,7 +125,7 @@ fn an_unresolvable_upstream_is_reported_by_name() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let status = || -> Option<serde_json::Value> {
+    let status = || -> Option<Status> {
         let out = Command::new(bin())
             .args([
                 "status",
@@ -144,18 +144,13 @@ fn an_unresolvable_upstream_is_reported_by_name() {
         || {
             last = status();
             last.as_ref()
-                .and_then(|s| {
-                    s["upstreams"][0]["last_error"]
-                        .as_str()
-                        .map(|e| e.contains("cannot resolve"))
-                })
-                .unwrap_or(false)
+                .and_then(|s| s.upstreams.first()?.last_error.as_deref())
+                .is_some_and(|e| e.contains("cannot resolve"))
         },
     );
-    let err = last.unwrap()["upstreams"][0]["last_error"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let err = last
+        .and_then(|s| s.upstreams.into_iter().next()?.last_error)
+        .unwrap_or_default();
     assert!(
         err.contains("no-such-host.invalid"),
         "the error names the host: {err}"

@@ -39,38 +39,23 @@ fn three_zones_keep_exactly_one_copy_per_key() {
         || {
             c.nodes[0]
                 .status()
-                .is_some_and(|s| s["totals"]["observed"].as_u64() == Some(3 * r.published))
+                .is_some_and(|s| s.totals.observed == 3 * r.published)
         },
     );
     let s = c.nodes[0].status().unwrap();
-    let coverage = s["coverage"].as_array().unwrap();
-    assert_eq!(coverage.len(), 3, "{s}");
+    assert_eq!(s.coverage.len(), 3, "{s:?}");
     let mut firsts = 0;
-    for cov in coverage {
-        let seen = cov["seen_ratio"].as_f64().unwrap();
+    for cov in &s.coverage {
         assert!(
-            seen > 0.99,
+            cov.seen_ratio > 0.99,
             "zone {} saw only {:.1}% of the keys",
-            cov["zone"],
-            seen * 100.0
+            cov.zone,
+            cov.seen_ratio * 100.0
         );
-        firsts += cov["first"].as_u64().unwrap();
+        firsts += cov.first;
     }
     assert_eq!(firsts, HFP_DISTINCT, "each key has exactly one first node");
-    assert_eq!(s["totals"]["observed"].as_u64().unwrap(), 3 * r.published);
-}
-
-/// The published watermark of the test topic as `node` sees it.
-fn published(node: &Node) -> u64 {
-    node.status()
-        .and_then(|s| {
-            s["topics"]
-                .as_array()?
-                .iter()
-                .find(|t| t["topic"] == node.spec.topic.as_str())
-                .and_then(|t| t["published_seq"].as_u64())
-        })
-        .unwrap_or(0)
+    assert_eq!(s.totals.observed, 3 * r.published);
 }
 
 fn others(all: u64, not: u64) -> Vec<u64> {
@@ -98,17 +83,17 @@ fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
     wait_until(
         Duration::from_secs(30),
         "part of the feed published",
-        || published(c.node(old)) > 1_000,
+        || c.node(old).published() > 1_000,
     );
     let killed_at = std::time::Instant::now();
     c.node(old).kill9();
     let rest = others(3, old);
     let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
-    let before = published(c.node(new));
+    let before = c.node(new).published();
     wait_until(
         Duration::from_secs(60),
         "publishing to resume under the new leader",
-        || published(c.node(new)) > before,
+        || c.node(new).published() > before,
     );
     eprintln!(
         "leader {old} killed; node {new} leads; publishing resumed {} ms after the kill",
@@ -121,16 +106,14 @@ fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
 
     let restarted_at = std::time::Instant::now();
     c.node(old).restart();
-    let target = c.node(new).status().unwrap()["last_applied"]
-        .as_u64()
-        .unwrap();
+    let target = c.node(new).status().unwrap().last_applied.unwrap();
     wait_until(
         Duration::from_secs(60),
         "the restarted node to catch up",
         || {
             c.node(old)
                 .status()
-                .and_then(|s| s["last_applied"].as_u64())
+                .and_then(|s| s.last_applied)
                 .is_some_and(|a| a >= target)
         },
     );
@@ -139,7 +122,7 @@ fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
         restarted_at.elapsed().as_millis()
     );
     let s = c.node(old).status().unwrap();
-    assert_eq!(s["totals"]["window_keys"].as_u64(), Some(HFP_DISTINCT));
+    assert_eq!(s.totals.window_keys, HFP_DISTINCT);
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
@@ -196,7 +179,7 @@ fn an_isolated_leader_neither_publishes_nor_acks() {
     wait_until(
         Duration::from_secs(60),
         "the old leader to follow the new one",
-        || c.node(old).status().and_then(|s| s["leader"].as_u64()) == Some(new),
+        || c.node(old).status().and_then(|s| s.leader) == Some(new),
     );
     // Its held copies commit (as duplicates) and are acked; its zone's
     // coverage returns to the whole feed.
@@ -205,9 +188,9 @@ fn an_isolated_leader_neither_publishes_nor_acks() {
         "the healed zone's coverage to recover",
         || {
             c.node(new).status().is_some_and(|s| {
-                s["coverage"].as_array().into_iter().flatten().any(|cov| {
-                    cov["node"] == old && cov["seen_ratio"].as_f64().unwrap_or(0.0) > 0.99
-                })
+                s.coverage
+                    .iter()
+                    .any(|cov| cov.node == old && cov.seen_ratio > 0.99)
             })
         },
     );
@@ -241,13 +224,10 @@ fn a_zone_losing_its_upstream_is_covered_and_its_coverage_dips() {
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
     let coverage_of = |c: &mut TestCluster, node: u64| -> f64 {
         let s = c.node(leader).status().unwrap();
-        s["coverage"]
-            .as_array()
-            .unwrap()
+        s.coverage
             .iter()
-            .find(|cov| cov["node"] == node)
-            .and_then(|cov| cov["seen_ratio"].as_f64())
-            .unwrap_or(0.0)
+            .find(|cov| cov.node == node)
+            .map_or(0.0, |cov| cov.seen_ratio)
     };
     let dipped = coverage_of(&mut c, victim);
     assert!(
@@ -323,7 +303,7 @@ fn a_new_node_catches_up_by_snapshot() {
         || {
             c.node(4)
                 .status()
-                .is_some_and(|s| s["totals"]["window_keys"].as_u64() == Some(HFP_DISTINCT))
+                .is_some_and(|s| s.totals.window_keys == HFP_DISTINCT)
         },
     );
     eprintln!("node 4 caught up in {} ms", started.elapsed().as_millis());
@@ -341,15 +321,13 @@ fn a_new_node_catches_up_by_snapshot() {
         },
     );
     let s = c.node(leader).status().unwrap();
-    let m4 = s["members"]
-        .as_array()
-        .unwrap()
+    let m4 = s
+        .members
         .iter()
-        .find(|m| m["id"] == 4)
-        .cloned()
-        .unwrap();
-    assert_eq!(m4["voter"], true, "{s}");
-    assert_eq!(m4["zone"], "zone-d");
+        .find(|m| m.id == 4)
+        .unwrap_or_else(|| panic!("node 4 is not a member: {s:?}"));
+    assert!(m4.voter, "{s:?}");
+    assert_eq!(m4.zone, "zone-d");
 
     // And out again, through a follower (the CLI finds the leader).
     let follower = if leader == 1 { 2 } else { 1 };
@@ -372,11 +350,9 @@ fn a_new_node_catches_up_by_snapshot() {
         Duration::from_secs(30),
         "node 4 to leave the membership",
         || {
-            c.node(leader).status().is_some_and(|s| {
-                s["members"]
-                    .as_array()
-                    .is_some_and(|m| m.len() == 3 && m.iter().all(|m| m["id"] != 4))
-            })
+            c.node(leader)
+                .status()
+                .is_some_and(|s| s.members.len() == 3 && s.members.iter().all(|m| m.id != 4))
         },
     );
     // Without the secret the admin API refuses.
@@ -516,7 +492,7 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
     wait_until(
         Duration::from_secs(30),
         "part of the feed published",
-        || published(c.node(old)) > 1_000,
+        || c.node(old).published() > 1_000,
     );
     c.node(old).signal("-STOP");
     let stopped_at = std::time::Instant::now();
@@ -526,11 +502,11 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
     // The paused leader still holds its exclusive producer: the broker lets
     // go of it when the paused process stops answering its keepalive pings
     // (docs/exactly-once.md, "A paused leader").
-    let before = published(c.node(new));
+    let before = c.node(new).published();
     wait_until(
         Duration::from_secs(90),
         "the new leader to publish while the old one is paused",
-        || published(c.node(new)) > before,
+        || c.node(new).published() > before,
     );
     eprintln!(
         "leader {old} paused: node {new} elected after {} ms, publishing after {} ms",
@@ -546,7 +522,7 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
     wait_until(
         Duration::from_secs(60),
         "the woken leader to follow the new one",
-        || c.node(old).status().and_then(|s| s["leader"].as_u64()) == Some(new),
+        || c.node(old).status().and_then(|s| s.leader) == Some(new),
     );
     wait_until(
         Duration::from_secs(30),
@@ -563,9 +539,9 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
         "the woken zone's coverage to recover",
         || {
             c.node(new).status().is_some_and(|s| {
-                s["coverage"].as_array().into_iter().flatten().any(|cov| {
-                    cov["node"] == old && cov["seen_ratio"].as_f64().unwrap_or(0.0) > 0.99
-                })
+                s.coverage
+                    .iter()
+                    .any(|cov| cov.node == old && cov.seen_ratio > 0.99)
             })
         },
     );
@@ -639,9 +615,7 @@ fn peers_can_require_mutual_tls() {
     let _ = adding.kill();
     let _ = adding.wait();
     assert_ne!(
-        c.node(4)
-            .status()
-            .and_then(|s| s["totals"]["window_keys"].as_u64()),
+        c.node(4).status().map(|s| s.totals.window_keys),
         Some(hfp_pairs(Some(1000)).len() as u64),
         "the rogue node must not receive the state"
     );

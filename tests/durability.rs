@@ -28,25 +28,6 @@ fn seed() -> u64 {
     seed
 }
 
-/// The published watermark of the test topic as `node` sees it.
-fn published(node: &Node) -> u64 {
-    node.status()
-        .and_then(|s| {
-            s["topics"]
-                .as_array()?
-                .iter()
-                .find(|t| t["topic"] == node.spec.topic.as_str())
-                .and_then(|t| t["published_seq"].as_u64())
-        })
-        .unwrap_or(0)
-}
-
-fn applied(node: &Node) -> u64 {
-    node.status()
-        .and_then(|s| s["last_applied"].as_u64())
-        .unwrap_or(0)
-}
-
 /// A cluster whose every node keeps its data on a crashfs of its own.
 fn on_crashfs(mqtt: &Mosquitto, pulsar: &Pulsar, topic: &str, disks: &[CrashFs]) -> TestCluster {
     TestCluster::start(mqtt, pulsar, topic, disks.len() as u64, |s| {
@@ -76,7 +57,7 @@ fn a_power_cut_of_the_leader_mid_replay_loses_nothing() {
     wait_until(
         Duration::from_secs(60),
         "part of the feed published",
-        || published(c.node(victim)) > 1_500,
+        || c.node(victim).published() > 1_500,
     );
     c.node(victim).kill9();
     let lost = disks[(victim - 1) as usize].lose_power(seed);
@@ -88,15 +69,15 @@ fn a_power_cut_of_the_leader_mid_replay_loses_nothing() {
     assert!(out.status.success());
     c.node(new)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
-    let target = applied(c.node(new));
+    let target = c.node(new).applied();
     wait_until(
         Duration::from_secs(60),
         "the node that lost power to catch up",
-        || applied(c.node(victim)) >= target,
+        || c.node(victim).applied() >= target,
     );
     assert_eq!(
-        c.node(victim).status().unwrap()["totals"]["window_keys"].as_u64(),
-        Some(HFP_DISTINCT)
+        c.node(victim).status().unwrap().totals.window_keys,
+        HFP_DISTINCT
     );
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
@@ -140,7 +121,7 @@ fn a_power_cut_of_every_node_at_once_loses_no_acked_message() {
         .iter()
         .map(|n| n.metric("firstseen_acks_total"))
         .collect();
-    let published_before = published(c.node(leader));
+    let published_before = c.node(leader).published();
     for id in 1..=3 {
         c.node(id).kill9();
     }
@@ -181,9 +162,9 @@ fn a_truncated_log_is_refused_and_the_others_carry_on() {
     let first = hfp_pairs(Some(2500)).len() as u64;
     c.node(leader)
         .wait_published(first, Duration::from_secs(60));
-    let target = applied(c.node(leader));
+    let target = c.node(leader).applied();
     wait_until(Duration::from_secs(30), "the victim to catch up", || {
-        applied(c.node(victim)) >= target
+        c.node(victim).applied() >= target
     });
 
     let (status, took) = c
@@ -242,7 +223,7 @@ fn flipped_bytes_are_refused_or_harmless_never_a_shorter_log() {
     replay(mqtt.port, &["--limit", "3000", "--pace", "max"]);
     let first = hfp_pairs(Some(3000)).len() as u64;
     node.wait_published(first, Duration::from_secs(60));
-    let before = applied(&node);
+    let before = node.applied();
     node.terminate(Duration::from_secs(20)).expect("stops");
     let mut rng = seed | 1;
     for file in ["raft/log/db", "raft/sled/db"] {
@@ -283,19 +264,19 @@ fn flipped_bytes_are_refused_or_harmless_never_a_shorter_log() {
             wait_until(Duration::from_secs(30), "the node's API", || {
                 node.status().is_some()
             });
-            let restarted_at = applied(&node);
+            let restarted_at = node.applied();
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while applied(&node) < before && std::time::Instant::now() < deadline {
+            while node.applied() < before && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
             }
             assert!(
-                applied(&node) >= before,
+                node.applied() >= before,
                 "came back with a shorter log: {} < {before}",
-                applied(&node)
+                node.applied()
             );
             eprintln!(
                 "applied {restarted_at} at restart, {} after re-applying (had {before})",
-                applied(&node)
+                node.applied()
             );
             eprintln!("the flips hit unused space; the node came back whole");
         }
@@ -361,7 +342,7 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
     let (_, why) = c.node(3).get("/readyz");
     assert!(why.contains("disk_reserve_bytes"), "{why}");
     let s = c.node(3).status().unwrap();
-    assert_eq!(s["disk"]["low"], true, "{s}");
+    assert!(s.disk.low, "{s:?}");
     assert_eq!(c.node(3).metric("firstseen_disk_low"), 1.0);
     let acks_before = c.node(3).metric("firstseen_acks_total");
     let dead_before = c.node(3).metric("firstseen_dead_letter_total");
@@ -381,7 +362,7 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
         dead_before,
         "node 3 wrote a dead letter while its disk was full"
     );
-    assert_eq!(c.node(3).status().unwrap()["disk"]["low"], true);
+    assert!(c.node(3).status().unwrap().disk.low);
 
     // Space returns: node 3 catches up, commits its held copies (as
     // duplicates), writes the dead letter and acks everything it holds.
@@ -394,7 +375,7 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
         "node 3 to ack what it held",
         || {
             let s = c.node(3).status().unwrap();
-            let received = s["upstreams"][0]["received"].as_u64().unwrap_or(0) as f64;
+            let received = s.upstreams.first().map_or(0, |u| u.received) as f64;
             c.node(3).metric("firstseen_acks_total") >= received
         },
     );
@@ -473,14 +454,9 @@ fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
     disk.quota(None);
     c.node(3).restart();
     c.node(3).wait_ready();
-    let applied = |n: &mut Node| {
-        n.status()
-            .and_then(|s| s["last_applied"].as_u64())
-            .unwrap_or(0)
-    };
     wait_until(Duration::from_secs(120), "node 3 to catch up", || {
-        let target = applied(c.node(leader));
-        applied(c.node(3)) >= target
+        let target = c.node(leader).applied();
+        c.node(3).applied() >= target
     });
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
@@ -584,7 +560,7 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
     node.wait_published(first, Duration::from_secs(60));
     let snapshots = node.data_dir().join("raft/snapshots/current.meta");
     wait_until(Duration::from_secs(30), "a snapshot", || snapshots.exists());
-    let before = applied(&node);
+    let before = node.applied();
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     let db = node.data_dir().join("raft/sled/db");
@@ -604,7 +580,7 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
         .any(|e| e.file_name().to_string_lossy().starts_with("sled.damaged-"));
     assert!(aside, "the damaged database is kept aside for the operator");
     wait_until(Duration::from_secs(30), "the log re-applied", || {
-        applied(&node) >= before
+        node.applied() >= before
     });
 
     replay(mqtt.port, &["--skip", "3000", "--pace", "max"]);
@@ -644,7 +620,7 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     let first = hfp_pairs(Some(1000)).len() as u64;
     wait_until(Duration::from_secs(60), "the feed in the outbox", || {
         node.status()
-            .is_some_and(|s| s["totals"]["outbox_messages"].as_u64() == Some(first))
+            .is_some_and(|s| s.totals.outbox_messages == first)
     });
     let snapshots = node.data_dir().join("raft/snapshots/current.meta");
     wait_until(Duration::from_secs(30), "a snapshot", || snapshots.exists());

@@ -14,14 +14,8 @@ use serde_json::Value;
 
 fn coverage_of(n: &Node, node: u64) -> f64 {
     n.status()
-        .and_then(|s| {
-            s["coverage"]
-                .as_array()?
-                .iter()
-                .find(|c| c["node"] == node)
-                .and_then(|c| c["seen_ratio"].as_f64())
-        })
-        .unwrap_or(0.0)
+        .and_then(|s| s.coverage.into_iter().find(|c| c.node == node))
+        .map_or(0.0, |c| c.seen_ratio)
 }
 
 /// QoS 2 from the publisher to the bridges. A node is SIGKILLed mid-flow
@@ -204,13 +198,10 @@ pulsar_topic = "{by_bytes}"
     let payloads = bytes["distinct_payloads"].as_u64().unwrap();
     wait_until(Duration::from_secs(60), "both topics published", || {
         node.status().is_some_and(|s| {
-            let t = s["topics"].as_array().cloned().unwrap_or_default();
             let done = |name: &str, n: u64| {
-                t.iter().any(|x| {
-                    x["topic"] == name
-                        && x["published_seq"].as_u64() >= Some(n)
-                        && x["backlog"] == 0
-                })
+                s.topics
+                    .iter()
+                    .any(|x| x.topic == name && x.published_seq >= n && x.backlog == 0)
             };
             done(&by_fields, distinct) && done(&by_bytes, 2 * payloads)
         })
@@ -281,11 +272,10 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
     node.spec.upstream_extra = tls(&other_ca);
     node.restart();
     wait_until(Duration::from_secs(30), "the TLS error in /status", || {
-        node.status()
-            .and_then(|s| s["upstreams"][0]["last_error"].as_str().map(str::to_string))
+        node.upstream_error()
             .is_some_and(|e| e.contains("certificate") || e.contains("Tls") || e.contains("TLS"))
     });
-    let error = node.status().unwrap()["upstreams"][0]["last_error"].clone();
+    let error = node.upstream_error().unwrap_or_default();
     eprintln!("wrong CA: {error}");
     assert_eq!(node.get("/readyz").0, 503, "not ready without its upstream");
     replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
@@ -297,10 +287,7 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
     node.restart();
     let mut seen = String::new();
     wait_until(Duration::from_secs(30), "the refusal in /status", || {
-        seen = node
-            .status()
-            .and_then(|s| s["upstreams"][0]["last_error"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        seen = node.upstream_error().unwrap_or_default();
         seen.starts_with("mqtts://127.0.0.1")
     });
     eprintln!("no client certificate: {seen}");

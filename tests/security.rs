@@ -264,8 +264,7 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
         Duration::from_secs(60),
         "acks held by the outbox quota",
         || {
-            node.status()
-                .is_some_and(|s| s["totals"]["outbox_messages"].as_u64() > Some(0))
+            node.status().is_some_and(|s| s.totals.outbox_messages > 0)
                 && node.metric("firstseen_acks_total") < sent as f64
         },
     );

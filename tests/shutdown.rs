@@ -44,7 +44,7 @@ fn a_node_without_quorum_stops_within_the_bound() {
         || {
             c.node(leader)
                 .status()
-                .is_some_and(|s| s["upstreams"][0]["received"].as_u64() >= Some(200))
+                .is_some_and(|s| s.upstreams.first().is_some_and(|u| u.received >= 200))
         },
     );
     let (status, took) = c.node(leader).terminate(limit()).unwrap_or_else(|| {

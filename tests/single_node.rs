@@ -37,11 +37,11 @@ fn replay_twice_keeps_exactly_one_copy_per_key() {
     // first copy was published.
     wait_until(Duration::from_secs(30), "every copy committed", || {
         node.status()
-            .is_some_and(|s| s["totals"]["observed"].as_u64() == Some(r.published))
+            .is_some_and(|s| s.totals.observed == r.published)
     });
     let s = node.status().unwrap();
-    assert_eq!(s["totals"]["observed"], r.published);
-    assert_eq!(s["totals"]["duplicates"], r.published - HFP_DISTINCT);
+    assert_eq!(s.totals.observed, r.published);
+    assert_eq!(s.totals.duplicates, r.published - HFP_DISTINCT);
 
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
@@ -65,10 +65,7 @@ fn sigkill_mid_replay_loses_nothing_and_doubles_nothing() {
     wait_until(
         Duration::from_secs(30),
         "the node to have taken part of the feed",
-        || {
-            node.status()
-                .is_some_and(|s| s["totals"]["observed"].as_u64().unwrap_or(0) > 1_000)
-        },
+        || node.status().is_some_and(|s| s.totals.observed > 1_000),
     );
     node.kill9();
     let out = replay.wait_with_output().unwrap();
@@ -107,13 +104,10 @@ fn nothing_is_acked_before_commit() {
     wait_until(
         Duration::from_secs(30),
         "backpressure with a non-empty outbox",
-        || {
-            node.status()
-                .is_some_and(|s| s["totals"]["outbox_messages"].as_u64().unwrap_or(0) > 0)
-        },
+        || node.status().is_some_and(|s| s.totals.outbox_messages > 0),
     );
     let held = node.status().unwrap();
-    let committed = held["totals"]["observed"].as_u64().unwrap();
+    let committed = held.totals.observed;
     assert!(
         committed < 5_000,
         "backpressure must hold most of the feed uncommitted (committed {committed})"
@@ -131,7 +125,7 @@ fn nothing_is_acked_before_commit() {
     node.restart();
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     let s = node.status().unwrap();
-    let redelivered = s["upstreams"][0]["received"].as_u64().unwrap();
+    let redelivered = s.upstreams[0].received;
     assert!(
         redelivered >= 5_000 - committed,
         "the broker redelivered {redelivered} messages; at least {} were never committed",
@@ -170,14 +164,12 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
         Duration::from_secs(60),
         "the rest of the feed committed into the outbox",
         || {
-            node.status().is_some_and(|s| {
-                s["totals"]["observed"].as_u64() == Some(5_000)
-                    && s["totals"]["outbox_messages"].as_u64() > Some(0)
-            })
+            node.status()
+                .is_some_and(|s| s.totals.observed == 5_000 && s.totals.outbox_messages > 0)
         },
     );
     let during = node.status().unwrap();
-    let backlog = during["totals"]["outbox_messages"].as_u64().unwrap();
+    let backlog = during.totals.outbox_messages;
     assert_eq!(
         backlog,
         HFP_DISTINCT - first,
@@ -193,7 +185,7 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
         "the outbox back after the crash, from the checkpoint and the log",
         || {
             node.status()
-                .is_some_and(|s| s["totals"]["outbox_messages"].as_u64() == Some(backlog))
+                .is_some_and(|s| s.totals.outbox_messages == backlog)
         },
     );
 

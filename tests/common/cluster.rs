@@ -175,7 +175,7 @@ impl TestCluster {
     pub fn leader(&self) -> Option<u64> {
         let mut seen = None;
         for n in self.nodes.iter().filter(|n| n.is_running()) {
-            let l = n.status()?["leader"].as_u64()?;
+            let l = n.status()?.leader?;
             if seen.is_some_and(|s| s != l) {
                 return None;
             }
@@ -200,7 +200,7 @@ impl TestCluster {
     pub fn leader_among(&self, ids: &[u64]) -> Option<u64> {
         let mut seen = None;
         for id in ids {
-            let l = self.nodes[(*id - 1) as usize].status()?["leader"].as_u64()?;
+            let l = self.nodes[(*id - 1) as usize].status()?.leader?;
             if seen.is_some_and(|s| s != l) {
                 return None;
             }

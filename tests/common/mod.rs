@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use firstseen::http::Status;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -589,8 +590,34 @@ impl Node {
         self.launch();
     }
 
-    /// The node's /status, via `firstseen status --json`.
-    pub fn status(&self) -> Option<Value> {
+    /// The node's /status, via `firstseen status --json`, read into the
+    /// type the node writes it from.
+    pub fn status(&self) -> Option<Status> {
+        serde_json::from_value(self.status_json()?).ok()
+    }
+
+    /// The test topic's published watermark, as this node sees it (0
+    /// while it does not answer).
+    pub fn published(&self) -> u64 {
+        self.status()
+            .and_then(|s| s.topics.into_iter().find(|t| t.topic == self.spec.topic))
+            .map_or(0, |t| t.published_seq)
+    }
+
+    /// The last error of the node's first upstream, if it answers and
+    /// there is one.
+    pub fn upstream_error(&self) -> Option<String> {
+        self.status()?.upstreams.into_iter().next()?.last_error
+    }
+
+    /// The last log index this node applied (0 while it does not answer).
+    pub fn applied(&self) -> u64 {
+        self.status().and_then(|s| s.last_applied).unwrap_or(0)
+    }
+
+    /// The same, as plain JSON: for checking what a client sees that the
+    /// type does not name.
+    pub fn status_json(&self) -> Option<Value> {
         let out = Command::new(bin())
             .args(["status", "--json", "--url"])
             .arg(format!("http://127.0.0.1:{}", self.http_port))
@@ -643,22 +670,23 @@ impl Node {
     /// Waits until the outbox of the test topic is empty with `n` messages published.
     pub fn wait_published(&self, n: u64, timeout: Duration) {
         let topic = self.spec.topic.clone();
-        let mut last = Value::Null;
+        let mut last = None;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(s) = self.status() {
-                let done = s["topics"].as_array().into_iter().flatten().any(|t| {
-                    t["topic"] == topic.as_str() && t["published_seq"] == n && t["backlog"] == 0
-                });
+                let done = s
+                    .topics
+                    .iter()
+                    .any(|t| t.topic == topic && t.published_seq == n && t.backlog == 0);
                 if done {
                     return;
                 }
-                last = s;
+                last = Some(s);
             }
             std::thread::sleep(Duration::from_millis(200));
         }
         panic!(
-            "node did not publish {n} messages within {timeout:?}; last status: {last}\n--- node log ---\n{}",
+            "node did not publish {n} messages within {timeout:?}; last status: {last:?}\n--- node log ---\n{}",
             self.log_tail(60)
         );
     }
