@@ -112,7 +112,7 @@ impl Core {
             coalesce::Settings {
                 window_ms: config.dedup.window_secs * 1_000,
                 max_bytes: config.batch.max_bytes,
-                clock: ports.clock,
+                clock: ports.clock.clone(),
             },
             parts.disk.clone(),
             stops.proposals,
@@ -122,6 +122,7 @@ impl Core {
             node_id: id,
             peers: ports.call.clone(),
             coalescer,
+            clock: ports.clock,
         };
         let peer_service = Arc::new(PeerService {
             node_id: id,

@@ -25,7 +25,10 @@ pub const FRESH: Duration = Duration::from_secs(10);
 pub struct Clocks {
     /// Node → (its latest reading, when this leader got it).
     latest: BTreeMap<u64, (u64, Instant)>,
-    last_stamp: Option<Instant>,
+    /// This node's last stamp, and when it made it.
+    last_stamp: Option<(u64, Instant)>,
+    /// The window clock as this node last saw it change, and when.
+    window_seen: Option<(u64, Instant)>,
 }
 
 impl Clocks {
@@ -72,17 +75,45 @@ impl Clocks {
         now: Instant,
     ) -> u64 {
         let fresh = self.fresh(voters, me, now);
-        let elapsed = self
-            .last_stamp
-            .map_or(0, |t| now.saturating_duration_since(t).as_millis() as u64);
-        self.last_stamp = Some(now);
-        firstseen_store::window::leader_stamp(
+        if self
+            .window_seen
+            .is_none_or(|(seen, _)| seen != window_clock_ms)
+        {
+            self.window_seen = Some((window_clock_ms, now));
+        }
+        let elapsed = self.elapsed(window_clock_ms, now);
+        let stamp = firstseen_store::window::leader_stamp(
             own_ms,
             &fresh,
             voters.len().max(1),
             window_clock_ms,
             elapsed,
-        )
+        );
+        self.last_stamp = Some((stamp, now));
+        stamp
+    }
+
+    /// How far past the window clock the time surely is now, by this node's
+    /// monotonic clock: for stamping without a majority's readings.
+    ///
+    /// Two lower bounds, and the larger: the time since this node saw the
+    /// window clock take its value (it took it no later than that), and its
+    /// own last stamp plus the time since. Why not the time since its own
+    /// last stamp alone, added to the window clock: other leaders move the
+    /// window clock meanwhile, and their stamps already count that time. A
+    /// node that stamped once as a stale leader on restarting, then led
+    /// again 2.7 s later with no fresh readings, counted those 2.7 s on top
+    /// of the 1.2 s its successor had already stamped: the window clock ran
+    /// ahead of every clock (whole-cluster simulation, seed 5000061).
+    fn elapsed(&self, window_clock_ms: u64, now: Instant) -> u64 {
+        let since = |t: Instant| now.saturating_duration_since(t).as_millis() as u64;
+        let by_window = self.window_seen.map_or(0, |(_, t)| since(t));
+        let by_own = self.last_stamp.map_or(0, |(stamp, t)| {
+            stamp
+                .saturating_add(since(t))
+                .saturating_sub(window_clock_ms)
+        });
+        by_window.max(by_own)
     }
 }
 
@@ -129,6 +160,32 @@ mod tests {
             "stamped {} s ahead",
             (stamp - t0) / 1000
         );
+    }
+
+    /// Seed 5000061 of the whole-cluster simulation, on node 3: a stamp at
+    /// 7.26 s (on restarting, a stale leader for a moment); node 2 leads and
+    /// moves the window clock to 8.71 s; node 3 leads again at 9.96 s with
+    /// nobody's fresh readings. The stamp must not pass 9.96 s (it was
+    /// 11.41 s).
+    #[test]
+    fn time_another_leader_already_stamped_is_not_counted_twice() {
+        let t0 = 1_000_000_000_000;
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut clocks = Clocks::default();
+        // Its own clock is an hour behind: the stamp falls back on the
+        // window clock.
+        let first = clocks.stamp(&[1, 2, 3], 3, t0 - 3_600_000, t0 + 7_200, at(7_257));
+        assert_eq!(first, t0 + 7_200);
+        // Node 2's stamps move the window clock meanwhile.
+        let later = clocks.stamp(&[1, 2, 3], 3, t0 - 3_600_000, t0 + 8_713, at(9_958));
+        assert!(
+            later <= t0 + 9_958,
+            "stamped {} ms ahead of the true time",
+            later - (t0 + 9_958)
+        );
+        // And it still moves on by its own monotonic clock.
+        assert!(later >= t0 + 8_713 + 1_000, "stamped {later}");
     }
 
     #[test]

@@ -63,6 +63,27 @@ pub struct Proposer {
     pub peers: Arc<dyn Call>,
     /// Merges batches into entries on the leader; it stamps the window.
     pub coalescer: coalesce::Coalescer,
+    /// This node's wall clock: each forward carries a reading of it.
+    pub clock: crate::clock::SharedClock,
+}
+
+/// Sets this node's clock reading on its observations in a batch about to
+/// be forwarded.
+///
+/// Why: the leader takes a follower's newest reading as evidence of that
+/// clock now, for [`clocks::FRESH`] after it arrives. A reading taken at
+/// receipt can be minutes old on arrival: the batch waited in the ingest
+/// queue, out a cut, or in the batcher's retries. A node whose clock was a
+/// day ahead while its batches queued would then still count as a day
+/// ahead after its clock was right again, and with one more wrong clock in
+/// that time the two would outvote the right one and move the window. Read
+/// at each forward, a reading is at most the forward's timeout old on
+/// arrival. `received_ms` has no other reader: the window is stamped by the
+/// leader.
+pub fn restamp(batch: &mut Batch, node: NodeId, now_ms: u64) {
+    for o in batch.observations.iter_mut().filter(|o| o.node == node) {
+        o.received_ms = now_ms;
+    }
 }
 
 /// Waits until the leader is no longer `leader`. Never returns once Raft
@@ -123,6 +144,8 @@ impl Proposer {
                 let addr = addr
                     .filter(|a| !a.is_empty())
                     .ok_or(ProposeError::NoAddress { leader: l })?;
+                let mut batch = batch;
+                restamp(&mut batch, self.node_id, self.clock.now_ms());
                 let request = Request::Forward(batch);
                 let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
                 tokio::select! {
@@ -165,5 +188,39 @@ impl Proposer {
 impl crate::cluster::server::Forwarded for Proposer {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ForwardError>> {
         Box::pin(self.commit_here(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use firstseen_store::Observation;
+
+    fn seen(node: NodeId, received_ms: u64) -> Observation {
+        Observation {
+            key: [0; 32],
+            mqtt_topic: "t".into(),
+            pulsar_topic: "p".into(),
+            payload: vec![],
+            qos: 1,
+            retain: false,
+            node,
+            received_ms,
+        }
+    }
+
+    #[test]
+    fn a_forward_carries_the_clock_now_not_at_receipt() {
+        let mut batch = Batch::default();
+        batch.push(seen(2, 1_000), None);
+        batch.push(seen(2, 1_500), None);
+        restamp(&mut batch, 2, 90_000);
+        let readings: Vec<u64> = batch.observations.iter().map(|o| o.received_ms).collect();
+        assert_eq!(readings, vec![90_000, 90_000]);
+        // Another node's reading is that node's evidence, not this one's.
+        let mut batch = Batch::default();
+        batch.push(seen(3, 1_000), None);
+        restamp(&mut batch, 2, 90_000);
+        assert_eq!(batch.observations[0].received_ms, 1_000);
     }
 }

@@ -21,9 +21,9 @@ pub fn advance_clock(clock_ms: u64, stamped_ms: u64) -> u64 {
 /// each other voter that sent it something recently (`fresh_peers`). With
 /// readings from a majority of the `voters`, the stamp is their lower
 /// median: one skewed or jumping clock, the leader's included, moves
-/// nothing. Without (other zones silent), the window clock advances by the
-/// time the leader's monotonic clock says passed since its last stamp
-/// (`elapsed_ms`), which no wall clock can move. A cluster that never
+/// nothing. Without (other zones silent), the window clock advances by
+/// `elapsed_ms`: how far past it the leader's monotonic clock says the time
+/// surely is (`propose::clocks` works it out), which no wall clock can move. A cluster that never
 /// stamped anything starts from the leader's own clock. The stamp never
 /// falls below the window clock, so keys are always stamped with the
 /// window's own now.
