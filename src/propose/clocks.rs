@@ -120,20 +120,8 @@ impl Clocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::propose::tests::seen;
     use firstseen_store::window::leader_stamp;
-
-    fn seen(node: u64, received_ms: u64) -> Observation {
-        Observation {
-            key: [0; 32],
-            mqtt_topic: "t".into(),
-            pulsar_topic: "p".into(),
-            payload: vec![],
-            qos: 1,
-            retain: false,
-            node,
-            received_ms,
-        }
-    }
 
     /// Seed 21's schedule, replayed on the leader (node 1): node 3's clock
     /// jumps a day ahead and back, then node 2's skews an hour ahead within

@@ -196,7 +196,8 @@ mod tests {
     use super::*;
     use firstseen_store::Observation;
 
-    fn seen(node: NodeId, received_ms: u64) -> Observation {
+    /// An observation that only says who received it and when.
+    pub(crate) fn seen(node: NodeId, received_ms: u64) -> Observation {
         Observation {
             key: [0; 32],
             mqtt_topic: "t".into(),
