@@ -62,7 +62,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// request waited, is dead without knowing it (no FIN, no RST). Longer than
 /// a heartbeat on purpose: a follower stalled 150 ms by a flush is slow, not
 /// gone, and redialling it costs more than waiting.
-const SILENT_DEAD: Duration = Duration::from_secs(1);
+pub const SILENT_DEAD: Duration = Duration::from_secs(1);
 
 /// Why a call to a peer failed.
 #[derive(Debug, Clone, thiserror::Error)]
