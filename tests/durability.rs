@@ -666,3 +666,24 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&own.pulsar, &topic), &hfp_pairs(None));
 }
+
+/// The crash filesystem answers for a file that is unlinked but still open,
+/// as a real one does: its size (an `lseek` to the end) and its data. It
+/// answered "No such file or directory", and a leader sending a snapshot
+/// that a newer one had just replaced stopped its Raft on it in the
+/// campaign (nemesis seed 150354282), a failure no real disk causes.
+#[test]
+fn an_open_file_stays_readable_on_the_crash_filesystem_after_unlink() {
+    use std::io::{Read, Seek, SeekFrom};
+    let fs = CrashFs::start();
+    let path = fs.mount.join("snap-1.snap");
+    std::fs::write(&path, vec![7u8; 100_000]).unwrap();
+    let mut open = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(open.seek(SeekFrom::End(0)).unwrap(), 100_000);
+    open.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    open.read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 100_000);
+    assert!(!path.exists());
+}

@@ -272,12 +272,26 @@ impl Filesystem for CrashFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let st = self.lock();
-        let Some(rel) = st.paths.get(&ino.0) else {
-            return reply.error(Errno::ENOENT);
+        let meta = match st.paths.get(&ino.0) {
+            Some(rel) => std::fs::symlink_metadata(self.real(rel)),
+            // Unlinked but still open: POSIX keeps the file, and its size,
+            // until the last close. Answering ENOENT here made an `lseek`
+            // to the end of an open snapshot fail once a newer snapshot had
+            // replaced it (the leader sending it then stopped its Raft on
+            // "No such file or directory", which a real disk never says).
+            None => {
+                let open = fh
+                    .and_then(|h| st.handles.get(&h.0))
+                    .or_else(|| st.handles.values().find(|(i, _)| *i == ino.0));
+                match open {
+                    Some((_, f)) => f.metadata(),
+                    None => return reply.error(Errno::ENOENT),
+                }
+            }
         };
-        match std::fs::symlink_metadata(self.real(rel)) {
+        match meta {
             Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
             Err(e) => reply.error(errno(&e)),
         }
