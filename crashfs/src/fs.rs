@@ -52,6 +52,9 @@ struct State {
     used: u64,
     quota: Option<u64>,
     stats: Stats,
+    /// The power is off ([`CrashFs::power_off`]) until the next power cut
+    /// is played out.
+    off: bool,
 }
 
 /// The filesystem, shared between the FUSE session and the control socket.
@@ -138,6 +141,7 @@ impl CrashFs {
                 used,
                 quota: None,
                 stats: Stats::default(),
+                off: false,
             })),
         }
     }
@@ -150,10 +154,23 @@ impl CrashFs {
         self.root.join(rel)
     }
 
+    /// The power goes off now, while the process using the filesystem may
+    /// still run: from here on its writes and resizes are accepted and
+    /// dropped, its fsyncs keep nothing, and names cannot change (EIO).
+    /// A process that is dropped rather than killed (a simulated crash)
+    /// writes and fsyncs on its way out; with the power off, none of that
+    /// reaches the disk. [`CrashFs::lose_power`] then undoes what was not
+    /// synced before, and turns the power back on.
+    pub fn power_off(&self) {
+        self.lock().off = true;
+    }
+
     /// The power goes out: every unsynced change of every file is undone,
-    /// and with `tear` each file's last write survives in part.
+    /// and with `tear` each file's last write survives in part. The power
+    /// is on again afterwards.
     pub fn lose_power(&self, tear: Option<u64>) -> io::Result<Lost> {
         let mut st = self.lock();
+        st.off = false;
         let mut rng = tear.map(Rng::new);
         let mut total = Lost::default();
         for ino in st.journal.dirty() {
@@ -321,6 +338,13 @@ impl Filesystem for CrashFs {
             return reply.error(Errno::ENOENT);
         };
         let real = self.real(&rel);
+        if st.off {
+            // Accepted and dropped, as a write is.
+            return match std::fs::symlink_metadata(&real) {
+                Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         if let Some(mode) = mode {
             if let Err(e) = std::fs::set_permissions(&real, std::fs::Permissions::from_mode(mode)) {
                 return reply.error(errno(&e));
@@ -369,6 +393,9 @@ impl Filesystem for CrashFs {
         reply: ReplyEntry,
     ) {
         let mut st = self.lock();
+        if st.off {
+            return reply.error(Errno::EIO);
+        }
         let r = self.child(&st, parent, name).and_then(|rel| {
             let real = self.real(&rel);
             std::fs::create_dir(&real).map_err(|e| errno(&e))?;
@@ -383,6 +410,9 @@ impl Filesystem for CrashFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut st = self.lock();
+        if st.off {
+            return reply.error(Errno::EIO);
+        }
         let r = self.child(&st, parent, name).and_then(|rel| {
             let real = self.real(&rel);
             let len = std::fs::symlink_metadata(&real)
@@ -401,6 +431,9 @@ impl Filesystem for CrashFs {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut st = self.lock();
+        if st.off {
+            return reply.error(Errno::EIO);
+        }
         let r = self.child(&st, parent, name).and_then(|rel| {
             std::fs::remove_dir(self.real(&rel)).map_err(|e| errno(&e))?;
             Self::forget_path(&mut st, &rel);
@@ -423,6 +456,9 @@ impl Filesystem for CrashFs {
         reply: ReplyEmpty,
     ) {
         let mut st = self.lock();
+        if st.off {
+            return reply.error(Errno::EIO);
+        }
         let r = (|| -> Result<(), Errno> {
             let from = self.child(&st, parent, name)?;
             let to = self.child(&st, newparent, newname)?;
@@ -463,6 +499,9 @@ impl Filesystem for CrashFs {
         reply: ReplyCreate,
     ) {
         let mut st = self.lock();
+        if st.off {
+            return reply.error(Errno::EIO);
+        }
         let r = (|| -> Result<(FileAttr, u64), Errno> {
             let rel = self.child(&st, parent, name)?;
             let real = self.real(&rel);
@@ -546,6 +585,9 @@ impl Filesystem for CrashFs {
         let Some((ino, f)) = st.handles.get(&fh.0) else {
             return reply.error(Errno::EBADF);
         };
+        if st.off {
+            return reply.written(data.len() as u32);
+        }
         let ino = *ino;
         let r = (|| -> Result<(), Errno> {
             let old = f.metadata().map_err(|e| errno(&e))?.len();
@@ -608,8 +650,10 @@ impl Filesystem for CrashFs {
         // Durable from here on. The backing file is not synced: the machine
         // under the test never loses power, only this layer pretends to.
         let mut st = self.lock();
-        st.journal.synced(ino.0);
-        st.stats.fsyncs += 1;
+        if !st.off {
+            st.journal.synced(ino.0);
+            st.stats.fsyncs += 1;
+        }
         reply.ok();
     }
 

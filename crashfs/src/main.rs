@@ -4,12 +4,20 @@
 //! the control socket are up, then answers one command per line on the
 //! socket, each with one line:
 //!
+//! - `power-off`: writes from now on are dropped and fsyncs keep nothing,
+//!   until the next `lose-power*` (for a process that is stopped by being
+//!   dropped, not killed) → `ok`
 //! - `lose-power`: every write not yet fsynced is undone → `ok files=N bytes=B torn=0`
 //! - `lose-power-torn SEED`: the same, then each file's last lost write is
 //!   re-applied up to a random byte (seeded)
 //! - `quota BYTES` / `quota off`: writes beyond BYTES of file data fail with ENOSPC
 //! - `status` → `ok used=B quota=B|off unsynced=B writes=N fsyncs=N enospc=N`
 //! - `unmount`: unmounts and exits
+//!
+//! With `--exit-on-stdin-eof` it also unmounts and exits when its standard
+//! input closes: a test that keeps the pipe's other end open then never
+//! leaves a mount behind, even when it dies without cleaning up (a panic
+//! on another thread, a timeout, SIGKILL).
 //!
 //! A power cut is meant for a moment when nothing writes: kill the process
 //! using the filesystem first, as the power would.
@@ -23,7 +31,9 @@ use firstseen_crashfs::fs::CrashFs;
 use fuser::{Config, MountOption};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: firstseen-crashfs --backing DIR --mount DIR --control SOCKET");
+    eprintln!(
+        "usage: firstseen-crashfs --backing DIR --mount DIR --control SOCKET [--exit-on-stdin-eof]"
+    );
     ExitCode::from(2)
 }
 
@@ -31,12 +41,14 @@ fn main() -> ExitCode {
     let mut backing = None;
     let mut mount = None;
     let mut control = None;
+    let mut lifeline = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--backing" => backing = args.next().map(PathBuf::from),
             "--mount" => mount = args.next().map(PathBuf::from),
             "--control" => control = args.next().map(PathBuf::from),
+            "--exit-on-stdin-eof" => lifeline = true,
             _ => return usage(),
         }
     }
@@ -74,6 +86,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if lifeline {
+        let control = control.clone();
+        std::thread::spawn(move || {
+            // Reads until the other end closes; what it says is ignored.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            // The main loop unmounts on this command, as if a test sent it.
+            if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&control) {
+                let _ = writeln!(s, "unmount");
+            }
+        });
+    }
     println!("ready");
     let _ = std::io::stdout().flush();
     for conn in listener.incoming() {
@@ -87,6 +110,10 @@ fn main() -> ExitCode {
             let Ok(line) = line else { break };
             let words: Vec<&str> = line.split_whitespace().collect();
             let reply = match words.as_slice() {
+                ["power-off"] => {
+                    fs.power_off();
+                    "ok".to_string()
+                }
                 ["lose-power"] => lost(fs.lose_power(None)),
                 ["lose-power-torn", seed] => match seed.parse() {
                     Ok(seed) => lost(fs.lose_power(Some(seed))),
@@ -131,10 +158,39 @@ fn main() -> ExitCode {
     match session.umount_and_join() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("firstseen-crashfs: unmount: {e}");
-            ExitCode::from(1)
+            // Busy: files are still open (a test process that is dying
+            // closes them a moment after its pipe). Without this process
+            // the mount would stay behind, dead; a lazy unmount detaches it
+            // now and lets the kernel finish once the files are closed.
+            eprintln!("firstseen-crashfs: unmount: {e}; detaching it lazily");
+            if lazy_unmount(&mount) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "firstseen-crashfs: could not detach {}; `umount -l` it by hand",
+                    mount.display()
+                );
+                ExitCode::from(1)
+            }
         }
     }
+}
+
+/// `fusermount3 -uz`, `fusermount -uz` or `umount -l`, whichever works.
+fn lazy_unmount(mount: &std::path::Path) -> bool {
+    let tries: [(&str, &[&str]); 3] = [
+        ("fusermount3", &["-uz"]),
+        ("fusermount", &["-uz"]),
+        ("umount", &["-l"]),
+    ];
+    tries.iter().any(|(tool, args)| {
+        std::process::Command::new(tool)
+            .args(*args)
+            .arg(mount)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 fn lost(r: std::io::Result<firstseen_crashfs::journal::Lost>) -> String {

@@ -4,15 +4,15 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
 
 /// The crashfs binary, built beside firstseen by `cargo build --workspace`.
 pub fn bin() -> PathBuf {
-    let p = super::bin().with_file_name("firstseen-crashfs");
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_firstseen")).with_file_name("firstseen-crashfs");
     assert!(
         p.exists(),
         "{} is missing: build the workspace (scripts/test.sh runs `cargo build --workspace --all-targets`)",
@@ -24,6 +24,9 @@ pub fn bin() -> PathBuf {
 /// One mounted crashfs.
 pub struct CrashFs {
     child: Option<Child>,
+    /// Its standard input: when this process dies, the pipe closes and
+    /// crashfs unmounts itself (`--exit-on-stdin-eof`).
+    _lifeline: Option<ChildStdin>,
     /// Where the filesystem is mounted: put a node's data_dir under it.
     pub mount: PathBuf,
     control: PathBuf,
@@ -32,8 +35,15 @@ pub struct CrashFs {
 
 impl CrashFs {
     /// Mounts a new, empty crashfs and waits until it answers.
+    #[allow(dead_code)] // the simulation mounts in memory
     pub fn start() -> Self {
-        let dir = TempDir::new().unwrap();
+        Self::start_in(&std::env::temp_dir())
+    }
+
+    /// The same, with its backing directory, mount point and socket in a
+    /// new directory under `parent`.
+    pub fn start_in(parent: &Path) -> Self {
+        let dir = TempDir::new_in(parent).unwrap();
         let mount = dir.path().join("mnt");
         let control = dir.path().join("control.sock");
         let mut child = Command::new(bin())
@@ -43,6 +53,8 @@ impl CrashFs {
             .arg(&mount)
             .arg("--control")
             .arg(&control)
+            .arg("--exit-on-stdin-eof")
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -57,6 +69,7 @@ impl CrashFs {
             "firstseen-crashfs did not mount (needs /dev/fuse)"
         );
         Self {
+            _lifeline: child.stdin.take(),
             child: Some(child),
             mount,
             control,
@@ -81,6 +94,12 @@ impl CrashFs {
     /// using the filesystem first.
     pub fn lose_power(&self, seed: u64) -> String {
         self.command(&format!("lose-power-torn {seed}"))
+    }
+
+    /// The power goes off while the process may still run: its later
+    /// writes and fsyncs are dropped, until [`CrashFs::lose_power`].
+    pub fn power_off(&self) {
+        self.command("power-off");
     }
 
     /// Limits file data to `bytes`, or lifts the limit.
