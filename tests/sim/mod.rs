@@ -5,6 +5,8 @@
 #[allow(dead_code)]
 pub mod pulsar;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,31 +70,63 @@ pub fn traced(started: Instant, line: String) -> String {
     format!("{:>6} ms  {line}", started.elapsed().as_millis())
 }
 
-/// Runs `run` for every seed of [`seeds`]`(default)`, failing on the first
-/// seed that reports problems, with its replay command and the end of its
-/// trace. `SIM_SEED` also prints the whole trace.
+/// A run's trace and the problems its checker found.
+pub type Outcome = (Vec<String>, Vec<String>);
+
+/// How many seeds run at once: `SIM_JOBS`, or one per core. Each seed has
+/// its own runtime, directory and world, so they share nothing; a seed's
+/// schedule is the same whichever worker runs it.
+pub fn jobs() -> usize {
+    std::env::var("SIM_JOBS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// Runs `run` for every seed of [`seeds`]`(default)`, [`jobs`] at a time,
+/// failing on a seed that reports problems, with its replay command and the
+/// end of its trace. Once one seed fails no new seed starts; of the seeds
+/// that failed, the lowest is reported, so the report does not depend on
+/// which worker was faster. `SIM_SEED` also prints the whole trace.
 pub fn check_seeds(
     test: &str,
     default: u64,
     faults_for: Duration,
-    run: impl Fn(u64) -> (Vec<String>, Vec<String>),
+    run: impl Fn(u64) -> (Vec<String>, Vec<String>) + Sync,
 ) {
     let seeds = seeds(default);
+    let workers = jobs().min(seeds.len()).max(1);
     let started = std::time::Instant::now();
-    for seed in &seeds {
-        let (trace, problems) = run(*seed);
-        if std::env::var("SIM_SEED").is_ok() {
-            eprintln!("{}", trace.join("\n"));
+    let next = AtomicUsize::new(0);
+    let failed: Mutex<BTreeMap<u64, Outcome>> = Mutex::default();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                while lock(&failed).is_empty() {
+                    let Some(seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        break;
+                    };
+                    let (trace, problems) = run(*seed);
+                    if std::env::var("SIM_SEED").is_ok() {
+                        eprintln!("{}", trace.join("\n"));
+                    }
+                    if !problems.is_empty() {
+                        lock(&failed).insert(*seed, (trace, problems));
+                    }
+                }
+            });
         }
-        assert!(
-            problems.is_empty(),
+    });
+    if let Some((seed, (trace, problems))) = lock(&failed).pop_first() {
+        panic!(
             "seed {seed} (replay: SIM_SEED={seed} cargo test --test {test} -- --nocapture):\n{}\n--- trace (last 60 events) ---\n{}",
             problems[..problems.len().min(20)].join("\n"),
             trace[trace.len().saturating_sub(60)..].join("\n")
         );
     }
     eprintln!(
-        "{} seeds, {faults_for:?} of faults each, in {:.1} s",
+        "{} seeds, {faults_for:?} of faults each, {workers} at a time, in {:.1} s",
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
