@@ -64,25 +64,36 @@ fn raft_failure(raft: &Raft) -> Option<String> {
 }
 
 /// Checks every second until `stop`; exits the process on a failure.
+///
+/// The checks run on a thread of the blocking pool, not on a runtime
+/// worker: a wedged database blocks the workers that call into it (apply's
+/// checkpoint syncs the log in place, and the reaper waits for the state's
+/// lock behind it), and with both of a 2-core node's workers stuck, a
+/// watchdog task is never polled again. That is the likely reading, not a
+/// reproduction, of a node that ran on for 90 s after openraft had stopped
+/// on a full disk (`tests/durability.rs`,
+/// `a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers`, once
+/// in a clean-clone run).
 pub async fn watch(raft: Raft, log: Db, state: Db, stop: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(EVERY) => {}
+    let checks = tokio::task::spawn_blocking(move || {
+        while !stop.is_cancelled() {
+            std::thread::sleep(EVERY);
+            let stuck = [
+                ("log", log.sync_stuck_for()),
+                ("state", state.sync_stuck_for()),
+            ];
+            if let Some(reason) = verdict(raft_failure(&raft), &stuck, STUCK_LIMIT) {
+                tracing::error!(
+                    reason = %reason,
+                    exit_code = EXIT_STORAGE,
+                    "storage can no longer be trusted: exiting now so that the supervisor restarts the node from what is on stable storage"
+                );
+                std::process::exit(EXIT_STORAGE);
+            }
         }
-        let stuck = [
-            ("log", log.sync_stuck_for()),
-            ("state", state.sync_stuck_for()),
-        ];
-        if let Some(reason) = verdict(raft_failure(&raft), &stuck, STUCK_LIMIT) {
-            tracing::error!(
-                reason = %reason,
-                exit_code = EXIT_STORAGE,
-                "storage can no longer be trusted: exiting now so that the supervisor restarts the node from what is on stable storage"
-            );
-            std::process::exit(EXIT_STORAGE);
-        }
-    }
+    });
+    // The pool's thread ends within a second of `stop`.
+    let _ = checks.await;
 }
 
 #[cfg(test)]
