@@ -10,6 +10,9 @@
 #   peak       the HSL peak: 2,000 msg/s of synthetic HFP for BENCH_PEAK_SECS
 #              after a BENCH_WARMUP_SECS warm-up, every node ingesting the whole
 #              feed, 5% upstream duplicates on top; RSS sampled every 5 s
+#   naive peak the same peak (and warm-up) through three naive forwarders on a
+#              fresh Mosquitto: the latency the brokers and the machine give
+#              without Raft or dedup, in the same run
 #   sustained  rising rates (BENCH_STEPS); the highest one the cluster keeps up
 #              with: every message in Pulsar within BENCH_SLACK_SECS of the load's
 #              end, and p99 latency under 1 s
@@ -171,6 +174,40 @@ stop_cluster() {
   stop_pids "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")" || true
 }
 
+# A Mosquitto of its own for what comes next (its port becomes $mqtt_port).
+fresh_mosquitto() {
+  stop_pids "$(tail -n 1 "$work/mosquitto-pid")" || true
+  rm -rf "$work/mosquitto-$1"
+  start_mosquitto "$work/mosquitto-$1" "$work/pids"
+  tail -n 1 "$work/pids" > "$work/mosquitto-pid"
+}
+
+# Three naive forwarders (no Raft, no dedup) on topic $1, run id $2.
+start_naive() {
+  naive_pids=()
+  local i
+  for i in 1 2 3; do
+    "$bench" naive --port "$mqtt_port" --client-id "naive-$i-$2" --pulsar "$PULSAR_URL" --topic "$1" > "$work/naive-$i-$2.log" 2>&1 &
+    echo $! >> "$work/pids"
+    naive_pids+=($!)
+  done
+  sleep 3
+}
+
+# The same peak through the naive forwarders, on a fresh Mosquitto, with the
+# same warm-up: the latency the brokers and this machine give by themselves,
+# measured in the same run. The cluster's peak latency is read against it.
+log "the same peak through three naive forwarders (no Raft, no dedup)"
+stop_cluster
+fresh_mosquitto naive-peak
+nptopic="persistent://public/default/bench-naive-peak-$run"
+start_naive "$nptopic" "$run-np"
+"$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-np-warm" > /dev/null
+step 2000 "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
+stop_pids "${naive_pids[@]}" || true
+# Their persistent sessions would queue the next profiles' messages.
+fresh_mosquitto after-naive-peak
+
 # Waits until the cluster is idle: the leader's outbox is empty and no node
 # has proposed anything for 3 s (a node behind on its upstream backlog is
 # still proposing late copies). Profiles start from quiet, not from the
@@ -193,6 +230,8 @@ settle() {
 if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
   python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "unique", "verify_clean", "slow_seconds")}))' "$work/peak.json"
+  echo "naive forwarders, same peak:"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "unique", "copies_per_message", "slow_seconds")}))' "$work/naive-peak.json"
   echo "snapshot exports (ms): $(tr '\n' ' ' < "$work/export-ms.txt")"
   python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); k=max(1, s["totals"]["window_keys"]); print("disk per window key: state+log", round(s["disk_bytes"]/k, 1), "state", round(s["state_disk_bytes"]/k, 1), "keys", k)' "$work/status.json"
   exit 0
@@ -309,23 +348,11 @@ stop_cluster
 # The clusters' six persistent sessions would go on queuing every message
 # published during the baselines (costing Mosquitto the work of six more
 # subscribers): each baseline gets a Mosquitto of its own.
-fresh_mosquitto() {
-  stop_pids "$(tail -n 1 "$work/mosquitto-pid")" || true
-  rm -rf "$work/mosquitto-$1"
-  start_mosquitto "$work/mosquitto-$1" "$work/pids"
-  tail -n 1 "$work/pids" > "$work/mosquitto-pid"
-}
 fresh_mosquitto naive
 
 log "baseline naive: three forwarders without Raft or dedup"
 ntopic="persistent://public/default/bench-naive-$run"
-naive_pids=()
-for i in 1 2 3; do
-  "$bench" naive --port "$mqtt_port" --client-id "naive-$i-$run" --pulsar "$PULSAR_URL" --topic "$ntopic" > "$work/naive-$i.log" 2>&1 &
-  echo $! >> "$work/pids"
-  naive_pids+=($!)
-done
-sleep 3
+start_naive "$ntopic" "$run"
 : > "$work/naive.jsonl"
 for rate in $steps; do
   r=$(step "$rate" "$step_secs" "$ntopic" "$run-n$rate")
@@ -351,6 +378,7 @@ cpu = [float(x) for x in sys.argv[4:7]]; rss = [float(x) for x in sys.argv[7:10]
 window_secs = int(sys.argv[10])
 load = lambda name: json.load(open(f"{work}/{name}"))
 peak = load("peak.json"); status = load("status.json"); raft = load("raft.json")
+naive_peak = load("naive-peak.json")
 sus = [json.loads(l) for l in open(f"{work}/sustained.jsonl")]
 naive = [json.loads(l) for l in open(f"{work}/naive.jsonl")]
 fan = load("fanout.json"); window = load("window.json")
@@ -409,6 +437,9 @@ result = {
     "window_keys": keys,
     "snapshot_export_ms": [int(x) for x in open(f"{work}/export-ms.txt").read().split()],
     "log_syncs_per_node": syncs,
+    "naive_latency_ms": naive_peak["probe"]["latency_ms"],
+    "naive_slow_seconds": naive_peak["probe"]["slow_seconds"],
+    "slow_seconds": peak["probe"]["slow_seconds"],
   },
   "sustained": {"steps": sus, "max_rate": best(sus)},
   "failover": {
@@ -432,6 +463,8 @@ p = result["peak"]; f = result["failover"]; o = result["outage"]
 c0 = f["runs"][0]["catch_up"] if f["runs"] else {"missed_entries": None, "secs": None, "entries_per_sec": None}
 rows = [
   ("HSL peak p50 / p99 / max latency (ms)", f"{p['latency_ms']['p50']:.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}"),
+  ("  the same peak, naive forwarders (ms)", f"{p['naive_latency_ms']['p50']:.1f} / {p['naive_latency_ms']['p99']:.1f} / {p['naive_latency_ms']['max']:.0f}"),
+  ("  p99 cluster / naive", round(p['latency_ms']['p99'] / p['naive_latency_ms']['p99'], 2) if p['naive_latency_ms']['p99'] else None),
   ("HSL peak exactly once (probe's audit)", p["exactly_once"]),
   ("HSL peak unique msg/s into Pulsar", p["unique_per_sec"]),
   ("HSL peak CPU share per node", ", ".join(str(c) for c in p["cpu_share_per_node"])),
