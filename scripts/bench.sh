@@ -233,6 +233,9 @@ if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   echo "naive forwarders, same peak:"
   python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "unique", "copies_per_message", "slow_seconds")}))' "$work/naive-peak.json"
   echo "snapshot exports (ms): $(tr '\n' ' ' < "$work/export-ms.txt")"
+  # CPU is steadier than p99 from run to run: compare builds by it too.
+  echo "node CPU over the peak (core-seconds per second): $(for i in 1 2 3; do python3 -c "print(round(${cpu[$i]} / $peak_secs, 3), end=' ')"; done)"
+  echo "log syncs: $(cat "$work/syncs.json")"
   python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); k=max(1, s["totals"]["window_keys"]); print("disk per window key: state+log", round(s["disk_bytes"]/k, 1), "state", round(s["state_disk_bytes"]/k, 1), "keys", k)' "$work/status.json"
   exit 0
 fi
