@@ -46,14 +46,10 @@ impl Outbox {
                     }
                     let cmd = &mut entry.as_mut().expect("loaded above").1;
                     let properties = cmd.properties(pos as usize).cloned().map(Box::new);
-                    let observations = match cmd {
-                        Command::Observe { observations, .. }
-                        | Command::ObserveWithProperties { observations, .. } => observations,
-                        Command::Published { .. } => {
-                            return Err(StoreError::Log(format!(
-                                "entry {log_index} holds no observations"
-                            )))
-                        }
+                    let Some(observations) = cmd.observations_mut() else {
+                        return Err(StoreError::Log(format!(
+                            "entry {log_index} holds no observations"
+                        )));
                     };
                     let obs = observations.get_mut(pos as usize).ok_or_else(|| {
                         StoreError::Log(format!("entry {log_index} has no observation {pos}"))

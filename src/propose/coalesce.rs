@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::clocks::Clocks;
+use super::slim;
 use crate::cluster::wire::ForwardError;
 
 /// Entries being committed at once. One merges the most: with two, the
@@ -165,7 +166,13 @@ async fn run(
             };
             let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
             let stamped_ms = clocks.stamp(&voters, me, settings.clock.now_ms(), window_clock, now);
-            entries.spawn(entry(raft.clone(), settings.window_ms, stamped_ms, group));
+            entries.spawn(entry(
+                raft.clone(),
+                state.clone(),
+                settings.window_ms,
+                stamped_ms,
+                group,
+            ));
         }
         tokio::select! {
             Some(done) = entries.join_next(), if !entries.is_empty() => {
@@ -190,7 +197,13 @@ async fn run(
 
 /// Commits one group of batches as one entry and answers each batch with
 /// its own outcomes.
-async fn entry(raft: Raft, window_ms: u64, stamped_ms: u64, group: Vec<(Batch, Reply)>) {
+async fn entry(
+    raft: Raft,
+    state: firstseen_store::StateStore,
+    window_ms: u64,
+    stamped_ms: u64,
+    group: Vec<(Batch, Reply)>,
+) {
     let sizes: Vec<usize> = group.iter().map(|(b, _)| b.len()).collect();
     let mut merged = Batch::default();
     let mut replies = Vec::with_capacity(group.len());
@@ -198,14 +211,9 @@ async fn entry(raft: Raft, window_ms: u64, stamped_ms: u64, group: Vec<(Batch, R
         merged.extend(b);
         replies.push(reply);
     }
-    let total = merged.len();
-    let result = match propose(&raft, window_ms, stamped_ms, merged).await {
-        Ok(outcomes) if outcomes.len() != total => Err(ForwardError::Failed(format!(
-            "{} outcomes for {total} observations",
-            outcomes.len()
-        ))),
-        other => other,
-    };
+    let held = state.held(merged.observations.iter().map(|o| &o.key));
+    let stripped = slim::strip(&mut merged, |k| held.contains(k));
+    let result = commit_slim(&raft, window_ms, stamped_ms, merged, stripped).await;
     match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
@@ -219,6 +227,38 @@ async fn entry(raft: Raft, window_ms: u64, stamped_ms: u64, group: Vec<(Batch, R
             }
         }
     }
+}
+
+/// Commits `batch` with the copies in `stripped` slim, then any of those
+/// that came back [`Outcome::Missing`] whole, and returns one outcome per
+/// copy, in order.
+async fn commit_slim(
+    raft: &Raft,
+    window_ms: u64,
+    stamped_ms: u64,
+    batch: Batch,
+    stripped: slim::Stripped,
+) -> Result<Vec<Outcome>, ForwardError> {
+    let total = batch.len();
+    let cmd = batch.into_slim_command(stamped_ms, window_ms, stripped.positions.clone());
+    let mut outcomes = propose(raft, cmd, total).await?;
+    let (positions, again) = slim::resend(stripped, &outcomes);
+    if !again.is_empty() {
+        metrics::counter!("firstseen_slim_resent_total").increment(again.len() as u64);
+        let n = again.len();
+        let whole = propose(raft, again.into_command(stamped_ms, window_ms), n).await?;
+        for (pos, outcome) in positions.into_iter().zip(whole) {
+            outcomes[pos] = outcome;
+        }
+    }
+    // A whole copy is never Missing; were one to reach a batcher it would be
+    // acked without being stored, so the batch is failed and sent again.
+    if outcomes.iter().any(|o| matches!(o, Outcome::Missing)) {
+        return Err(ForwardError::Failed(
+            "a copy came back missing after it was sent whole".into(),
+        ));
+    }
+    Ok(outcomes)
 }
 
 /// Appends one receipt; a leader that loses its term gives up on it like
@@ -237,15 +277,9 @@ async fn watermark(raft: Raft, topic: String, seq: u64) {
     }
 }
 
-/// One entry, with the stamp the leader chose: only a leader appends, so the
-/// window clock only ever reads leader stamps.
-async fn propose(
-    raft: &Raft,
-    window_ms: u64,
-    stamped_ms: u64,
-    batch: Batch,
-) -> Result<Vec<Outcome>, ForwardError> {
-    let cmd = batch.into_command(stamped_ms, window_ms);
+/// One entry of `total` copies, with the stamp the leader chose: only a
+/// leader appends, so the window clock only ever reads leader stamps.
+async fn propose(raft: &Raft, cmd: Command, total: usize) -> Result<Vec<Outcome>, ForwardError> {
     let server = raft.server_metrics();
     let Some(written) = until_deposed(raft.client_write(cmd), server.clone()).await else {
         return Err(ForwardError::NotLeader {
@@ -254,7 +288,11 @@ async fn propose(
     };
     match written {
         Ok(resp) => match resp.data {
-            Response::Observed(outcomes) => Ok(outcomes),
+            Response::Observed(outcomes) if outcomes.len() == total => Ok(outcomes),
+            Response::Observed(outcomes) => Err(ForwardError::Failed(format!(
+                "{} outcomes for {total} observations",
+                outcomes.len()
+            ))),
             other => Err(ForwardError::Failed(format!(
                 "unexpected response to a batch: {other:?}"
             ))),

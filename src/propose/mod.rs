@@ -13,6 +13,7 @@
 
 pub mod clocks;
 pub mod coalesce;
+pub mod slim;
 
 use std::sync::Arc;
 use std::time::Duration;

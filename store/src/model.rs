@@ -106,6 +106,21 @@ impl Batch {
     pub fn into_command(self, stamped_ms: u64, window_ms: u64) -> Command {
         Command::observe(stamped_ms, window_ms, self.observations, self.properties)
     }
+
+    /// The log entry for this batch with the copies at `slim` (ascending)
+    /// proposed without their payload; a plain one when there are none.
+    pub fn into_slim_command(self, stamped_ms: u64, window_ms: u64, slim: Vec<u32>) -> Command {
+        if slim.is_empty() {
+            return self.into_command(stamped_ms, window_ms);
+        }
+        Command::ObserveSlim {
+            stamped_ms,
+            window_ms,
+            observations: self.observations,
+            properties: self.properties,
+            slim,
+        }
+    }
 }
 
 /// A command in the Raft log. One log entry holds exactly one command.
@@ -138,6 +153,17 @@ pub enum Command {
         window_ms: u64,
         observations: Vec<Observation>,
         properties: Vec<Option<Box<Properties>>>,
+    },
+    /// [`Command::ObserveWithProperties`] where the copies at `slim` (in
+    /// ascending order) carry only their key, node, times and flags: the
+    /// leader held their key already, so apply never reads their payload.
+    /// A slim copy of a key the state does not hold is [`Outcome::Missing`].
+    ObserveSlim {
+        stamped_ms: u64,
+        window_ms: u64,
+        observations: Vec<Observation>,
+        properties: Vec<Option<Box<Properties>>>,
+        slim: Vec<u32>,
     },
 }
 
@@ -178,6 +204,12 @@ impl Command {
                 window_ms,
                 observations,
                 ..
+            }
+            | Command::ObserveSlim {
+                stamped_ms,
+                window_ms,
+                observations,
+                ..
             } => Some((*stamped_ms, *window_ms, observations)),
             Command::Published { .. } => None,
         }
@@ -186,10 +218,30 @@ impl Command {
     /// The properties of observation `pos`, if it has any.
     pub fn properties(&self, pos: usize) -> Option<&Properties> {
         match self {
-            Command::ObserveWithProperties { properties, .. } => {
+            Command::ObserveWithProperties { properties, .. }
+            | Command::ObserveSlim { properties, .. } => {
                 properties.get(pos).and_then(|p| p.as_deref())
             }
             _ => None,
+        }
+    }
+
+    /// The positions of slim copies, ascending; empty unless
+    /// [`Command::ObserveSlim`].
+    pub fn slim(&self) -> &[u32] {
+        match self {
+            Command::ObserveSlim { slim, .. } => slim,
+            _ => &[],
+        }
+    }
+
+    /// The observations, to take payloads out of without copying them.
+    pub fn observations_mut(&mut self) -> Option<&mut Vec<Observation>> {
+        match self {
+            Command::Observe { observations, .. }
+            | Command::ObserveWithProperties { observations, .. }
+            | Command::ObserveSlim { observations, .. } => Some(observations),
+            Command::Published { .. } => None,
         }
     }
 }
@@ -203,6 +255,10 @@ pub enum Outcome {
     /// A copy of a key already committed (by any node). `seq` is the first
     /// copy's sequence number.
     Duplicate { seq: u64, first_node: NodeId },
+    /// A slim copy (proposed without its payload, [`Command::ObserveSlim`])
+    /// of a key the state did not hold: nothing was stored, and the leader
+    /// proposes the copy again whole. Never the answer to a forwarded batch.
+    Missing,
 }
 
 /// The state machine's answer to one command.

@@ -32,10 +32,12 @@ const WINDOW_MS: u64 = 1_000;
 #[derive(Clone, Debug)]
 enum Step {
     /// An entry stamped `advance` ms after the previous stamp (negative:
-    /// a new leader whose clock is behind), with (key, node, topic) copies.
+    /// a new leader whose clock is behind), with (key, node, topic, slim)
+    /// copies. A slim copy goes into the entry without its payload, as the
+    /// leader proposes a copy of a key it believes held.
     Observe {
         advance: i64,
-        copies: Vec<(u8, NodeId, usize)>,
+        copies: Vec<(u8, NodeId, usize, bool)>,
     },
     /// A receipt: `topic` is in Pulsar up to `last_seq + delta` (clamped at 0).
     Published {
@@ -51,7 +53,12 @@ enum Step {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    let copy = (0..KEYS, 1..=3u64, 0..TOPICS.len());
+    let copy = (
+        0..KEYS,
+        1..=3u64,
+        0..TOPICS.len(),
+        prop::bool::weighted(0.3),
+    );
     prop_oneof![
         6 => (
             // Whole tenths of the window, so that records land exactly
@@ -113,7 +120,13 @@ struct Model {
 }
 
 impl Model {
-    fn observe(&mut self, stamped: u64, obs: &[Observation], index: u64) -> Vec<Outcome> {
+    fn observe(
+        &mut self,
+        stamped: u64,
+        obs: &[Observation],
+        slim: &[bool],
+        index: u64,
+    ) -> Vec<Outcome> {
         self.clock = self.clock.max(stamped);
         let cutoff = self.clock.saturating_sub(WINDOW_MS);
         let mut budget = 0;
@@ -132,6 +145,10 @@ impl Model {
         let mut new_keys = Vec::new();
         let mut out = Vec::new();
         for (pos, o) in obs.iter().enumerate() {
+            if slim[pos] && !self.keys.contains_key(&o.key) {
+                out.push(Outcome::Missing);
+                continue;
+            }
             self.observed += 1;
             if let Some(k) = self.keys.get_mut(&o.key) {
                 self.duplicates += 1;
@@ -332,17 +349,43 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 stamp = stamp.saturating_add_signed(advance);
                 let obs: Vec<Observation> = copies
                     .iter()
-                    .map(|(k, n, t)| observation(*k, *n, *t))
+                    .map(|(k, n, t, slim)| {
+                        let o = observation(*k, *n, *t);
+                        if *slim {
+                            Observation {
+                                payload: Vec::new(),
+                                mqtt_topic: String::new(),
+                                pulsar_topic: String::new(),
+                                ..o
+                            }
+                        } else {
+                            o
+                        }
+                    })
                     .collect();
-                let cmd = Command::Observe {
-                    stamped_ms: stamp,
-                    window_ms: WINDOW_MS,
-                    observations: obs.clone(),
+                let slim: Vec<bool> = copies.iter().map(|c| c.3).collect();
+                let positions: Vec<u32> = (0..slim.len() as u32)
+                    .filter(|i| slim[*i as usize])
+                    .collect();
+                let cmd = if positions.is_empty() {
+                    Command::Observe {
+                        stamped_ms: stamp,
+                        window_ms: WINDOW_MS,
+                        observations: obs.clone(),
+                    }
+                } else {
+                    Command::ObserveSlim {
+                        stamped_ms: stamp,
+                        window_ms: WINDOW_MS,
+                        observations: obs.clone(),
+                        properties: Vec::new(),
+                        slim: positions,
+                    }
                 };
                 log.push(cmd);
                 let index = log.len() as u64;
                 let got = s.apply(log.last(), index, &marker(index)).unwrap();
-                let want = m.observe(stamp, &obs, index);
+                let want = m.observe(stamp, &obs, &slim, index);
                 prop_assert_eq!(got, Response::Observed(want), "entry {}", index);
             }
             Step::Published { topic, delta } => {

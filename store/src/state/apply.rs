@@ -79,9 +79,14 @@ impl Memory {
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {
-                Some((stamped_ms, window_ms, observations)) => {
-                    self.observe(disk, stamped_ms, window_ms, observations, log_index)?
-                }
+                Some((stamped_ms, window_ms, observations)) => self.observe(
+                    disk,
+                    stamped_ms,
+                    window_ms,
+                    observations,
+                    cmd.slim(),
+                    log_index,
+                )?,
                 None => Response::None,
             },
         };
@@ -131,6 +136,7 @@ impl Memory {
         stamped_ms: u64,
         window_ms: u64,
         observations: &[Observation],
+        slim: &[u32],
         log_index: u64,
     ) -> Result<Response, StoreError> {
         let clock = window::advance_clock(self.head.totals.clock_ms, stamped_ms);
@@ -184,7 +190,15 @@ impl Memory {
         // Per topic: first sequence, then (position, charge) per message.
         let mut new_runs: BTreeMap<&str, (u64, RunMessages)> = BTreeMap::new();
         let mut outcomes = Vec::with_capacity(observations.len());
+        let mut slim = slim.iter().copied().peekable();
         for (pos, obs) in observations.iter().enumerate() {
+            let is_slim = slim.next_if_eq(&(pos as u32)).is_some();
+            if is_slim && index.get(&obs.key).is_none() {
+                // Without its payload it cannot be the first copy: nothing
+                // changes, and the leader sends it again whole.
+                outcomes.push(Outcome::Missing);
+                continue;
+            }
             totals.observed += 1;
             let bit = bits.assign(obs.node, |n| {
                 coverage.get(&n).is_none_or(|c| c.seen == 0 && c.first == 0)
@@ -413,6 +427,96 @@ mod tests {
             (6, 2, 4, 4)
         );
         assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    fn slim(o: crate::model::Observation) -> crate::model::Observation {
+        crate::model::Observation {
+            payload: Vec::new(),
+            mqtt_topic: String::new(),
+            pulsar_topic: String::new(),
+            ..o
+        }
+    }
+
+    fn observe_slim(
+        stamped_ms: u64,
+        observations: Vec<crate::model::Observation>,
+        at: Vec<u32>,
+    ) -> Command {
+        Command::ObserveSlim {
+            stamped_ms,
+            window_ms: 500,
+            observations,
+            properties: Vec::new(),
+            slim: at,
+        }
+    }
+
+    /// A copy proposed without its payload counts as a duplicate of a key
+    /// the state holds, and changes nothing when the state does not hold
+    /// its key (expired since the leader looked, or never there): it comes
+    /// back Missing, so nobody acks it on the strength of a payload nobody
+    /// stored.
+    #[test]
+    fn a_slim_copy_is_a_duplicate_or_missing_never_first() {
+        let s = store();
+        s.apply(Some(&observe(1_000, 500, vec![obs(1, 1, "a")])), 1, b"1")
+            .unwrap();
+        let before = s.totals().unwrap();
+        let r = s
+            .apply(
+                Some(&observe_slim(
+                    1_100,
+                    vec![
+                        slim(obs(1, 2, "a")),
+                        slim(obs(2, 2, "a")),
+                        obs(3, 3, "a"),
+                        slim(obs(3, 1, "a")),
+                    ],
+                    vec![0, 1, 3],
+                )),
+                2,
+                b"2",
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            Response::Observed(vec![
+                Outcome::Duplicate {
+                    seq: 1,
+                    first_node: 1
+                },
+                Outcome::Missing,
+                Outcome::FirstSeen { seq: 2 },
+                Outcome::Duplicate {
+                    seq: 2,
+                    first_node: 3
+                },
+            ])
+        );
+        assert!(
+            s.lookup(&[2; 32]).unwrap().is_none(),
+            "a Missing copy stores nothing"
+        );
+        let after = s.totals().unwrap();
+        assert_eq!(
+            after.observed - before.observed,
+            3,
+            "Missing is not counted"
+        );
+        assert_eq!(after.window_keys, 2);
+        let seen_by = s.lookup(&[1; 32]).unwrap().unwrap().seen_by;
+        assert_eq!(seen_by, vec![1, 2], "a slim copy still counts for its zone");
+        // Expired by this very entry's stamp: Missing, not first.
+        let r = s
+            .apply(
+                Some(&observe_slim(1_700, vec![slim(obs(1, 3, "a"))], vec![0])),
+                3,
+                b"3",
+            )
+            .unwrap();
+        assert_eq!(r, Response::Observed(vec![Outcome::Missing]));
+        assert_eq!(s.topic_state("a").unwrap().last_seq, 2, "no sequence spent");
     }
 
     #[test]

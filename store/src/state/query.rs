@@ -134,6 +134,16 @@ impl StateStore {
         }))
     }
 
+    /// Which of `keys` the window holds now. The leader's guess at which
+    /// copies can go into the log without their payload; apply, not this,
+    /// decides (see [`crate::Outcome::Missing`]).
+    pub fn held<'a>(&self, keys: impl Iterator<Item = &'a Key>) -> std::collections::HashSet<Key> {
+        let inner = self.lock();
+        keys.filter(|k| inner.index.get(k).is_some())
+            .copied()
+            .collect()
+    }
+
     /// Keys held by the in-memory index (equal to the window's keys).
     pub fn indexed_keys(&self) -> usize {
         self.lock().index.len()
