@@ -218,6 +218,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "counter",
         "Encoded bytes of the Raft log entries appended to this node's log",
     ),
+    (
+        "firstseen_disk_blob_listings_total",
+        "counter",
+        "Syncs that listed blobs/ because inotify could not say which blobs changed",
+    ),
+    (
+        "firstseen_slim_resent_total",
+        "counter",
+        "Copies proposed without their payload that came back Missing and were proposed again whole",
+    ),
 ];
 
 /// Installs the Prometheus recorder with `node` and `zone` on every series,
