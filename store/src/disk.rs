@@ -209,6 +209,30 @@ fn sync_changed(
     Ok(out)
 }
 
+/// Syncs the files of `dir` named in `written` (those still there), then
+/// `dir` itself if a name is new. Returns how many files it synced.
+fn sync_named(
+    dir: &Path,
+    written: &std::collections::BTreeSet<OsString>,
+    created: bool,
+) -> Result<usize, StoreError> {
+    let mut files = 0;
+    for name in written {
+        let path = dir.join(name);
+        match File::open(&path) {
+            Ok(f) => f.sync_data().map_err(|e| io_at(&path, e))?,
+            // Removed by sled's own cleanup since it was written.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_at(&path, e)),
+        }
+        files += 1;
+    }
+    if created {
+        sync_dir(dir)?;
+    }
+    Ok(files)
+}
+
 /// `fsync` of a directory, so that names created, renamed or removed in it
 /// are stable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
@@ -365,19 +389,15 @@ impl Db {
             .map_or(watch::Changes::Unknown, |w| w.drain());
         match changes {
             watch::Changes::Names { written, created } => {
-                for name in written {
-                    let path = blobs.join(name);
-                    match File::open(&path) {
-                        Ok(f) => f.sync_data().map_err(|e| io_at(&path, e))?,
-                        // Removed by sled's own cleanup since it was written.
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(io_at(&path, e)),
+                let synced = sync_named(&blobs, &written, created);
+                if synced.is_err() {
+                    // The drained names are gone from the queue: the next
+                    // sync lists instead, so none of them goes unsynced.
+                    if let Some(w) = known.watch.as_mut() {
+                        w.rearm();
                     }
-                    known.blob_syncs += 1;
                 }
-                if created {
-                    sync_dir(&blobs)?;
-                }
+                known.blob_syncs += synced? as u64;
             }
             watch::Changes::Unknown => {
                 metrics::counter!("firstseen_disk_blob_listings_total", "db" => self.inner.name)

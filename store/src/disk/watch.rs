@@ -58,6 +58,12 @@ impl BlobWatch {
         }
     }
 
+    /// Makes the next drain arm the watch again and answer `Unknown`, so
+    /// the caller lists: for when what was drained could not all be synced.
+    pub(super) fn rearm(&mut self) {
+        self.watch = None;
+    }
+
     /// The names changed since the last drain. The first drain, and the
     /// first after the watch was lost, arms it and returns `Unknown`: the
     /// caller's listing then covers everything before the watch began.
@@ -193,5 +199,9 @@ mod tests {
         assert_eq!(w.drain(), Changes::Unknown, "armed again: list once more");
         std::fs::write(dir.join("c"), b"w").unwrap();
         assert_eq!(names(&w.drain()), vec!["c"]);
+        // After a failed sync the caller asks for a listing.
+        w.rearm();
+        assert_eq!(w.drain(), Changes::Unknown);
+        assert_eq!(names(&w.drain()), Vec::<&str>::new());
     }
 }
