@@ -8,13 +8,13 @@
 //! after a reconnect the broker redelivers unacked messages and may reuse an
 //! id for another message once the old one is acked. So every ack token
 //! carries the connection epoch it was received in, and the gate drops tokens
-//! of an older epoch. The ingest task bumps the epoch and purges rumqttc's
+//! of an older epoch. The ingest task bumps the epoch and purges the client's
 //! queued acks under the same lock (see [`AckGate::next_epoch`]), so no stale
 //! ack can slip onto a new connection between the check and the send.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use crate::ingest::session::{Client, Session};
+use crate::ingest::port::{UpstreamClient, UpstreamSession};
 
 /// What the batcher needs to ack one upstream message later.
 #[derive(Debug, Clone, Copy)]
@@ -34,13 +34,13 @@ pub struct AckStats {
     pub sent: u64,
     /// From an earlier connection: the broker redelivers these.
     pub stale: u64,
-    /// rumqttc's request queue was full; the broker redelivers these too.
+    /// The client's request queue was full; the broker redelivers these too.
     pub dropped: u64,
 }
 
 struct GateState {
     epoch: u64,
-    client: Option<Client>,
+    client: Option<Arc<dyn UpstreamClient>>,
 }
 
 /// The ack path of one upstream connection.
@@ -65,7 +65,7 @@ impl AckGate {
     }
 
     /// Sets the client acks are sent through.
-    pub fn attach(&self, client: Client) {
+    pub fn attach(&self, client: Arc<dyn UpstreamClient>) {
         self.state.lock().expect("ack gate poisoned").client = Some(client);
     }
 
@@ -75,10 +75,11 @@ impl AckGate {
     }
 
     /// Called by the ingest task after its connection failed: from now on
-    /// older tokens are stale, and acks already queued in rumqttc are purged
-    /// (`EventLoop::clean` drops queued PUBACKs). Both under the lock that
-    /// [`AckGate::ack`] holds while checking and queueing.
-    pub fn next_epoch(&self, session: &mut Session) {
+    /// older tokens are stale, and acks already queued for the failed
+    /// connection are purged (rumqttc's `EventLoop::clean` drops queued
+    /// PUBACKs). Both under the lock that [`AckGate::ack`] holds while
+    /// checking and queueing.
+    pub fn next_epoch(&self, session: &mut dyn UpstreamSession) {
         let mut s = self.state.lock().expect("ack gate poisoned");
         s.epoch += 1;
         session.clean();

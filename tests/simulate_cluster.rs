@@ -1,19 +1,23 @@
 //! The whole cluster in one process: three nodes, each with its real storage
 //! (sled in a temporary directory), openraft, the elections, the leader's
-//! coalescer, the proposer, the peer service, the batcher and the
-//! publisher, wired as `src/node.rs` wires them, on tokio's paused clock.
-//! What is not real is the outside world, behind the node's ports:
+//! coalescer, the proposer, the peer service, the batcher, the publisher
+//! and ingest with its ack gate, wired as `src/node/mod.rs` wires them, on
+//! tokio's paused clock. What is not real is the outside world, behind the
+//! node's ports:
 //!
 //! - **The peer network** (`Call`): requests go through the wire codec and
 //!   the peer service's dispatch, as over TCP, but in memory. The nemesis
 //!   delays them, loses them, and cuts nodes off (a request to or from a
 //!   cut node times out; one to a crashed node is refused). Each pair of
 //!   nodes has one connection, closed as `Peers` closes a silent one.
-//! - **The MQTT broker**: one persistent session per node, every message
-//!   published to all three (the zones). A session keeps a message until
-//!   that node acks it, and after a crash the next connection gets every
-//!   unacked message again first, in order, with new packet ids; an ack
-//!   from an older connection is ignored, as the node's ack gate does.
+//! - **The MQTT broker** (ingest's `UpstreamClient` and `UpstreamSession`):
+//!   one persistent session per node, every message published to all three
+//!   (the zones). A session keeps a message until that node acks it, with
+//!   at most [`MAX_INFLIGHT`] in flight; a new connection gets the ones in
+//!   flight again first, in order, with their packet ids, and a new message
+//!   takes the lowest free id, so ids come back into use at once (an ack
+//!   meant for an earlier connection would hit another message).
+//!   The nemesis drops a node's connection, or restarts the broker.
 //! - **Pulsar** (`tests/sim/pulsar.rs`): exclusive producers, receipts lost
 //!   with the connection, a prefix of the queue persisted anyway.
 //! - **Clocks** (`Clock`): each node's wall clock is the simulated time from
@@ -23,7 +27,9 @@
 //! dropped mid-flight, openraft stopped) and restarts it on the same
 //! directory; cuts a node off the peer network; makes the network lossy;
 //! cuts a node's connection to Pulsar; takes Pulsar down for a while (the
-//! outbox grows, and snapshots purge the log under it); sets one node's
+//! outbox grows, and snapshots purge the log under it); drops a node's MQTT
+//! connection or restarts the broker (from a generator of their own, so
+//! the other faults of a seed stayed as they were); sets one node's
 //! clock off by seconds to a day; pauses a node (its tasks stop being
 //! polled, its peer traffic waits both ways and is delivered when it
 //! resumes). Faults overlap. A crash keeps what sled wrote; in
@@ -54,11 +60,9 @@ mod crashfs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use firstseen::ack::{AckStats, AckToken};
-use firstseen::batch::port::Acks;
 use firstseen::clock::Clock;
 use firstseen::cluster::liveness::Liveness;
 use firstseen::cluster::peers::{Call, CallError, Network, SILENT_DEAD};
@@ -67,10 +71,12 @@ use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
 use firstseen::cluster::Group;
 use firstseen::config::Config;
 use firstseen::diskspace::DiskSpace;
-use firstseen::ingest::Received;
+use firstseen::ingest::port::{Event, Message, QueueFull, UpstreamClient, UpstreamSession};
+use firstseen::ingest::route::Route;
+use firstseen::ingest::{Received, Upstream};
+use firstseen::key::{byte_key, ByteKey};
 use firstseen::node::core::{Core, Parts, Ports, Stops, Task};
 use firstseen_raft::{NodeId, Raft};
-use firstseen_store::Observation;
 use futures::future::BoxFuture;
 use sim::pulsar::{self, HasPulsar, Pulsar, SimBroker};
 use sim::{check_seeds, lock, traced, Rng};
@@ -109,14 +115,24 @@ const WINDOW: Duration = Duration::from_secs(3_600);
 
 /// One node's persistent session on the MQTT broker.
 struct Session {
-    epoch: u64,
-    next_pkid: u16,
-    /// Packet id → message, for the current connection.
+    /// The last connection made; only it delivers and takes acks.
+    connection: u64,
+    /// Whether that connection is up.
+    open: bool,
+    /// Whether the node has subscribed; until then a connection reports no
+    /// session present.
+    subscribed: bool,
+    /// Packet id → message, for messages sent and not acked. They keep
+    /// their ids across connections, as MQTT says.
     inflight: BTreeMap<u16, u64>,
+    /// Ids of in-flight messages to send again on this connection.
+    resend: VecDeque<u16>,
     /// Messages not yet acked, in the order they were published.
     unacked: BTreeSet<u64>,
-    /// Messages to hand to the next connection that reads.
+    /// Messages never sent, in order.
     outgoing: VecDeque<u64>,
+    /// Packet ids the node has acked, not yet sent ([`SimClient`]).
+    queued: Vec<u16>,
     wake: Arc<Notify>,
 }
 
@@ -127,6 +143,10 @@ struct World {
     trace: Vec<String>,
     problems: Vec<String>,
     sessions: BTreeMap<NodeId, Session>,
+    /// The broker is restarting: no connection is up or accepted.
+    broker_down: bool,
+    /// Nodes whose connection to the broker is cut.
+    mqtt_cut: BTreeSet<NodeId>,
     /// Messages some node acked: the broker forgot them there.
     acked: BTreeSet<u64>,
     /// The running nodes' states, for the G4 check at each ack.
@@ -203,16 +223,6 @@ impl HasPulsar for World {
     fn log(&mut self, line: String) {
         World::log(self, line)
     }
-}
-
-fn key_of(message: u64) -> [u8; 32] {
-    let mut key = [0u8; 32];
-    key[..8].copy_from_slice(&message.to_be_bytes());
-    key
-}
-
-fn message_of(key: &[u8; 32]) -> u64 {
-    u64::from_be_bytes(key[..8].try_into().expect("8 bytes"))
 }
 
 fn addr(id: NodeId) -> String {
@@ -504,138 +514,273 @@ impl Call for SimCall {
 
 // ----- The MQTT broker -----
 
-/// Node `node`'s ack gate, as the broker's session sees it.
-struct Acker {
+/// The most QoS 1 messages the broker has in flight to one connection
+/// before an ack: Mosquitto's default `max_inflight_messages`. A node that
+/// stops acking stops receiving.
+const MAX_INFLIGHT: usize = 20;
+
+/// The MQTT topic message `m` is published on: the two routes of the
+/// simulation's config send it to `TOPICS[m % 2]`.
+fn topic_of(message: u64) -> String {
+    format!("/hfp/{}/{message}", ["a", "b"][(message % 2) as usize])
+}
+
+fn payload_of(message: u64) -> Vec<u8> {
+    message.to_be_bytes().to_vec()
+}
+
+/// Message `m`'s dedup key, as ingest computes it under the routes' default
+/// key (`topic+payload`).
+fn key_of(message: u64) -> [u8; 32] {
+    byte_key(
+        ByteKey::TopicPayload,
+        &topic_of(message),
+        &payload_of(message),
+    )
+}
+
+/// The message a key in Pulsar is the key of.
+fn message_of(key: &[u8; 32]) -> u64 {
+    static KEYS: OnceLock<HashMap<[u8; 32], u64>> = OnceLock::new();
+    let keys = KEYS.get_or_init(|| (0..MESSAGES).map(|m| (key_of(m), m)).collect());
+    *keys.get(key).expect("a key of a published message")
+}
+
+impl Session {
+    fn new() -> Self {
+        Self {
+            connection: 0,
+            open: false,
+            subscribed: false,
+            inflight: BTreeMap::new(),
+            resend: VecDeque::new(),
+            unacked: BTreeSet::new(),
+            outgoing: VecDeque::new(),
+            queued: Vec::new(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The broker queues message `m` for this session.
+    fn offer(&mut self, m: u64) {
+        self.unacked.insert(m);
+        self.outgoing.push_back(m);
+        self.wake.notify_one();
+    }
+
+    /// The broker drops the connection; the session stays.
+    fn drop_connection(&mut self) {
+        self.open = false;
+        self.wake.notify_one();
+    }
+}
+
+/// Node `node`'s sending half: acks wait in its queue until the session is
+/// next polled, as a client's queued packets wait for its event loop.
+struct SimClient {
     node: NodeId,
     world: Shared,
 }
 
-impl Acks for Acker {
-    fn upstreams(&self) -> usize {
-        1
+impl UpstreamClient for SimClient {
+    fn try_ack(&self, pkid: u16, _qos: u8) -> Result<(), QueueFull> {
+        let mut w = lock(&self.world);
+        let s = w.sessions.get_mut(&self.node).expect("a session per node");
+        s.queued.push(pkid);
+        s.wake.notify_one();
+        Ok(())
     }
 
-    fn ack(&self, _upstream: usize, tokens: &[AckToken]) -> AckStats {
+    fn try_subscribe(&self, _filters: &[(String, u8)]) -> Result<(), QueueFull> {
         let mut w = lock(&self.world);
-        let mut stats = AckStats::default();
-        let mut acked = Vec::new();
         let s = w.sessions.get_mut(&self.node).expect("a session per node");
-        for t in tokens {
-            if t.epoch != s.epoch {
-                stats.stale += 1;
-                continue;
-            }
-            match s.inflight.remove(&t.pkid) {
-                Some(message) => {
-                    s.unacked.remove(&message);
-                    acked.push(message);
-                    stats.sent += 1;
-                }
-                None => {
-                    let line = format!(
-                        "node {}: ack for packet id {} that is not in flight",
-                        self.node, t.pkid
-                    );
-                    w.problems.push(line);
-                    return stats;
-                }
-            }
+        if s.open && !s.subscribed {
+            s.subscribed = true;
+            w.log(format!("node {}: subscribed", self.node));
         }
-        // G4: the broker forgets an acked message, so its key must be
-        // committed already: applied by some node now, or seen applied by
-        // the watcher ([`watch_applied`]) before. A node acks only after its
-        // batch's entry (or an earlier copy's) was applied on the leader, so
-        // the leader's state holds the key when the reply leaves; the
-        // watcher covers a leader whose state is replaced by a snapshot
-        // while the reply travels.
-        for m in &acked {
-            let applied = w.applied.contains(m)
-                || w.states
-                    .values()
-                    .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))));
-            if !applied {
-                let seen: Vec<String> = w
-                    .states
-                    .iter()
-                    .map(|(id, state)| format!("{id}: {:?}", state.lookup(&key_of(*m))))
-                    .collect();
-                let line = format!(
-                    "node {}: message {m} acked before any node applied it (G4); running nodes' lookups: {seen:?}",
-                    self.node
-                );
-                w.log(line.clone());
-                w.problems.push(line);
-            }
-        }
-        w.acked.extend(acked);
-        stats
+        Ok(())
     }
+
+    fn try_disconnect(&self) {}
 }
 
-fn received(node: NodeId, message: u64, epoch: u64, pkid: u16, received_ms: u64) -> Received {
-    Received {
-        observation: Some(Observation {
-            key: key_of(message),
-            mqtt_topic: "/hfp/sim".into(),
-            pulsar_topic: TOPICS[(message % 2) as usize].into(),
-            payload: message.to_be_bytes().to_vec(),
+/// Node `node`'s reading half, for one life of the node.
+struct SimSession {
+    node: NodeId,
+    world: Shared,
+    /// The broker's connection this session reads, once connected.
+    connected: Option<u64>,
+}
+
+impl SimSession {
+    /// One step of the connection: `Some` is the event to report, `None`
+    /// means wait for the broker's next wake-up.
+    fn step(&mut self, w: &mut World) -> Option<Result<Event, String>> {
+        let node = self.node;
+        let refused = w.broker_down || w.mqtt_cut.contains(&node);
+        let s = w.sessions.get_mut(&node).expect("a session per node");
+        let Some(c) = self.connected else {
+            if refused {
+                return Some(Err("connection refused (simulated)".into()));
+            }
+            // A new connection: every message in flight goes again first,
+            // in the order it was published, with its packet id.
+            s.connection += 1;
+            s.open = true;
+            s.queued.clear();
+            let mut again: Vec<(u64, u16)> = s.inflight.iter().map(|(p, m)| (*m, *p)).collect();
+            again.sort();
+            s.resend = again.into_iter().map(|(_, p)| p).collect();
+            self.connected = Some(s.connection);
+            let session_present = s.subscribed;
+            w.log(format!(
+                "node {node}: connected to the MQTT broker (session present: {session_present})"
+            ));
+            return Some(Ok(Event::Connected { session_present }));
+        };
+        if !s.open || s.connection != c || refused {
+            return Some(Err("connection lost (simulated)".into()));
+        }
+        let acks = std::mem::take(&mut s.queued);
+        if !acks.is_empty() {
+            flush_acks(w, node, acks);
+            return Some(Ok(Event::Other));
+        }
+        let s = w.sessions.get_mut(&node).expect("a session per node");
+        let (pkid, m) = match s.resend.pop_front() {
+            Some(pkid) => (pkid, s.inflight[&pkid]),
+            None if s.inflight.len() >= MAX_INFLIGHT => return None,
+            None => {
+                let m = s.outgoing.pop_front()?;
+                // The lowest free id, as some brokers choose: an id comes
+                // back into use as soon as its message is acked, so an ack
+                // meant for an earlier connection's copy would hit another
+                // message (what the node's ack epochs prevent).
+                let pkid = (1..=u16::MAX)
+                    .find(|p| !s.inflight.contains_key(p))
+                    .expect("a free packet id");
+                s.inflight.insert(pkid, m);
+                (pkid, m)
+            }
+        };
+        Some(Ok(Event::Message(Message {
+            topic: topic_of(m),
+            payload: payload_of(m),
             qos: 1,
             retain: false,
-            node,
-            // The node's clock, as ingest stamps it: the leader stamps the
-            // window from these readings and its own clock.
-            received_ms,
-        }),
-        properties: None,
-        ack: Some(AckToken {
-            upstream: 0,
-            epoch,
             pkid,
-            qos: 1,
-        }),
+            properties: None,
+        })))
     }
 }
 
-/// Node `node`'s connection to the broker, for one life of the node:
-/// unacked messages first, in order, then the rest as they come.
-async fn connection(node: NodeId, world: Shared, tx: mpsc::Sender<Received>) {
-    let (epoch, wake) = {
-        let mut w = lock(&world);
-        let s = w.sessions.get_mut(&node).expect("a session per node");
-        s.epoch += 1;
-        s.inflight.clear();
-        let again: Vec<u64> = s
-            .unacked
-            .iter()
-            .copied()
-            .filter(|m| !s.outgoing.contains(m))
-            .collect();
-        for m in again.into_iter().rev() {
-            s.outgoing.push_front(m);
-        }
-        (s.epoch, s.wake.clone())
-    };
-    loop {
-        let next = {
-            let mut w = lock(&world);
-            let s = w.sessions.get_mut(&node).expect("a session per node");
-            let next = s.outgoing.pop_front().map(|m| {
-                let pkid = s.next_pkid;
-                s.next_pkid = s.next_pkid.wrapping_add(1).max(1);
-                s.inflight.insert(pkid, m);
-                (m, pkid)
-            });
-            next.map(|(m, pkid)| (m, pkid, w.clock_ms(node)))
-        };
-        match next {
-            Some((m, pkid, at)) => {
-                if tx.send(received(node, m, epoch, pkid, at)).await.is_err() {
-                    return;
+impl UpstreamSession for SimSession {
+    fn poll(&mut self) -> BoxFuture<'_, Result<Event, String>> {
+        Box::pin(async move {
+            loop {
+                let world = self.world.clone();
+                let (event, wake) = {
+                    let mut w = lock(&world);
+                    let wake = w.sessions[&self.node].wake.clone();
+                    (self.step(&mut w), wake)
+                };
+                match event {
+                    Some(event) => return event,
+                    None => wake.notified().await,
                 }
             }
-            None => wake.notified().await,
+        })
+    }
+
+    fn clean(&mut self) {
+        self.connected = None;
+        // Acks queued for the lost connection are not sent on the next.
+        lock(&self.world)
+            .sessions
+            .get_mut(&self.node)
+            .expect("a session per node")
+            .queued
+            .clear();
+    }
+
+    fn flush_disconnect(&mut self, _limit: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// The broker receives node `node`'s PUBACKs on its current connection.
+fn flush_acks(w: &mut World, node: NodeId, pkids: Vec<u16>) {
+    let mut acked = Vec::new();
+    let mut unknown = Vec::new();
+    let s = w.sessions.get_mut(&node).expect("a session per node");
+    for pkid in pkids {
+        match s.inflight.remove(&pkid) {
+            Some(m) => {
+                s.unacked.remove(&m);
+                acked.push(m);
+            }
+            None => unknown.push(pkid),
         }
     }
+    for pkid in unknown {
+        // Mosquitto ignores it; here it means the node acked a packet id
+        // twice, or one from an earlier connection.
+        let line = format!("node {node}: ack for packet id {pkid} that is not in flight");
+        w.log(line.clone());
+        w.problems.push(line);
+    }
+    // G4: the broker forgets an acked message, so its key must be
+    // committed already: applied by some node now, or seen applied by the
+    // watcher ([`watch_applied`]) before. A node acks only after its
+    // batch's entry (or an earlier copy's) was applied on the leader, so
+    // the leader's state holds the key when the reply leaves; the watcher
+    // covers a leader whose state is replaced by a snapshot while the reply
+    // travels.
+    for m in &acked {
+        let applied = w.applied.contains(m)
+            || w.states
+                .values()
+                .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))));
+        if !applied {
+            let seen: Vec<String> = w
+                .states
+                .iter()
+                .map(|(id, state)| format!("{id}: {:?}", state.lookup(&key_of(*m))))
+                .collect();
+            let line = format!(
+                "node {node}: message {m} acked before any node applied it (G4); running nodes' lookups: {seen:?}"
+            );
+            w.log(line.clone());
+            w.problems.push(line);
+        }
+    }
+    w.acked.extend(acked);
+}
+
+/// Node `id`'s ingest, as `src/node/mod.rs` runs it (`Upstream::drive`),
+/// on the broker's model; its end (never, unless it fails) is a problem.
+fn ingest(id: NodeId, upstream: Upstream, world: &Shared, tx: mpsc::Sender<Received>) -> Task {
+    let world = world.clone();
+    let client = Arc::new(SimClient {
+        node: id,
+        world: world.clone(),
+    });
+    let session = SimSession {
+        node: id,
+        world: world.clone(),
+        connected: None,
+    };
+    // Never cancelled: a crash stops nothing politely.
+    let stop = CancellationToken::new();
+    Box::pin(async move {
+        let end = upstream
+            .drive(client, session, tx, stop.clone(), stop)
+            .await;
+        let line = format!("node {id}: ingest ended: {end:?}");
+        let mut w = lock(&world);
+        w.log(line.clone());
+        w.problems.push(line);
+    })
 }
 
 // ----- A node -----
@@ -677,8 +822,12 @@ filter = "/hfp/#"
 qos = 1
 
 [[routes]]
-filter = "/hfp/#"
-pulsar_topic = "{topic}"
+filter = "/hfp/a/#"
+pulsar_topic = "{topic_a}"
+
+[[routes]]
+filter = "/hfp/b/#"
+pulsar_topic = "{topic_b}"
 
 [cluster]
 listen = "{listen}"
@@ -689,7 +838,8 @@ snapshot_logs = 40
 window_secs = {window}
 {members}"#,
         data = dir.display(),
-        topic = TOPICS[0],
+        topic_a = TOPICS[0],
+        topic_b = TOPICS[1],
         listen = addr(id),
         secret = secret.display(),
         window = WINDOW.as_secs(),
@@ -699,8 +849,8 @@ window_secs = {window}
 
 /// Starts node `id` on `dir`: its group and the node's core, built by
 /// `firstseen::node::core` as `src/node/mod.rs` builds it, on the models'
-/// ports. Not here: HTTP, the disk and storage watchdogs, and ingest (the
-/// broker's model hands messages to the batcher).
+/// ports, with ingest on the broker's model. Not here: HTTP, the disk and
+/// storage watchdogs.
 async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services) -> Running {
     let liveness = Arc::new(Liveness::new());
     let life = CancellationToken::new();
@@ -729,6 +879,17 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         }
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
+    let mut upstreams = Upstream::from_config(
+        config,
+        Route::all(config),
+        disk.clone(),
+        Arc::new(SimClock {
+            node: id,
+            world: world.clone(),
+        }),
+    );
+    let upstream = upstreams.pop().expect("one upstream");
+    let gates = vec![upstream.gate.clone()];
     let (tx, rx) = mpsc::channel(64);
     // Never cancelled: a crash stops nothing politely.
     let stop = CancellationToken::new();
@@ -753,10 +914,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
                 node: id,
                 world: world.clone(),
             },
-            acks: Arc::new(Acker {
-                node: id,
-                world: world.clone(),
-            }),
+            acks: Arc::new(gates),
         },
         Stops {
             batch: stop.clone(),
@@ -777,7 +935,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         core.lease,
         core.publisher,
         core.batcher,
-        Box::pin(connection(id, world.clone(), tx)),
+        ingest(id, upstream, world, tx),
     ];
     let mut tasks: Vec<JoinHandle<()>> = node_tasks
         .into_iter()
@@ -870,6 +1028,10 @@ async fn crash(id: NodeId, node: Running, services: &Services, world: &Shared) {
         let mut w = lock(world);
         note_applied(&mut w);
         w.states.remove(&id);
+        // Its connection to the MQTT broker closes with the process.
+        if let Some(s) = w.sessions.get_mut(&id) {
+            s.drop_connection();
+        }
         if let Some(life) = w.lives.remove(&id) {
             life.cancel();
         }
@@ -896,6 +1058,12 @@ enum Fault {
     Skew(NodeId, i64, Duration),
     /// Node's process stopped (SIGSTOP) for a while.
     Pause(NodeId, Duration),
+    /// Node's connection to the MQTT broker dropped, and refused for a
+    /// while.
+    MqttCut(NodeId, Duration),
+    /// The MQTT broker restarts: every connection drops, none is accepted
+    /// for a while, and the persistent sessions survive.
+    BrokerRestart(Duration),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -922,6 +1090,24 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
                 let off = if rng.below(2) == 0 { off } else { -off };
                 Fault::Skew(node, off, rng.ms(500, 6_000))
             }
+        };
+        faults.push((at, fault));
+    }
+}
+
+/// The MQTT broker's faults, drawn from a generator of their own: adding
+/// them left every seed's other faults where they were.
+fn broker_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    let mut at = Duration::from_millis(500);
+    let mut faults = Vec::new();
+    loop {
+        at += rng.ms(1_000, 5_000);
+        if at >= FAULTS_FOR {
+            return faults;
+        }
+        let fault = match rng.below(3) {
+            0 => Fault::BrokerRestart(rng.ms(200, 3_000)),
+            _ => Fault::MqttCut(1 + rng.below(NODES), rng.ms(100, 3_000)),
         };
         faults.push((at, fault));
     }
@@ -1061,21 +1247,9 @@ fn new_world(rng: Rng) -> Shared {
         started: Instant::now(),
         trace: Vec::new(),
         problems: Vec::new(),
-        sessions: (1..=NODES)
-            .map(|id| {
-                (
-                    id,
-                    Session {
-                        epoch: 0,
-                        next_pkid: 1,
-                        inflight: BTreeMap::new(),
-                        unacked: BTreeSet::new(),
-                        outgoing: VecDeque::new(),
-                        wake: Arc::new(Notify::new()),
-                    },
-                )
-            })
-            .collect(),
+        sessions: (1..=NODES).map(|id| (id, Session::new())).collect(),
+        broker_down: false,
+        mqtt_cut: BTreeSet::new(),
         acked: BTreeSet::new(),
         states: BTreeMap::new(),
         pending: BTreeSet::new(),
@@ -1269,15 +1443,18 @@ fn run_seed(
             let world = world.clone();
             let mut rng = Rng(rng.next());
             tokio::spawn(async move {
+                // A message reaches only the sessions subscribed when it is
+                // published; the feed starts once all three are.
+                while !lock(&world).sessions.values().all(|s| s.subscribed) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 for m in 0..MESSAGES {
                     let gap = 2 * FAULTS_FOR.as_millis() as u64 / MESSAGES;
                     tokio::time::sleep(rng.ms(0, gap)).await;
                     let mut w = lock(&world);
                     w.pending.insert(m);
                     for s in w.sessions.values_mut() {
-                        s.unacked.insert(m);
-                        s.outgoing.push_back(m);
-                        s.wake.notify_one();
+                        s.offer(m);
                     }
                 }
             })
@@ -1285,7 +1462,10 @@ fn run_seed(
         // Faults end by themselves: each one heals on a timer of its own.
         let started = Instant::now();
         let mut heals: Vec<(Instant, Fault)> = Vec::new();
-        for (at, fault) in schedule(&mut Rng(rng.next())) {
+        let mut faults = schedule(&mut Rng(rng.next()));
+        faults.extend(broker_schedule(&mut Rng(rng.next())));
+        faults.sort_by_key(|(at, _)| *at);
+        for (at, fault) in faults {
             heal_until(
                 started + at,
                 &mut heals,
@@ -1355,6 +1535,23 @@ fn run_seed(
                         lock(&world).pauses[&id].send_replace(true);
                         heals.push((Instant::now() + for_, Fault::Pause(id, for_)));
                     }
+                }
+                Fault::MqttCut(id, for_) => {
+                    let mut w = lock(&world);
+                    w.mqtt_cut.insert(id);
+                    w.sessions
+                        .get_mut(&id)
+                        .expect("a session")
+                        .drop_connection();
+                    heals.push((Instant::now() + for_, Fault::MqttCut(id, for_)));
+                }
+                Fault::BrokerRestart(for_) => {
+                    let mut w = lock(&world);
+                    w.broker_down = true;
+                    for s in w.sessions.values_mut() {
+                        s.drop_connection();
+                    }
+                    heals.push((Instant::now() + for_, Fault::BrokerRestart(for_)));
                 }
                 Fault::Skew(id, off, for_) => {
                     let mut w = lock(&world);
@@ -1466,6 +1663,14 @@ async fn heal(
                 lock(world).pauses[&id].send_replace(false);
                 lock(world).log(format!("node {id} resumed"));
             }
+            Fault::MqttCut(id, _) => {
+                lock(world).mqtt_cut.remove(&id);
+                lock(world).log(format!("node {id} may connect to the MQTT broker again"));
+            }
+            Fault::BrokerRestart(_) => {
+                lock(world).broker_down = false;
+                lock(world).log("the MQTT broker is back".into());
+            }
             Fault::Skew(id, ..) => {
                 lock(world).skews.remove(&id);
                 lock(world).righted.insert(id, Instant::now());
@@ -1526,10 +1731,8 @@ fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
                 let mut w = lock(&world);
                 let s = w.sessions.get_mut(&follower).expect("a session");
                 for m in 0..20 {
-                    s.unacked.insert(m);
-                    s.outgoing.push_back(m);
+                    s.offer(m);
                 }
-                s.wake.notify_one();
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
             let sent = lock(&world).calls.get(&follower).copied().unwrap_or(0) - before;

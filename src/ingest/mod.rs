@@ -6,9 +6,10 @@
 //! never acks anything itself: the batcher does, through the [`AckGate`],
 //! after commit (G4).
 
+pub mod adapter;
 pub mod deadletter;
+pub mod port;
 pub mod route;
-pub mod session;
 pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firstseen_store::{NodeId, Observation};
-use rumqttc::Transport;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -24,17 +24,8 @@ use crate::ack::{AckGate, AckToken};
 use crate::clock::SharedClock;
 use crate::config::{Config, OversizePolicy, UpstreamConfig};
 use deadletter::DeadLetter;
+use port::{Event, Message, UpstreamClient, UpstreamSession};
 use route::Route;
-use session::{Event, Message, Session};
-
-/// The largest MQTT packet rumqttc will read. Set to the protocol maximum so
-/// that an oversized payload reaches our documented policy instead of
-/// breaking the connection in a redelivery loop.
-const MAX_MQTT_PACKET: usize = 268_435_455;
-
-/// Requests rumqttc may queue. Above the 65,535 packet ids a broker can have
-/// in flight to us, so an ack never finds the queue full.
-const REQUEST_CAPACITY: usize = 70_000;
 
 /// One message on its way to the batcher.
 #[derive(Debug)]
@@ -137,64 +128,32 @@ impl Upstream {
             .collect()
     }
 
-    fn options(&self) -> Result<session::Options, crate::Error> {
-        let addr = UpstreamAddr::parse(&self.config.url)
-            .map_err(|why| crate::Error::setting(format!("upstreams[{}].url", self.index), why))?;
-        let credentials = match &self.config.username {
-            Some(user) => {
-                let password = match (&self.config.password, &self.config.password_file) {
-                    (Some(p), _) => p.clone(),
-                    (None, Some(f)) => std::fs::read_to_string(f)
-                        .map_err(|source| crate::Error::SettingFile {
-                            key: format!("upstreams[{}].password_file", self.index),
-                            path: f.clone(),
-                            source,
-                        })?
-                        .trim_end()
-                        .to_string(),
-                    (None, None) => String::new(),
-                };
-                Some((user.clone(), password))
-            }
-            None => None,
-        };
-        Ok(session::Options {
-            v5: self.config.protocol == crate::config::Protocol::V5,
-            client_id: self.client_id.clone(),
-            host: addr.host,
-            port: addr.port,
-            keepalive: Duration::from_secs(self.config.keepalive_secs),
-            credentials,
-            transport: match (addr.tls, tls::client_config(&self.config)) {
-                (false, _) => None,
-                (true, Ok(None)) => Some(Transport::tls_with_default_config()),
-                (true, Ok(Some(c))) => Some(Transport::tls_with_config(
-                    rumqttc::TlsConfiguration::Rustls(c),
-                )),
-                (true, Err((key, why))) => {
-                    return Err(crate::Error::setting(
-                        format!("upstreams[{}].{key}", self.index),
-                        why,
-                    ))
-                }
-            },
-            max_packet: MAX_MQTT_PACKET,
-            request_capacity: REQUEST_CAPACITY,
-            session_expiry_secs: self.config.session_expiry_secs,
-            qos2: self.config.subscriptions.iter().any(|s| s.qos == 2),
-        })
-    }
-
-    /// Runs until `shutdown`, then keeps the connection up until `acks_done`
-    /// so that the batcher's last acks reach the broker.
+    /// Connects with rumqttc and runs until `shutdown`, then keeps the
+    /// connection up until `acks_done` so that the batcher's last acks reach
+    /// the broker.
     pub async fn run(
         self,
         tx: mpsc::Sender<Received>,
         shutdown: CancellationToken,
         acks_done: CancellationToken,
     ) -> Result<(), crate::Error> {
-        let options = self.options()?;
-        let (client, mut session) = Session::new(options);
+        let (client, session) = adapter::Session::new(adapter::options(&self)?);
+        self.drive(Arc::new(client), session, tx, shutdown, acks_done)
+            .await
+    }
+
+    /// [`Upstream::run`] on any session behind the port: subscribes when
+    /// the broker has no session, hands each message to the batcher, and
+    /// after a failed connection starts a new ack epoch and reconnects with
+    /// backoff.
+    pub async fn drive(
+        self,
+        client: Arc<dyn UpstreamClient>,
+        mut session: impl UpstreamSession,
+        tx: mpsc::Sender<Received>,
+        shutdown: CancellationToken,
+        acks_done: CancellationToken,
+    ) -> Result<(), crate::Error> {
         self.gate.attach(client.clone());
         let filters: Vec<(String, u8)> = self
             .config

@@ -47,6 +47,23 @@ pub struct Route {
     pub key: KeySpec,
 }
 
+impl Route {
+    /// The config's routes, in the order they are tried.
+    pub fn all(config: &crate::config::Config) -> std::sync::Arc<Vec<Route>> {
+        std::sync::Arc::new(
+            config
+                .routes
+                .iter()
+                .map(|r| Route {
+                    filter: r.filter.clone(),
+                    pulsar_topic: r.pulsar_topic.clone(),
+                    key: r.key.clone(),
+                })
+                .collect(),
+        )
+    }
+}
+
 /// The first route whose filter matches `topic`.
 pub fn route_for<'a>(routes: &'a [Route], topic: &str) -> Option<&'a Route> {
     routes.iter().find(|r| matches(&r.filter, topic))

@@ -69,18 +69,8 @@ pub async fn run(
     let proposals = CancellationToken::new();
     let clock = crate::clock::SystemClock::shared();
 
-    let routes: Arc<Vec<Route>> = Arc::new(
-        config
-            .routes
-            .iter()
-            .map(|r| Route {
-                filter: r.filter.clone(),
-                pulsar_topic: r.pulsar_topic.clone(),
-                key: r.key.clone(),
-            })
-            .collect(),
-    );
-    let upstreams = Upstream::from_config(&config, routes, disk.clone(), clock.clone());
+    let upstreams =
+        Upstream::from_config(&config, Route::all(&config), disk.clone(), clock.clone());
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(

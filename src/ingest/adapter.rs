@@ -1,5 +1,5 @@
-//! The upstream session, the same to the rest of ingest whether the broker
-//! speaks MQTT 3.1.1 or 5: rumqttc's two clients behind one pair of types.
+//! The upstream session on rumqttc, behind ingest's port (`port.rs`), the
+//! same to the rest of ingest whether the broker speaks MQTT 3.1.1 or 5.
 //!
 //! - [`Client`] sends acks (PUBACK for QoS 1, PUBREC for QoS 2), subscribes
 //!   and disconnects; [`Session`] owns the event loop and turns its events
@@ -17,31 +17,20 @@
 use std::time::Duration;
 
 use firstseen_store::Properties;
+use futures::future::BoxFuture;
+use rumqttc::Transport;
 
-/// What a message is on its way in.
-#[derive(Debug, Clone)]
-pub struct Message {
-    pub topic: String,
-    pub payload: Vec<u8>,
-    pub qos: u8,
-    pub retain: bool,
-    pub pkid: u16,
-    pub properties: Option<Box<Properties>>,
-}
+use super::port::{Event, Message, QueueFull, UpstreamClient, UpstreamSession};
+use super::{tls, Upstream, UpstreamAddr};
 
-/// What the session reports.
-#[derive(Debug)]
-pub enum Event {
-    Connected {
-        session_present: bool,
-    },
-    /// Subscriptions the broker refused: (position, reason).
-    Subscribed {
-        refused: Vec<(usize, String)>,
-    },
-    Message(Message),
-    Other,
-}
+/// The largest MQTT packet rumqttc will read. Set to the protocol maximum so
+/// that an oversized payload reaches our documented policy instead of
+/// breaking the connection in a redelivery loop.
+const MAX_MQTT_PACKET: usize = 268_435_455;
+
+/// Requests rumqttc may queue. Above the 65,535 packet ids a broker can have
+/// in flight to us, so an ack never finds the queue full.
+const REQUEST_CAPACITY: usize = 70_000;
 
 /// Sends what ingest sends upstream.
 #[derive(Clone)]
@@ -49,10 +38,6 @@ pub enum Client {
     V4(rumqttc::AsyncClient),
     V5(rumqttc::v5::AsyncClient),
 }
-
-/// Sending failed: rumqttc's request queue is full or closed.
-#[derive(Debug)]
-pub struct QueueFull;
 
 fn qos4(level: u8) -> rumqttc::QoS {
     match level {
@@ -71,9 +56,8 @@ fn qos5(level: u8) -> rumqttc::v5::mqttbytes::QoS {
     }
 }
 
-impl Client {
-    /// PUBACK (QoS 1) or PUBREC (QoS 2) for packet `pkid`, without waiting.
-    pub fn try_ack(&self, pkid: u16, qos: u8) -> Result<(), QueueFull> {
+impl UpstreamClient for Client {
+    fn try_ack(&self, pkid: u16, qos: u8) -> Result<(), QueueFull> {
         match self {
             Client::V4(c) => {
                 let mut p = rumqttc::Publish::new("", qos4(qos), Vec::new());
@@ -89,8 +73,7 @@ impl Client {
         }
     }
 
-    /// Subscribes to every (filter, qos).
-    pub fn try_subscribe(&self, filters: &[(String, u8)]) -> Result<(), QueueFull> {
+    fn try_subscribe(&self, filters: &[(String, u8)]) -> Result<(), QueueFull> {
         match self {
             Client::V4(c) => c
                 .try_subscribe_many(
@@ -109,7 +92,7 @@ impl Client {
         }
     }
 
-    pub fn try_disconnect(&self) {
+    fn try_disconnect(&self) {
         let _ = match self {
             Client::V4(c) => c.try_disconnect().map_err(|_| ()),
             Client::V5(c) => c.try_disconnect().map_err(|_| ()),
@@ -133,6 +116,55 @@ pub struct Options {
     pub session_expiry_secs: u32,
     /// Whether any subscription is QoS 2 (then PUBRELs may come back).
     pub qos2: bool,
+}
+
+/// How upstream `u` connects, from its config.
+pub fn options(u: &Upstream) -> Result<Options, crate::Error> {
+    let addr = UpstreamAddr::parse(&u.config.url)
+        .map_err(|why| crate::Error::setting(format!("upstreams[{}].url", u.index), why))?;
+    let credentials = match &u.config.username {
+        Some(user) => {
+            let password = match (&u.config.password, &u.config.password_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => std::fs::read_to_string(f)
+                    .map_err(|source| crate::Error::SettingFile {
+                        key: format!("upstreams[{}].password_file", u.index),
+                        path: f.clone(),
+                        source,
+                    })?
+                    .trim_end()
+                    .to_string(),
+                (None, None) => String::new(),
+            };
+            Some((user.clone(), password))
+        }
+        None => None,
+    };
+    Ok(Options {
+        v5: u.config.protocol == crate::config::Protocol::V5,
+        client_id: u.client_id.clone(),
+        host: addr.host,
+        port: addr.port,
+        keepalive: Duration::from_secs(u.config.keepalive_secs),
+        credentials,
+        transport: match (addr.tls, tls::client_config(&u.config)) {
+            (false, _) => None,
+            (true, Ok(None)) => Some(Transport::tls_with_default_config()),
+            (true, Ok(Some(c))) => Some(Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(c),
+            )),
+            (true, Err((key, why))) => {
+                return Err(crate::Error::setting(
+                    format!("upstreams[{}].{key}", u.index),
+                    why,
+                ))
+            }
+        },
+        max_packet: MAX_MQTT_PACKET,
+        request_capacity: REQUEST_CAPACITY,
+        session_expiry_secs: u.config.session_expiry_secs,
+        qos2: u.config.subscriptions.iter().any(|s| s.qos == 2),
+    })
 }
 
 /// The event loop of one upstream connection.
@@ -244,7 +276,7 @@ impl Session {
 
     /// Forgets the connection and every ack rumqttc still queues for it
     /// (`EventLoop::clean`), then marks packet ids for PUBRELs again.
-    pub fn clean(&mut self) {
+    fn reset(&mut self) {
         match self {
             Session::V4 { eventloop, .. } => eventloop.clean(),
             Session::V5 { eventloop, .. } => eventloop.clean(),
@@ -253,9 +285,9 @@ impl Session {
     }
 
     /// The next event; `Err` with an operator-readable reason when the
-    /// connection failed (rumqttc has then reset its state; call
-    /// [`Session::clean`] before polling again).
-    pub async fn poll(&mut self) -> Result<Event, String> {
+    /// connection failed (rumqttc has then reset its state; the port's
+    /// `clean` comes before the next poll).
+    async fn next_event(&mut self) -> Result<Event, String> {
         match self {
             Session::V4 { eventloop, .. } => {
                 use rumqttc::{Event as E, Packet};
@@ -344,7 +376,7 @@ impl Session {
     }
 
     /// Polls until the DISCONNECT is written, or `limit` passes.
-    pub async fn flush_disconnect(&mut self, limit: Duration) {
+    async fn flush(&mut self, limit: Duration) {
         let _ = tokio::time::timeout(limit, async {
             loop {
                 let done = match self {
@@ -365,5 +397,19 @@ impl Session {
             }
         })
         .await;
+    }
+}
+
+impl UpstreamSession for Session {
+    fn poll(&mut self) -> BoxFuture<'_, Result<Event, String>> {
+        Box::pin(self.next_event())
+    }
+
+    fn clean(&mut self) {
+        self.reset()
+    }
+
+    fn flush_disconnect(&mut self, limit: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(self.flush(limit))
     }
 }
