@@ -182,7 +182,7 @@ fn empty_and_oversized_payloads_follow_the_policy() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("payloads");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    spec.max_payload_bytes = 1024;
+    spec.config.dedup.max_payload_bytes = 1024;
     let node = Node::start(spec);
     node.wait_ready();
 

@@ -27,7 +27,7 @@ fn a_leader_clock_a_day_ahead_expires_nothing_early() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("clock-jump");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        s.env = faketime_env(&clock(s.id));
+        s.env = faketime_env(&clock(s.id()));
     });
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));

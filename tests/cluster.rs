@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::cluster::TestCluster;
 use common::*;
+use firstseen::config::TlsConfig;
 
 /// Three nodes, each subscribed to the same Mosquitto with its own client id,
 /// the capture plus injected duplicates: one copy per key, and every zone's
@@ -269,8 +270,8 @@ fn a_new_node_catches_up_by_snapshot() {
     // batches that wait for the log, so a replay is only some dozens of
     // entries, and the log must still be purged well past its start.
     let small_log = |s: &mut NodeSpec| {
-        s.cluster.as_mut().unwrap().snapshot_logs = 10;
-        s.extra = "[batch]\nmax_messages = 50\n".into();
+        s.config.cluster.snapshot_logs = 10;
+        s.config.batch.max_messages = 50;
     };
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, small_log);
     c.wait_ready();
@@ -398,7 +399,7 @@ fn unauthenticated_and_garbled_peers_are_refused() {
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
-    let target = c.node(1).spec.cluster.as_ref().unwrap().listen.clone();
+    let target = c.node(1).spec.peer_listen();
 
     // Reads until the server closes the connection; true if it did.
     let closed = |s: &mut TcpStream| {
@@ -563,7 +564,7 @@ fn peers_can_require_mutual_tls() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("tls");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        s.cluster.as_mut().unwrap().tls = Some(tls.clone());
+        s.config.cluster.tls = Some(TlsConfig::new(&tls.0, &tls.1, &tls.2));
     });
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
@@ -573,7 +574,7 @@ fn peers_can_require_mutual_tls() {
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(Some(1000)));
 
     // A plain-TCP peer gets no firstseen greeting, only a failed TLS handshake.
-    let target = c.node(1).spec.cluster.as_ref().unwrap().listen.clone();
+    let target = c.node(1).spec.peer_listen();
     let mut s = std::net::TcpStream::connect(&target).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&[0u8; 72]).unwrap();
@@ -590,8 +591,7 @@ fn peers_can_require_mutual_tls() {
     // A node with a certificate from another CA cannot join.
     let rogue = make_certs(certs.path(), "rogue");
     let (addr, http) = c.start_joiner(4, |s| {
-        let t = s.cluster.as_mut().unwrap();
-        t.tls = Some((rogue.0.clone(), rogue.1.clone(), tls.2.clone()));
+        s.config.cluster.tls = Some(TlsConfig::new(&rogue.0, &rogue.1, &tls.2));
     });
     // `members add` waits for the learner to catch up, which it never will.
     let mut adding = std::process::Command::new(bin())

@@ -31,7 +31,7 @@ fn seed() -> u64 {
 /// A cluster whose every node keeps its data on a crashfs of its own.
 fn on_crashfs(mqtt: &Mosquitto, pulsar: &Pulsar, topic: &str, disks: &[CrashFs]) -> TestCluster {
     TestCluster::start(mqtt, pulsar, topic, disks.len() as u64, |s| {
-        s.data_dir = Some(disks[(s.id - 1) as usize].mount.join("data"));
+        s.data_dir = Some(disks[(s.id() - 1) as usize].mount.join("data"));
     })
 }
 
@@ -217,7 +217,7 @@ fn flipped_bytes_are_refused_or_harmless_never_a_shorter_log() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("flipped");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    spec.config.node.shutdown_timeout_secs = 5;
     let mut node = Node::start(spec);
     node.wait_ready();
     replay(mqtt.port, &["--limit", "3000", "--pace", "max"]);
@@ -314,10 +314,10 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
     // Node 3's data dir is on the small filesystem. Node 1 and 2 bootstrap
     // together with it; the test acts on node 3 only while it follows.
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        s.max_payload_bytes = 64 * 1024;
-        if s.id == 3 {
+        s.config.dedup.max_payload_bytes = 64 * 1024;
+        if s.id() == 3 {
             s.data_dir = Some(disk.mount.join("data"));
-            s.node_extra = format!("disk_reserve_bytes = {reserve}\n");
+            s.config.node.disk_reserve_bytes = reserve;
         }
     });
     c.wait_ready();
@@ -414,10 +414,10 @@ fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("storage-fails");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        if s.id == 3 {
+        if s.id() == 3 {
             s.data_dir = Some(disk.mount.join("data"));
             // No reserve: the disk runs out under sled's own writes.
-            s.node_extra = "disk_reserve_bytes = 0\n".into();
+            s.config.node.disk_reserve_bytes = 0;
         }
     });
     c.wait_ready();
@@ -547,12 +547,12 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
     let mqtt = Mosquitto::start();
     let topic = unique_topic("state-rebuilt");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    spec.config.node.shutdown_timeout_secs = 5;
     // Snapshots and purges every few entries: the rebuilt state must come
     // from the snapshot, since the log no longer starts at 1.
     // (The least allowed: how many entries a replay makes depends on how
     // busy the machine is, since a slower node merges more per entry.)
-    spec.extra = "\n[cluster]\nsnapshot_logs = 10\n".into();
+    spec.config.cluster.snapshot_logs = 10;
     let mut node = Node::start(spec);
     node.wait_ready();
     replay(mqtt.port, &["--limit", "3000", "--pace", "2000"]);
@@ -608,11 +608,12 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("state-older");
     let mut spec = NodeSpec::new(&mqtt, &own.pulsar, &topic);
-    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    spec.config.node.shutdown_timeout_secs = 5;
     // Small entries and a snapshot every 10 while the broker is down: the
     // log is purged past the unpublished messages' entries (the outbox hold
     // keeps them until they are published).
-    spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 10\n".into();
+    spec.config.batch.max_messages = 50;
+    spec.config.cluster.snapshot_logs = 10;
     let mut node = Node::start(spec);
     node.wait_ready();
     own.stop();
@@ -642,7 +643,7 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     // The broker returns: the outbox drains, the receipts are committed, and
     // the entries the messages were read from are deleted. No snapshot
     // after this point, so the log still starts where the old state needs.
-    node.spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 100000\n".into();
+    node.spec.config.cluster.snapshot_logs = 100_000;
     own.restart();
     node.restart();
     node.wait_ready();

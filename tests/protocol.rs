@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use common::cluster::TestCluster;
 use common::*;
+use firstseen::config::{Protocol, RouteConfig};
+use firstseen::key::{FieldKey, KeySpec, Missing};
 use serde_json::Value;
 
 fn coverage_of(n: &Node, node: u64) -> f64 {
@@ -34,7 +36,7 @@ fn qos2_through_a_node_kill_and_a_broker_restart_is_exactly_once() {
     };
     let mut mqtt = Mosquitto::start();
     let topic = unique_topic("qos2");
-    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| s.qos = 2);
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| s.set_qos(2));
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
     let victim = if leader == 3 { 2 } else { 3 };
@@ -110,8 +112,8 @@ fn mqtt5_properties_reach_pulsar_once_as_documented() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("mqtt5");
     let c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        s.upstream_extra = "protocol = \"5\"\n".into();
-        s.filter = "/v5/#".into();
+        s.upstream().protocol = Protocol::V5;
+        s.set_filter("/v5/#");
     });
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
@@ -165,18 +167,17 @@ fn a_json_field_key_sees_through_reserialised_copies_and_a_byte_key_does_not() {
     let by_fields = unique_topic("json-key");
     let by_bytes = unique_topic("byte-key");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &unique_topic("unrouted"));
-    spec.filter = "#".into();
+    spec.set_filter("#");
     // Tried before the node's own catch-all route.
-    spec.routes_before = format!(
-        r#"[[routes]]
-filter = "/fields/#"
-pulsar_topic = "{by_fields}"
-key = {{ json = ["/VP/veh", "/VP/oper", "/VP/tst"] }}
-
-[[routes]]
-filter = "/bytes/#"
-pulsar_topic = "{by_bytes}"
-"#
+    let mut fields = RouteConfig::new("/fields/#", by_fields.clone());
+    fields.key = KeySpec::Fields(FieldKey {
+        json: vec!["/VP/veh".into(), "/VP/oper".into(), "/VP/tst".into()],
+        topic: false,
+        missing: Missing::default(),
+    });
+    spec.config.routes.splice(
+        0..0,
+        [fields, RouteConfig::new("/bytes/#", by_bytes.clone())],
     );
     let node = Node::start(spec);
     node.wait_ready();
@@ -250,18 +251,18 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
         )
     });
     let topic = unique_topic("mqtts");
-    let tls = |ca_file: &std::path::Path| {
-        format!(
-            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            ca_file.display(),
-            cert.display(),
-            key.display()
-        )
+    // The upstream's TLS files: a CA, and a client certificate and key if
+    // given.
+    let tls = |s: &mut NodeSpec, ca_file: Option<&std::path::Path>, client: bool| {
+        let u = s.upstream();
+        u.ca_file = ca_file.map(|f| f.to_path_buf());
+        u.cert_file = client.then(|| cert.clone());
+        u.key_file = client.then(|| key.clone());
     };
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    spec.mqtt_url = format!("mqtts://127.0.0.1:{tls_port}");
-    spec.upstream_extra = tls(&ca);
-    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
+    spec.upstream().url = format!("mqtts://127.0.0.1:{tls_port}");
+    tls(&mut spec, Some(&ca), true);
+    spec.config.node.shutdown_timeout_secs = 5;
     let mut node = Node::start(spec.clone());
     node.wait_ready();
     replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
@@ -269,7 +270,7 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     // The broker's certificate does not chain to this CA.
-    node.spec.upstream_extra = tls(&other_ca);
+    tls(&mut node.spec, Some(&other_ca), true);
     node.restart();
     wait_until(Duration::from_secs(30), "the TLS error in /status", || {
         node.upstream_error()
@@ -283,7 +284,7 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     // The right CA but no client certificate: the broker refuses it.
-    node.spec.upstream_extra = format!("ca_file = \"{}\"\n", ca.display());
+    tls(&mut node.spec, Some(&ca), false);
     node.restart();
     let mut seen = String::new();
     wait_until(Duration::from_secs(30), "the refusal in /status", || {
@@ -296,14 +297,15 @@ fn an_mqtts_upstream_with_client_certificates_is_exactly_once_and_a_wrong_ca_los
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     // Fixed: what the broker kept for the session arrives, once.
-    node.spec.upstream_extra = tls(&ca);
+    tls(&mut node.spec, Some(&ca), true);
     node.restart();
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
 
     // A certificate without its key is named before any node runs.
     let mut half = spec.clone();
-    half.upstream_extra = format!("cert_file = \"{}\"\n", cert.display());
+    tls(&mut half, None, true);
+    half.upstream().key_file = None;
     let bad = certs.path().join("half.toml");
     std::fs::write(&bad, half.toml(&node.data_dir(), free_port())).unwrap();
     let out = Command::new(bin())

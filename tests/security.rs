@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::cluster::TestCluster;
 use common::*;
+use firstseen::config::{HttpTlsConfig, OAuth2Config};
 
 /// A JWT for `role` signed with `key` (scripts/pulsar/jwt.py), expiring at
 /// `exp` (Unix seconds) if given.
@@ -109,13 +110,9 @@ fn a_three_zone_cluster_is_exactly_once_over_tls_with_a_token_that_rotates() {
     std::fs::write(&token_file, jwt(&secure.key, "firstseen", Some(expires))).unwrap();
     let mqtt = Mosquitto::start();
     let topic = unique_topic("secure");
-    let pulsar_extra = format!(
-        "ca_file = \"{}\"\nauth_token_file = \"{}\"\n",
-        secure.ca,
-        token_file.display()
-    );
     let mut c = TestCluster::start(&mqtt, &secure.tls, &topic, 3, |s| {
-        s.pulsar_extra = pulsar_extra.clone();
+        s.config.pulsar.ca_file = Some(secure.ca.clone().into());
+        s.config.pulsar.auth_token_file = Some(token_file.clone());
     });
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
@@ -229,13 +226,16 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
     let topic = unique_topic("wrong-credentials");
     let mut spec = NodeSpec::new(&mqtt, &secure.tls, &topic);
     // A small outbox, so that a broker it cannot reach soon holds acks.
-    spec.quota_bytes = 64 * 1024;
-    spec.node_extra = "shutdown_timeout_secs = 5\n".into();
-    let pulsar_extra = |ca: &str, auth: &str| format!("ca_file = \"{ca}\"\n{auth}\n");
-    spec.pulsar_extra = pulsar_extra(
-        &secure.ca,
-        &format!("auth_token_file = \"{}\"", forged.display()),
-    );
+    spec.config.outbox.quota_bytes = 64 * 1024;
+    spec.config.node.shutdown_timeout_secs = 5;
+    // The broker's CA and one way to authenticate: a token file, or OAuth2.
+    let credentials =
+        |s: &mut NodeSpec, ca: &Path, token: Option<&Path>, oauth2: Option<OAuth2Config>| {
+            s.config.pulsar.ca_file = Some(ca.to_path_buf());
+            s.config.pulsar.auth_token_file = token.map(Path::to_path_buf);
+            s.config.pulsar.oauth2 = oauth2;
+        };
+    credentials(&mut spec, Path::new(&secure.ca), Some(&forged), None);
     let mut node = Node::start(spec);
     node.wait_ready();
     let sent = replay(mqtt.port, &["--limit", "1000", "--pace", "max"]).published;
@@ -272,10 +272,7 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     // The right token, but a CA that did not sign the broker's certificate.
-    node.spec.pulsar_extra = pulsar_extra(
-        &other_ca.display().to_string(),
-        &format!("auth_token_file = \"{}\"", good.display()),
-    );
+    credentials(&mut node.spec, &other_ca, Some(&good), None);
     node.restart();
     refused(
         &node,
@@ -292,13 +289,15 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
     let wrong = dir.path().join("wrong.secret");
     std::fs::write(&wrong, "a-wrong-secret\n").unwrap();
     let oauth2 = |secret: &Path| {
-        format!(
-            "oauth2 = {{ issuer_url = \"{}\", client_id = \"firstseen-oauth\", client_secret_file = \"{}\", audience = \"urn:pulsar:test\" }}",
-            issuer.url,
-            secret.display()
-        )
+        Some(OAuth2Config {
+            issuer_url: issuer.url.clone(),
+            client_id: "firstseen-oauth".into(),
+            client_secret_file: secret.to_path_buf(),
+            audience: Some("urn:pulsar:test".into()),
+            scope: None,
+        })
     };
-    node.spec.pulsar_extra = pulsar_extra(&secure.ca, &oauth2(&wrong));
+    credentials(&mut node.spec, Path::new(&secure.ca), None, oauth2(&wrong));
     node.restart();
     refused(&node, "the issuer refusing the client", &["invalid_client"]);
     assert_eq!(secure.read_back(&topic).count, 0, "nothing reached Pulsar");
@@ -306,7 +305,7 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
 
     // The right client secret: everything, held in the outbox or in the
     // broker's session, arrives once.
-    node.spec.pulsar_extra = pulsar_extra(&secure.ca, &oauth2(&secret));
+    credentials(&mut node.spec, Path::new(&secure.ca), None, oauth2(&secret));
     node.restart();
     node.wait_published(want.len() as u64, Duration::from_secs(120));
     assert_exactly_once(&secure.read_back(&topic), &want);
@@ -325,15 +324,14 @@ fn the_http_api_serves_tls_and_refuses_the_secret_over_plain_http_from_another_h
     };
     let certs = tempfile::TempDir::new().unwrap();
     let (cert, key, ca) = make_certs(certs.path(), "http");
-    let http_tls = format!(
-        "http_tls = {{ cert_file = \"{}\", key_file = \"{}\" }}\n",
-        cert.display(),
-        key.display()
-    );
+    let http_tls = HttpTlsConfig {
+        cert_file: cert.clone(),
+        key_file: key.clone(),
+    };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("https");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 1, |s| {
-        s.node_extra = http_tls.clone();
+        s.config.node.http_tls = Some(http_tls.clone());
     });
     let https = |port: u16| format!("https://127.0.0.1:{port}");
     let cli = |args: &[&str]| {
@@ -364,7 +362,7 @@ fn the_http_api_serves_tls_and_refuses_the_secret_over_plain_http_from_another_h
     // Plain HTTP to the TLS listener gets no answer.
     assert!(!c.node(1).answers(), "plain HTTP must not reach the API");
 
-    let (addr, http) = c.start_joiner(2, |s| s.node_extra = http_tls.clone());
+    let (addr, http) = c.start_joiner(2, |s| s.config.node.http_tls = Some(http_tls.clone()));
     let secret = c.secret_file();
     let add = |secret: &Path| {
         Command::new(bin())
@@ -509,7 +507,7 @@ fn a_flood_of_silent_peer_connections_is_capped_counted_and_logged_at_a_bounded_
     let topic = unique_topic("flood");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 1, |_| {});
     c.wait_ready();
-    let target = c.node(1).spec.cluster.as_ref().unwrap().listen.clone();
+    let target = c.node(1).spec.peer_listen();
     let mut silent = Vec::new();
     for _ in 0..500 {
         if let Ok(s) = std::net::TcpStream::connect(&target) {

@@ -13,7 +13,7 @@ use common::*;
 const BOUND_SECS: u64 = 4;
 
 fn bounded(s: &mut NodeSpec) {
-    s.node_extra = format!("shutdown_timeout_secs = {BOUND_SECS}\n");
+    s.config.node.shutdown_timeout_secs = BOUND_SECS;
 }
 
 /// The bound, plus what process exit and the test's polling add.
@@ -134,7 +134,7 @@ fn a_node_whose_batcher_dies_stops_for_its_supervisor() {
     let topic = unique_topic("task-dies");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
         bounded(s);
-        if s.id == 3 {
+        if s.id() == 3 {
             s.env.push((
                 "FIRSTSEEN_TEST_PANIC".into(),
                 format!("batcher:{}", cue.display()),
@@ -188,7 +188,7 @@ fn a_second_signal_stops_at_once() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("second-signal");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |s| {
-        s.node_extra = "shutdown_timeout_secs = 120\n".into();
+        s.config.node.shutdown_timeout_secs = 120;
     });
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));

@@ -93,9 +93,9 @@ fn nothing_is_acked_before_commit() {
     let mqtt = Mosquitto::start();
     let topic = unique_topic("ack-after-commit");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    spec.pulsar_url = format!("pulsar://127.0.0.1:{}", free_port());
-    spec.admin_url = None;
-    spec.quota_bytes = 1;
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    spec.config.pulsar.admin_url = None;
+    spec.config.outbox.quota_bytes = 1;
     let mut node = Node::start(spec);
     node.wait_ready();
 
@@ -120,8 +120,8 @@ fn nothing_is_acked_before_commit() {
     node.kill9();
 
     // Same data, a reachable Pulsar and a normal quota.
-    node.spec.pulsar_url = pulsar.url.clone();
-    node.spec.quota_bytes = 1 << 30;
+    node.spec.config.pulsar.url = pulsar.url.clone();
+    node.spec.config.outbox.quota_bytes = 1 << 30;
     node.restart();
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     let s = node.status().unwrap();
@@ -149,7 +149,8 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
     // Small entries and a snapshot every 10 of them, so the log is purged
     // past messages still waiting for Pulsar: their payloads are only in the
     // log, which must keep those entries, also across the crash below.
-    spec.extra = "[batch]\nmax_messages = 50\n[cluster]\nsnapshot_logs = 10\n".into();
+    spec.config.batch.max_messages = 50;
+    spec.config.cluster.snapshot_logs = 10;
     let mut node = Node::start(spec);
     node.wait_ready();
 

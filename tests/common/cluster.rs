@@ -44,7 +44,7 @@ pub struct TestCluster {
     mqtt_port: u16,
     pulsar: Pulsar,
     topic: String,
-    members: Vec<(u64, String, String, String)>,
+    members: Vec<MemberConfig>,
     net: Net,
 }
 
@@ -79,30 +79,28 @@ impl TestCluster {
                 net.upstream_ip(id),
                 faults.clone(),
             );
-            members.push((
+            members.push(MemberConfig {
                 id,
-                zone(id),
-                format!("127.0.0.1:{}", peer_proxy.port),
-                format!("127.0.0.1:{http_port}"),
-            ));
+                zone: zone(id),
+                addr: SocketAddr::from(([127, 0, 0, 1], peer_proxy.port)).to_string(),
+                http: SocketAddr::from(([127, 0, 0, 1], http_port)).to_string(),
+            });
             plan.push((id, listen, http_port, mqtt_proxy.port));
             proxies.push(peer_proxy);
             proxies.push(mqtt_proxy);
         }
         let mut nodes = Vec::new();
         for (id, listen, http_port, mqtt_port) in plan {
-            let mut spec = NodeSpec::new(mqtt, pulsar, topic);
-            spec.id = id;
-            spec.zone = zone(id);
+            let mut spec = member_spec(
+                id,
+                mqtt_port,
+                pulsar,
+                topic,
+                listen,
+                &secret.path().join("cluster.secret"),
+            );
+            spec.config.cluster.members = members.clone();
             spec.http_port = Some(http_port);
-            spec.mqtt_url = format!("mqtt://127.0.0.1:{mqtt_port}");
-            spec.cluster = Some(ClusterSpec {
-                listen: listen.to_string(),
-                secret_file: secret.path().join("cluster.secret"),
-                snapshot_logs: 20_000,
-                members: members.clone(),
-                tls: None,
-            });
             tweak(&mut spec);
             nodes.push(Node::start(spec));
         }
@@ -131,35 +129,18 @@ impl TestCluster {
             self.net.upstream_ip(id),
             self.faults.clone(),
         );
-        let addr = format!("127.0.0.1:{}", peer_proxy.port);
-        let http = format!("127.0.0.1:{http_port}");
-        let mut spec = NodeSpec {
+        let addr = SocketAddr::from(([127, 0, 0, 1], peer_proxy.port)).to_string();
+        let http = SocketAddr::from(([127, 0, 0, 1], http_port)).to_string();
+        let mut spec = member_spec(
             id,
-            zone: zone(id),
-            mqtt_url: format!("mqtt://127.0.0.1:{}", mqtt_proxy.port),
-            pulsar_url: self.pulsar.url.clone(),
-            admin_url: Some(self.pulsar.admin_url.clone()),
-            topic: self.topic.clone(),
-            filter: "/hfp/#".into(),
-            quota_bytes: 1 << 30,
-            max_payload_bytes: 1 << 20,
-            extra: String::new(),
-            node_extra: String::new(),
-            upstream_extra: String::new(),
-            pulsar_extra: String::new(),
-            qos: 1,
-            routes_before: String::new(),
-            data_dir: None,
-            env: Vec::new(),
-            http_port: Some(http_port),
-            cluster: Some(ClusterSpec {
-                listen: listen.to_string(),
-                secret_file: self.secret_file(),
-                snapshot_logs: 20_000,
-                members: self.members.clone(),
-                tls: None,
-            }),
-        };
+            mqtt_proxy.port,
+            &self.pulsar,
+            &self.topic,
+            listen,
+            &self.secret_file(),
+        );
+        spec.config.cluster.members = self.members.clone();
+        spec.http_port = Some(http_port);
         tweak(&mut spec);
         self._proxies.push(peer_proxy);
         self._proxies.push(mqtt_proxy);
@@ -253,4 +234,23 @@ impl TestCluster {
 
 pub fn zone(id: u64) -> String {
     format!("zone-{}", (b'a' + (id - 1) as u8) as char)
+}
+
+/// Node `id` of a test cluster: its upstream through the proxy on
+/// `mqtt_port`, its peer port `listen`, the cluster's secret.
+fn member_spec(
+    id: u64,
+    mqtt_port: u16,
+    pulsar: &Pulsar,
+    topic: &str,
+    listen: SocketAddr,
+    secret_file: &Path,
+) -> NodeSpec {
+    let mqtt = format!("mqtt://{}", SocketAddr::from(([127, 0, 0, 1], mqtt_port)));
+    let mut spec = NodeSpec::on(&mqtt, pulsar, topic);
+    spec.config.node.id = id;
+    spec.config.node.zone = zone(id);
+    spec.config.cluster.listen = Some(listen);
+    spec.config.cluster.secret_file = Some(secret_file.to_path_buf());
+    spec
 }

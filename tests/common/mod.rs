@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use firstseen::config::{
+    Config, MemberConfig, NodeConfig, PulsarConfig, RouteConfig, SubscriptionConfig, UpstreamConfig,
+};
 pub use firstseen::http::Status;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -205,30 +208,14 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// What a test node is configured with.
+/// What a test node is configured with: its config, typed, and what the
+/// harness does around the process.
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
-    pub id: u64,
-    pub zone: String,
-    pub mqtt_url: String,
-    pub pulsar_url: String,
-    pub admin_url: Option<String>,
-    pub topic: String,
-    pub filter: String,
-    pub quota_bytes: u64,
-    pub max_payload_bytes: usize,
-    /// Extra TOML appended verbatim.
-    pub extra: String,
-    /// Extra keys of the `[node]` table (`key = value` lines).
-    pub node_extra: String,
-    /// Extra keys of the `[[upstreams]]` table (`protocol = "5"`, say).
-    pub upstream_extra: String,
-    /// Extra keys of the `[pulsar]` table (`ca_file = …`, say).
-    pub pulsar_extra: String,
-    /// QoS of the subscription.
-    pub qos: u8,
-    /// `[[routes]]` tables tried before the test topic's own route.
-    pub routes_before: String,
+    /// The node's config. `node.data_dir` and `node.http_listen` are set at
+    /// each start, from `data_dir` (or the node's own temporary directory)
+    /// and its HTTP port.
+    pub config: Config,
     /// Where the node keeps its data, when not in its own temporary
     /// directory (a crash-consistency filesystem, say).
     pub data_dir: Option<PathBuf>,
@@ -236,128 +223,88 @@ pub struct NodeSpec {
     pub env: Vec<(String, String)>,
     /// Fixed HTTP port (the cluster harness needs it before start).
     pub http_port: Option<u16>,
-    /// Peer settings; `None` for a group of one.
-    pub cluster: Option<ClusterSpec>,
-}
-
-/// The `[cluster]` section of a test node.
-#[derive(Clone, Debug)]
-pub struct ClusterSpec {
-    pub listen: String,
-    pub secret_file: PathBuf,
-    pub snapshot_logs: u64,
-    /// (id, zone, peer addr, http addr) of the initial members.
-    pub members: Vec<(u64, String, String, String)>,
-    /// (cert, key, ca) for mutual TLS between peers.
-    pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
-}
-
-impl ClusterSpec {
-    fn toml(&self) -> String {
-        let mut out = format!(
-            "\n[cluster]\nlisten = \"{}\"\nsecret_file = \"{}\"\nsnapshot_logs = {}\n",
-            self.listen,
-            self.secret_file.display(),
-            self.snapshot_logs
-        );
-        if let Some((cert, key, ca)) = &self.tls {
-            out.push_str(&format!(
-                "[cluster.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
-                cert.display(),
-                key.display(),
-                ca.display()
-            ));
-        }
-        for (id, zone, addr, http) in &self.members {
-            out.push_str(&format!(
-                "[[cluster.members]]\nid = {id}\nzone = \"{zone}\"\naddr = \"{addr}\"\nhttp = \"{http}\"\n"
-            ));
-        }
-        out
-    }
 }
 
 impl NodeSpec {
+    /// Node 1 in zone-a, a group of one: one upstream (`hsl`, QoS 1,
+    /// `/hfp/#`) and one route of it to `topic`.
     pub fn new(mqtt: &Mosquitto, pulsar: &Pulsar, topic: &str) -> Self {
+        Self::on(&mqtt.url(), pulsar, topic)
+    }
+
+    /// [`NodeSpec::new`] with the upstream at `mqtt_url` (a fault proxy).
+    pub fn on(mqtt_url: &str, pulsar: &Pulsar, topic: &str) -> Self {
+        let mut config = Config::new(
+            NodeConfig::new(1, "zone-a", "set-at-start"),
+            PulsarConfig::new(pulsar.url.clone()),
+        );
+        config.pulsar.admin_url = Some(pulsar.admin_url.clone());
+        config.pulsar.operation_timeout_ms = 3_000;
+        let mut upstream =
+            UpstreamConfig::new("hsl", mqtt_url, vec![SubscriptionConfig::new("/hfp/#", 1)]);
+        // Short, so that a cut connection is noticed within a test.
+        upstream.keepalive_secs = 5;
+        config.upstreams.push(upstream);
+        config.routes.push(RouteConfig::new("/hfp/#", topic));
         Self {
-            id: 1,
-            zone: "zone-a".into(),
-            mqtt_url: mqtt.url(),
-            pulsar_url: pulsar.url.clone(),
-            admin_url: Some(pulsar.admin_url.clone()),
-            topic: topic.into(),
-            filter: "/hfp/#".into(),
-            quota_bytes: 1 << 30,
-            max_payload_bytes: 1 << 20,
-            extra: String::new(),
-            node_extra: String::new(),
-            upstream_extra: String::new(),
-            pulsar_extra: String::new(),
-            qos: 1,
-            routes_before: String::new(),
+            config,
             data_dir: None,
             env: Vec::new(),
             http_port: None,
-            cluster: None,
         }
     }
 
+    pub fn id(&self) -> u64 {
+        self.config.node.id
+    }
+
+    /// The one upstream.
+    pub fn upstream(&mut self) -> &mut UpstreamConfig {
+        &mut self.config.upstreams[0]
+    }
+
+    /// Subscribes to `filter` and routes it to the test's topic, instead of
+    /// `/hfp/#`.
+    pub fn set_filter(&mut self, filter: &str) {
+        self.upstream().subscriptions[0].filter = filter.into();
+        self.test_route().filter = filter.into();
+    }
+
+    /// The QoS of the subscription.
+    pub fn set_qos(&mut self, qos: u8) {
+        self.upstream().subscriptions[0].qos = qos;
+    }
+
+    /// The route to the test's topic: the last one.
+    pub fn test_route(&mut self) -> &mut RouteConfig {
+        self.config.routes.last_mut().expect("the test's route")
+    }
+
+    /// The test's Pulsar topic.
+    pub fn topic(&self) -> &str {
+        &self
+            .config
+            .routes
+            .last()
+            .expect("the test's route")
+            .pulsar_topic
+    }
+
+    /// The address the node's peer port listens on.
+    pub fn peer_listen(&self) -> String {
+        self.config
+            .cluster
+            .listen
+            .expect("a cluster member")
+            .to_string()
+    }
+
+    /// The config file the node starts with.
     pub fn toml(&self, data_dir: &Path, http_port: u16) -> String {
-        let admin = self
-            .admin_url
-            .as_ref()
-            .map(|a| format!("admin_url = \"{a}\"\n"))
-            .unwrap_or_default();
-        format!(
-            r#"[node]
-id = {id}
-zone = "{zone}"
-data_dir = "{data}"
-http_listen = "127.0.0.1:{http_port}"
-{node_extra}
-
-[dedup]
-max_payload_bytes = {max_payload}
-
-[outbox]
-quota_bytes = {quota}
-
-[pulsar]
-url = "{pulsar}"
-{admin}operation_timeout_ms = 3000
-{pulsar_extra}
-
-[[upstreams]]
-name = "hsl"
-url = "{mqtt}"
-keepalive_secs = 5
-{upstream_extra}
-[[upstreams.subscriptions]]
-filter = "{filter}"
-qos = {qos}
-
-{routes_before}
-[[routes]]
-filter = "{filter}"
-pulsar_topic = "{topic}"
-{extra}{cluster}"#,
-            id = self.id,
-            zone = self.zone,
-            data = data_dir.display(),
-            max_payload = self.max_payload_bytes,
-            quota = self.quota_bytes,
-            pulsar = self.pulsar_url,
-            mqtt = self.mqtt_url,
-            filter = self.filter,
-            topic = self.topic,
-            extra = self.extra,
-            node_extra = self.node_extra,
-            upstream_extra = self.upstream_extra,
-            pulsar_extra = self.pulsar_extra,
-            routes_before = self.routes_before,
-            qos = self.qos,
-            cluster = self.cluster.as_ref().map(|c| c.toml()).unwrap_or_default(),
-        )
+        let mut config = self.config.clone();
+        config.node.data_dir = data_dir.to_path_buf();
+        config.node.http_listen = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
+        config.to_toml()
     }
 }
 
@@ -440,7 +387,7 @@ impl Node {
                 self.child = None;
                 panic!(
                     "node {} exited at start-up ({status}):\n{}",
-                    self.spec.id,
+                    self.spec.id(),
                     self.log_tail(30)
                 );
             }
@@ -495,7 +442,7 @@ impl Node {
             Err(refused) => refused,
             Ok(()) => panic!(
                 "node {} came up on damaged data:\n{}",
-                self.spec.id,
+                self.spec.id(),
                 self.log_tail(30)
             ),
         }
@@ -600,7 +547,7 @@ impl Node {
     /// while it does not answer).
     pub fn published(&self) -> u64 {
         self.status()
-            .and_then(|s| s.topics.into_iter().find(|t| t.topic == self.spec.topic))
+            .and_then(|s| s.topics.into_iter().find(|t| t.topic == self.spec.topic()))
             .map_or(0, |t| t.published_seq)
     }
 
@@ -669,7 +616,7 @@ impl Node {
 
     /// Waits until the outbox of the test topic is empty with `n` messages published.
     pub fn wait_published(&self, n: u64, timeout: Duration) {
-        let topic = self.spec.topic.clone();
+        let topic = self.spec.topic().to_string();
         let mut last = None;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
@@ -705,7 +652,7 @@ impl Drop for Node {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            eprintln!("--- node {} log ---\n{}", self.spec.id, self.log_tail(80));
+            eprintln!("--- node {} log ---\n{}", self.spec.id(), self.log_tail(80));
         }
     }
 }
