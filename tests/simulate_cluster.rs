@@ -76,6 +76,7 @@ use firstseen::ingest::route::Route;
 use firstseen::ingest::{Received, Upstream};
 use firstseen::key::{byte_key, ByteKey};
 use firstseen::node::core::{Core, Parts, Ports, Stops, Task};
+use firstseen_raft::runtime::Gate;
 use firstseen_raft::{NodeId, Raft};
 use futures::future::BoxFuture;
 use sim::pulsar::{self, HasPulsar, Pulsar, SimBroker};
@@ -172,7 +173,8 @@ struct World {
     /// Each node's connection to each other node (from, to).
     connections: BTreeMap<(NodeId, NodeId), Connection>,
     /// Each node's pause switch: while it reads true, the node's tasks are
-    /// not polled and its peer traffic waits ([`pausable`]).
+    /// not polled (`firstseen_raft::runtime::Gate`: openraft's tasks too)
+    /// and its peer traffic waits.
     pauses: BTreeMap<NodeId, watch::Sender<bool>>,
     /// Each running node's life: cancelled when it crashes, which ends the
     /// requests it was still serving, as a process's death does.
@@ -262,29 +264,6 @@ async fn running(mut gate: watch::Receiver<bool>) {
     while *gate.borrow_and_update() {
         if gate.changed().await.is_err() {
             return;
-        }
-    }
-}
-
-/// Runs `task` as a process runs it: not at all while the process is
-/// paused (SIGSTOP). Its timers go on counting, as the kernel's clock does,
-/// and whatever came due meanwhile is ready at once when it resumes.
-async fn pausable(mut task: Task, mut gate: watch::Receiver<bool>) {
-    loop {
-        if *gate.borrow_and_update() {
-            if gate.changed().await.is_err() {
-                return task.await;
-            }
-            continue;
-        }
-        tokio::select! {
-            biased;
-            changed = gate.changed() => {
-                if changed.is_err() {
-                    return task.await;
-                }
-            }
-            _ = &mut task => return,
         }
     }
 }
@@ -866,7 +845,10 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     // hold the databases' locks for a moment.
     let mut attempt = 0;
     let group = loop {
-        match Group::open(config, Network(call.clone())).await {
+        // Inside the node's gate, so that a pause stops openraft's tasks
+        // too: they are spawned as the group opens.
+        let opened = Gate(pause_of(world, id)).scope(Group::open(config, Network(call.clone())));
+        match opened.await {
             Ok(g) => break g,
             Err(e) if attempt < 100 => {
                 attempt += 1;
@@ -925,9 +907,9 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     );
     lock(world).states.insert(id, group.state.clone());
     lock(services).insert(id, core.peer_service);
-    // openraft's own tasks run on; a pause reaches them through the
-    // network, which holds the node's traffic both ways.
-    let gate = pause_of(world, id);
+    // Paused as SIGSTOP pauses a process: not polled at all, timers counting
+    // on, whatever came due firing when it resumes.
+    let gate = Gate(pause_of(world, id));
     let node_tasks: [Task; 7] = [
         core.coalescer,
         Box::pin(group.reaper),
@@ -939,7 +921,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     ];
     let mut tasks: Vec<JoinHandle<()>> = node_tasks
         .into_iter()
-        .map(|t| tokio::spawn(pausable(t, gate.clone())))
+        .map(|t| tokio::spawn(gate.clone().run(t)))
         .collect();
     tasks.push(tokio::spawn(watch_leadership(
         id,

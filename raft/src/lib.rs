@@ -36,6 +36,7 @@ pub mod cover;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
+pub mod runtime;
 pub mod state_machine;
 
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
@@ -71,7 +72,7 @@ openraft::declare_raft_types!(
         Node = Member,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = tokio::fs::File,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = runtime::GatedTokio,
 );
 
 /// The Raft handle the rest of firstseen uses.
