@@ -296,15 +296,10 @@ async fn verify(
             }
         },
         (None, Some(url)) => PulsarConfig {
-            url,
-            admin_url: None,
-            auth_token: None,
-            auth_token_file: None,
-            oauth2: None,
-            ca_file: None,
-            tls_hostname_verification: true,
+            // A reader only: a long timeout for a busy broker, no batches.
             operation_timeout_ms: 30_000,
             publish_batch: 1,
+            ..PulsarConfig::new(url)
         },
         _ => {
             eprintln!("error: give exactly one of --config or --pulsar-url");
