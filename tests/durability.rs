@@ -710,6 +710,8 @@ fn nothing_written_after_the_power_goes_off_survives_the_cut() {
         .unwrap();
     f.write_all(b"synced.").unwrap();
     f.sync_data().unwrap();
+    // Its name, too: without this the cut undoes the file's creation.
+    std::fs::File::open(&fs.mount).unwrap().sync_all().unwrap();
     f.write_all(b"unsynced.").unwrap();
     fs.power_off();
     // A process on its way out: it writes, syncs, renames.
@@ -723,6 +725,64 @@ fn nothing_written_after_the_power_goes_off_survives_the_cut() {
     // The power is on again.
     std::fs::write(fs.mount.join("later"), b"x").unwrap();
     assert_eq!(std::fs::read(fs.mount.join("later")).unwrap(), b"x");
+}
+
+/// A name change lasts only once its directory is fsynced, as POSIX
+/// promises and no more: a new file, a rename over an old one (the way
+/// snapshots are replaced), an unlink and a new directory all come undone
+/// without it, and all stay with it. Before, crashfs kept every name change
+/// at once, so a missing directory fsync could not fail a test.
+#[test]
+fn a_name_change_survives_a_power_cut_only_once_its_directory_is_synced() {
+    let fs = CrashFs::start();
+    let sync_dir = |p: &std::path::Path| std::fs::File::open(p).unwrap().sync_all().unwrap();
+    let write_synced = |p: std::path::PathBuf, data: &[u8]| {
+        use std::io::Write;
+        let mut f = std::fs::File::create(p).unwrap();
+        f.write_all(data).unwrap();
+        f.sync_all().unwrap();
+    };
+    let d = fs.mount.join("d");
+    std::fs::create_dir(&d).unwrap();
+    sync_dir(&fs.mount);
+    write_synced(d.join("a"), b"old");
+    write_synced(d.join("b"), b"b");
+    sync_dir(&d);
+    let changes = || {
+        write_synced(d.join("t"), b"new");
+        std::fs::rename(d.join("t"), d.join("a")).unwrap();
+        std::fs::remove_file(d.join("b")).unwrap();
+        std::fs::create_dir(d.join("n")).unwrap();
+        write_synced(d.join("n/x"), b"x");
+        // The new directory's own entry is synced; its name in `d` is not.
+        sync_dir(&d.join("n"));
+    };
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+
+    changes();
+    let lost = fs.command("lose-power");
+    assert!(lost.contains("names=4"), "{lost}");
+    assert_eq!(listing(), vec!["a", "b"]);
+    assert_eq!(std::fs::read(d.join("a")).unwrap(), b"old");
+    assert_eq!(std::fs::read(d.join("b")).unwrap(), b"b");
+
+    changes();
+    sync_dir(&d);
+    let lost = fs.command("lose-power");
+    assert!(lost.contains("names=0"), "{lost}");
+    assert_eq!(listing(), vec!["a", "n"]);
+    assert_eq!(std::fs::read(d.join("a")).unwrap(), b"new");
+    assert_eq!(std::fs::read(d.join("n/x")).unwrap(), b"x");
+    // The stash that kept the old files is the filesystem's own.
+    let root: Vec<_> = std::fs::read_dir(&fs.mount).unwrap().collect();
+    assert_eq!(root.len(), 1, "only `d` at the root");
 }
 
 /// A crash filesystem whose test died unmounts itself even while a file on

@@ -7,9 +7,10 @@
 //! reaches a FUSE filesystem, so (as on a real disk whose cache loses power)
 //! it makes nothing durable here; only `fsync` and `fdatasync` do.
 //!
-//! Metadata operations (create, mkdir, rename, unlink) pass through and are
-//! treated as durable at once, as on a filesystem that journals metadata
-//! synchronously. What is lost in a power cut is file data and length.
+//! Name changes (create, mkdir, rename, unlink, rmdir) pass through too, and
+//! are recorded in [`Names`] until an fsync of their directory: a power cut
+//! undoes file data and length since each file's last sync, and every name
+//! change since its directory's last sync.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -28,6 +29,7 @@ use fuser::{
 };
 
 use crate::journal::{Journal, Lost, Rng};
+use crate::names::{Change, Names, STASH};
 
 /// Attributes and names are never cached by the kernel.
 const TTL: Duration = Duration::ZERO;
@@ -48,6 +50,7 @@ struct State {
     handles: HashMap<u64, (u64, File)>,
     next_fh: u64,
     journal: Journal,
+    names: Names,
     /// Bytes of file data under the root, for the quota.
     used: u64,
     quota: Option<u64>,
@@ -106,11 +109,11 @@ fn attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
     }
 }
 
-/// Bytes of file data under `dir`.
+/// Bytes of file data under `dir`, the stash left out.
 fn usage(dir: &Path) -> u64 {
     let mut total = 0;
     if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
+        for e in entries.flatten().filter(|e| e.file_name() != STASH) {
             match e.metadata() {
                 Ok(m) if m.is_dir() => total += usage(&e.path()),
                 Ok(m) => total += m.len(),
@@ -122,14 +125,20 @@ fn usage(dir: &Path) -> u64 {
 }
 
 impl CrashFs {
-    /// A filesystem over `root`, which must exist.
-    pub fn new(root: PathBuf) -> Self {
+    /// A filesystem over `root`, which must exist. Its stash starts empty:
+    /// a mount starts with the power on and nothing pending.
+    pub fn new(root: PathBuf) -> io::Result<Self> {
+        let stash = root.join(STASH);
+        if stash.exists() {
+            std::fs::remove_dir_all(&stash)?;
+        }
+        std::fs::create_dir(&stash)?;
         let mut paths = HashMap::new();
         let mut inos = HashMap::new();
         paths.insert(1, PathBuf::new());
         inos.insert(PathBuf::new(), 1);
         let used = usage(&root);
-        Self {
+        Ok(Self {
             root,
             state: Arc::new(Mutex::new(State {
                 paths,
@@ -138,12 +147,13 @@ impl CrashFs {
                 handles: HashMap::new(),
                 next_fh: 1,
                 journal: Journal::default(),
+                names: Names::default(),
                 used,
                 quota: None,
                 stats: Stats::default(),
                 off: false,
             })),
-        }
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -195,8 +205,33 @@ impl CrashFs {
             total.bytes += lost.bytes;
             total.torn_bytes += lost.torn_bytes;
         }
+        for change in st.names.take_for_undo() {
+            crate::names::undo(&self.root, &change)?;
+            total.names += 1;
+            match &change {
+                // Every name under a lost one is gone with it.
+                Change::Created(p) => {
+                    let under: Vec<PathBuf> = st
+                        .inos
+                        .keys()
+                        .filter(|k| k.starts_with(p))
+                        .cloned()
+                        .collect();
+                    for k in under {
+                        Self::forget_path(&mut st, &k);
+                    }
+                }
+                Change::Renamed { from, to, .. } => Self::renamed(&mut st, to, from),
+                Change::Removed { .. } | Change::RemovedDir(_) => {}
+            }
+        }
         st.used = usage(&self.root);
         Ok(total)
+    }
+
+    /// Name changes a power cut would undo now.
+    pub fn pending_names(&self) -> usize {
+        self.lock().names.len()
     }
 
     /// Sets (or with `None` lifts) the quota on file data.
@@ -223,6 +258,10 @@ impl CrashFs {
 
     fn child(&self, st: &State, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
         let base = st.paths.get(&parent.0).ok_or(Errno::ENOENT)?;
+        if base.as_os_str().is_empty() && name == STASH {
+            // The stash is the filesystem's own, not the mount's.
+            return Err(Errno::ENOENT);
+        }
         Ok(base.join(name))
     }
 
@@ -399,6 +438,7 @@ impl Filesystem for CrashFs {
         let r = self.child(&st, parent, name).and_then(|rel| {
             let real = self.real(&rel);
             std::fs::create_dir(&real).map_err(|e| errno(&e))?;
+            st.names.record(Change::Created(rel.clone()));
             let _ = std::fs::set_permissions(&real, std::fs::Permissions::from_mode(mode & !umask));
             self.entry(&mut st, rel)
         });
@@ -415,11 +455,18 @@ impl Filesystem for CrashFs {
         }
         let r = self.child(&st, parent, name).and_then(|rel| {
             let real = self.real(&rel);
-            let len = std::fs::symlink_metadata(&real)
-                .map(|m| m.len())
-                .unwrap_or(0);
-            std::fs::remove_file(&real).map_err(|e| errno(&e))?;
-            st.used = st.used.saturating_sub(len);
+            let m = std::fs::symlink_metadata(&real).map_err(|e| errno(&e))?;
+            if m.is_dir() {
+                return Err(Errno::EISDIR);
+            }
+            // Kept in the stash, not removed, until the directory is synced.
+            let stash = st.names.stash_path();
+            std::fs::rename(&real, self.real(&stash)).map_err(|e| errno(&e))?;
+            st.names.record(Change::Removed {
+                path: rel.clone(),
+                stash,
+            });
+            st.used = st.used.saturating_sub(m.len());
             Self::forget_path(&mut st, &rel);
             Ok(())
         });
@@ -436,6 +483,7 @@ impl Filesystem for CrashFs {
         }
         let r = self.child(&st, parent, name).and_then(|rel| {
             std::fs::remove_dir(self.real(&rel)).map_err(|e| errno(&e))?;
+            st.names.record(Change::RemovedDir(rel.clone()));
             Self::forget_path(&mut st, &rel);
             Ok(())
         });
@@ -462,11 +510,33 @@ impl Filesystem for CrashFs {
         let r = (|| -> Result<(), Errno> {
             let from = self.child(&st, parent, name)?;
             let to = self.child(&st, newparent, newname)?;
-            let replaced = std::fs::symlink_metadata(self.real(&to))
-                .ok()
-                .filter(|m| !m.is_dir())
-                .map(|m| m.len());
-            std::fs::rename(self.real(&from), self.real(&to)).map_err(|e| errno(&e))?;
+            let target = std::fs::symlink_metadata(self.real(&to)).ok();
+            let replaced = target.as_ref().filter(|m| !m.is_dir()).map(|m| m.len());
+            // A replaced file is linked into the stash first, so that an
+            // undone rename can bring it back.
+            let stash = match replaced {
+                Some(_) => {
+                    let stash = st.names.stash_path();
+                    std::fs::hard_link(self.real(&to), self.real(&stash)).map_err(|e| errno(&e))?;
+                    Some(stash)
+                }
+                None => None,
+            };
+            if let Err(e) = std::fs::rename(self.real(&from), self.real(&to)) {
+                if let Some(s) = &stash {
+                    let _ = std::fs::remove_file(self.real(s));
+                }
+                return Err(errno(&e));
+            }
+            if target.as_ref().is_some_and(|m| m.is_dir()) {
+                // An empty directory was replaced: undone after the rename.
+                st.names.record(Change::RemovedDir(to.clone()));
+            }
+            st.names.record(Change::Renamed {
+                from: from.clone(),
+                to: to.clone(),
+                replaced: stash,
+            });
             if let Some(len) = replaced {
                 st.used = st.used.saturating_sub(len);
                 Self::forget_path(&mut st, &to);
@@ -512,6 +582,9 @@ impl Filesystem for CrashFs {
                 o.create_new(true);
             }
             let f = o.open(&real).map_err(|e| errno(&e))?;
+            if existed.is_none() {
+                st.names.record(Change::Created(rel.clone()));
+            }
             if flags & libc::O_TRUNC != 0 {
                 if let Some(len) = existed.filter(|l| *l > 0) {
                     let ino = Self::ino_for(&mut st, rel.clone());
@@ -681,8 +754,10 @@ impl Filesystem for CrashFs {
             (ino.0, FileType::Directory, ".".into()),
             (ino.0, FileType::Directory, "..".into()),
         ];
+        let at_root = rel.as_os_str().is_empty();
         let mut names: Vec<(std::ffi::OsString, FileType)> = entries
             .flatten()
+            .filter(|e| !(at_root && e.file_name() == STASH))
             .map(|e| {
                 let k = e.file_type().map(kind).unwrap_or(FileType::RegularFile);
                 (e.file_name(), k)
@@ -704,12 +779,23 @@ impl Filesystem for CrashFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.lock().stats.fsyncs += 1;
+        let mut st = self.lock();
+        st.stats.fsyncs += 1;
+        if st.off {
+            // Accepted and dropped, as every sync is with the power off.
+            return reply.ok();
+        }
+        let Some(rel) = st.paths.get(&ino.0).cloned() else {
+            return reply.error(Errno::ENOENT);
+        };
+        for stash in st.names.synced(&rel) {
+            let _ = std::fs::remove_file(self.real(&stash));
+        }
         reply.ok();
     }
 

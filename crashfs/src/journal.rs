@@ -60,6 +60,8 @@ pub struct Lost {
     pub bytes: u64,
     /// Bytes of last writes re-applied by a torn replay.
     pub torn_bytes: u64,
+    /// Name changes undone (creates, removals, renames).
+    pub names: u64,
 }
 
 /// A small deterministic generator, so a seed replays the same tears.
@@ -173,7 +175,7 @@ impl Journal {
         let mut lost = Lost {
             files: 1,
             bytes: j.pending,
-            torn_bytes: 0,
+            ..Lost::default()
         };
         let last_is_write = matches!(j.undo.last(), Some(Undo::Write { .. }));
         for u in j.undo.into_iter().rev() {

@@ -4,6 +4,8 @@
 //! - [`journal`]: the pure core. Per file, the writes made since its last
 //!   `fsync`/`fdatasync`, kept as undo records; a power cut replays them
 //!   backwards, optionally tearing each file's last write at a random byte.
+//! - [`names`]: the namespace's core. Every create, unlink, rmdir and
+//!   rename since its directory's last fsync; a power cut undoes them.
 //! - [`fs`]: the FUSE side, a passthrough of one backing directory with a
 //!   quota for full-disk tests.
 //!
@@ -13,3 +15,4 @@
 
 pub mod fs;
 pub mod journal;
+pub mod names;

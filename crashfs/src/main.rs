@@ -7,11 +7,13 @@
 //! - `power-off`: writes from now on are dropped and fsyncs keep nothing,
 //!   until the next `lose-power*` (for a process that is stopped by being
 //!   dropped, not killed) → `ok`
-//! - `lose-power`: every write not yet fsynced is undone → `ok files=N bytes=B torn=0`
+//! - `lose-power`: every write not yet fsynced is undone, and every name
+//!   change (create, unlink, rmdir, rename) whose directory was not fsynced
+//!   since → `ok files=N bytes=B torn=0 names=N`
 //! - `lose-power-torn SEED`: the same, then each file's last lost write is
 //!   re-applied up to a random byte (seeded)
 //! - `quota BYTES` / `quota off`: writes beyond BYTES of file data fail with ENOSPC
-//! - `status` → `ok used=B quota=B|off unsynced=B writes=N fsyncs=N enospc=N`
+//! - `status` → `ok used=B quota=B|off unsynced=B names=N writes=N fsyncs=N enospc=N`
 //! - `unmount`: unmounts and exits
 //!
 //! With `--exit-on-stdin-eof` it also unmounts and exits when its standard
@@ -60,7 +62,16 @@ fn main() -> ExitCode {
         eprintln!("firstseen-crashfs: {e}");
         return ExitCode::from(2);
     }
-    let fs = CrashFs::new(backing.clone());
+    let fs = match CrashFs::new(backing.clone()) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!(
+                "firstseen-crashfs: cannot make the stash in {}: {e}",
+                backing.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("firstseen-crashfs".into()),
@@ -133,8 +144,9 @@ fn main() -> ExitCode {
                 ["status"] => {
                     let (used, quota, unsynced, s) = fs.report();
                     format!(
-                        "ok used={used} quota={} unsynced={unsynced} writes={} fsyncs={} enospc={}",
+                        "ok used={used} quota={} unsynced={unsynced} names={} writes={} fsyncs={} enospc={}",
                         quota.map_or("off".to_string(), |q| q.to_string()),
+                        fs.pending_names(),
                         s.writes,
                         s.fsyncs,
                         s.enospc
@@ -196,8 +208,8 @@ fn lazy_unmount(mount: &std::path::Path) -> bool {
 fn lost(r: std::io::Result<firstseen_crashfs::journal::Lost>) -> String {
     match r {
         Ok(l) => format!(
-            "ok files={} bytes={} torn={}",
-            l.files, l.bytes, l.torn_bytes
+            "ok files={} bytes={} torn={} names={}",
+            l.files, l.bytes, l.torn_bytes, l.names
         ),
         Err(e) => format!("error: {e}"),
     }
