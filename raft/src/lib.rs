@@ -202,6 +202,24 @@ fn open_databases(
     RaftError,
 > {
     firstseen_store::disk::create_dir_durable(dir)?;
+    // The data directory itself may have been made by someone else (an
+    // operator's mkdir, an installer, a test harness), and nobody synced
+    // the directory that holds its name. A power cut soon after the first
+    // start could then take the whole data directory away: the crash
+    // filesystem, which keeps a name only once its directory is synced,
+    // did so in the simulation (the node came back empty and published
+    // again what the group had published). So that directory is synced
+    // here, once per start; if it cannot be opened (another owner), the
+    // name is as durable as whoever made it left it.
+    if let Some(holder) = dir
+        .parent()
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        if let Err(e) = firstseen_store::disk::sync_dir(holder) {
+            tracing::warn!(dir = %holder.display(), error = %e, "cannot sync the directory that holds the data directory");
+        }
+    }
     let log_db = Disk::open_log(dir)?;
     let purged = log_store::purged_in(&log_db)?;
     let has_snapshot = dir

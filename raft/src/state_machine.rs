@@ -127,10 +127,10 @@ impl StateMachine {
         dir: PathBuf,
         cover: SnapshotCover,
     ) -> Result<Self, RaftError> {
-        std::fs::create_dir_all(&dir).map_err(|source| RaftError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        // Its name must outlive a power cut, or so would none of the
+        // snapshots in it: with the log purged past them, the node could
+        // not rebuild its state.
+        firstseen_store::disk::create_dir_durable(&dir)?;
         // Leftovers of an interrupted build or transfer are never valid.
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
