@@ -156,6 +156,7 @@ impl Core {
                 proposer: proposer.clone(),
                 liveness: parts.liveness.clone(),
                 lease_timeout: timing.confirm_timeout(),
+                lease_fresh: timing.heartbeat,
                 metrics: parts.raft.metrics(),
             },
             outbox: StateOutbox {

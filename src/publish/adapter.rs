@@ -151,6 +151,9 @@ pub struct RaftGroup {
     /// Longest wait for a quorum to confirm the lease: below the election
     /// timeout, so a leader cut off lets go before a successor can exist.
     pub lease_timeout: Duration,
+    /// A confirmation younger than this (by the publisher or the lease
+    /// watch) stands for a new one: one heartbeat interval.
+    pub lease_fresh: Duration,
     pub metrics: watch::Receiver<RaftMetrics<u64, Member>>,
 }
 
@@ -171,6 +174,19 @@ impl Group for RaftGroup {
     }
 
     async fn confirm_lease(&self) -> bool {
+        // Confirmed by a quorum within the last heartbeat: no successor can
+        // exist yet (followers wait an election timeout, four heartbeats,
+        // before they campaign), and a quorum round per batch put a
+        // follower's append-and-fsync in front of every batch. G2 does not
+        // rest on the lease: the exclusive producer and the tail read do
+        // (docs/exactly-once.md, "The stale-producer hazard").
+        if self
+            .liveness
+            .lease_age()
+            .is_some_and(|age| age < self.lease_fresh)
+        {
+            return true;
+        }
         let ok = matches!(
             tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
             Ok(Ok(_))
