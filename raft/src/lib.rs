@@ -211,11 +211,15 @@ fn open_databases(
     // again what the group had published). So that directory is synced
     // here, once per start; if it cannot be opened (another owner), the
     // name is as durable as whoever made it left it.
-    if let Some(holder) = dir
-        .parent()
-        .and_then(Path::parent)
-        .filter(|p| !p.as_os_str().is_empty())
-    {
+    // A relative data directory (`data_dir = "data"`) is held by the
+    // working directory, whose path is empty here.
+    if let Some(holder) = dir.parent().and_then(Path::parent).map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    }) {
         if let Err(e) = firstseen_store::disk::sync_dir(holder) {
             tracing::warn!(dir = %holder.display(), error = %e, "cannot sync the directory that holds the data directory");
         }
