@@ -136,6 +136,9 @@ sync_stats() {
   done
 }
 sync0=($(sync_stats))
+# Every node's metrics before and after the peak: the stage histograms
+# (commit, publish batch) over the peak alone are their difference.
+for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics0-$i.txt"; done
 
 log "profile peak: 2000 msg/s for ${peak_secs}s (window ${peak_window}s)"
 # RSS of every node every 5 s: flat at a constant rate, or growing?
@@ -146,8 +149,20 @@ log "profile peak: 2000 msg/s for ${peak_secs}s (window ${peak_window}s)"
   done
 ) > "$work/rss.txt" &
 sampler=$!
+# BENCH_PERF=1: a flat CPU profile of the three nodes over the peak
+# (perf record at 499 Hz), printed per node and symbol at the end.
+if [ -n "${BENCH_PERF:-}" ]; then
+  perf record -q -F 499 -o "$work/perf.data" \
+    -p "$(cat "$cdir/node-1.pid"),$(cat "$cdir/node-2.pid"),$(cat "$cdir/node-3.pid")" \
+    -- sleep "$((peak_secs + warm_secs))" > "$work/perf.log" 2>&1 &
+  perf_pid=$!
+fi
 peak=$(step 2000 "$peak_secs" "$topic" "$run-peak")
 kill "$sampler"
+if [ -n "${BENCH_PERF:-}" ]; then
+  kill -INT "$perf_pid" 2>/dev/null || true
+  wait "$perf_pid" || true
+fi
 for i in 1 2 3; do
   pid=$(cat "$cdir/node-$i.pid")
   cpu[$i]=$(python3 -c "print(round($(cpu_secs "$pid") - ${cpu0[$i]}, 2))")
@@ -156,6 +171,37 @@ done
 raft1=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
 echo "{\"entries\": $((raft1[0] - raft0[0])), \"bytes\": $((raft1[1] - raft0[1]))}" > "$work/raft.json"
 sync1=($(sync_stats))
+for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics1-$i.txt"; done
+python3 - "$work" <<'PY' > "$work/stages.json"
+import json, re, sys
+work = sys.argv[1]
+def hist(path, name):
+    out = {}
+    for line in open(path):
+        m = re.match(r'^' + name + r'_(bucket|sum|count)\{(.*)\} (\S+)$', line)
+        if not m:
+            continue
+        le = re.search(r'le="([^"]+)"', m.group(2))
+        k = (m.group(1), le.group(1) if le else "")
+        out[k] = out.get(k, 0.0) + float(m.group(3))
+    return out
+nodes = []
+for i in (1, 2, 3):
+    node = {}
+    for name in ("firstseen_commit_seconds", "firstseen_publish_batch_seconds"):
+        a, b = hist(f"{work}/metrics0-{i}.txt", name), hist(f"{work}/metrics1-{i}.txt", name)
+        d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+        n = d.get(("count", ""), 0.0)
+        if n <= 0:
+            continue
+        # Share of the peak's observations over each bound, from the
+        # cumulative buckets: where the tail starts.
+        over = {le: round(1 - v / n, 4) for (kind, le), v in sorted(d.items(), key=lambda kv: float(kv[0][1]) if kv[0][0] == "bucket" and kv[0][1] != "+Inf" else 1e9)
+                if kind == "bucket" and le in ("0.01", "0.025", "0.05", "0.1")}
+        node[name.removeprefix("firstseen_")] = {"count": int(n), "mean_ms": round(1000 * d[("sum", "")] / n, 2), "share_over_s": over}
+    nodes.append(node)
+print(json.dumps(nodes))
+PY
 python3 - "$peak_secs" "${sync0[*]}" "${sync1[*]}" > "$work/syncs.json" <<'PY'
 import json, sys
 secs = float(sys.argv[1]); a = [float(x) for x in sys.argv[2].split()]; b = [float(x) for x in sys.argv[3].split()]
@@ -229,13 +275,18 @@ settle() {
 
 if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
-  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "unique", "verify_clean", "slow_seconds")}))' "$work/peak.json"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "split_ms", "unique", "verify_clean", "slow_seconds")}))' "$work/peak.json"
   echo "naive forwarders, same peak:"
-  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "unique", "copies_per_message", "slow_seconds")}))' "$work/naive-peak.json"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "split_ms", "unique", "copies_per_message", "slow_seconds")}))' "$work/naive-peak.json"
   echo "snapshot exports (ms): $(tr '\n' ' ' < "$work/export-ms.txt")"
   # CPU is steadier than p99 from run to run: compare builds by it too.
   echo "node CPU over the peak (core-seconds per second): $(for i in 1 2 3; do python3 -c "print(round(${cpu[$i]} / $peak_secs, 3), end=' ')"; done)"
   echo "log syncs: $(cat "$work/syncs.json")"
+  if [ -n "${BENCH_PERF:-}" ]; then
+    echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
+    perf report -q -i "$work/perf.data" --sort pid,sym --percent-limit 0.7 2>/dev/null | head -80
+  fi
+  echo "stages per node (commit: a batch proposed until committed; publish batch: sent until every receipt): $(cat "$work/stages.json")"
   python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); k=max(1, s["totals"]["window_keys"]); print("disk per window key: state+log", round(s["disk_bytes"]/k, 1), "state", round(s["state_disk_bytes"]/k, 1), "keys", k)' "$work/status.json"
   exit 0
 fi

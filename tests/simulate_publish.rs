@@ -69,8 +69,9 @@ struct World {
     term: u64,
     leader: u64,
     views: BTreeMap<u64, watch::Sender<(u64, Option<u64>)>>,
-    // The outbox.
+    // The outbox, and a count of its feeds, which wakes the publishers.
     topics: BTreeMap<String, TopicModel>,
+    fed: watch::Sender<u64>,
     // Pulsar.
     pulsar: Pulsar,
 }
@@ -146,6 +147,7 @@ impl Group for SimGroup {
 
 struct SimOutbox {
     world: Shared,
+    fed: watch::Receiver<u64>,
 }
 
 impl Outbox for SimOutbox {
@@ -189,6 +191,12 @@ impl Outbox for SimOutbox {
             .take(limit)
             .map(|seq| (seq, t.messages[seq as usize - 1].clone()))
             .collect())
+    }
+
+    async fn grown(&mut self) {
+        if self.fed.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -367,6 +375,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 })
                 .collect(),
             pulsar: Pulsar::default(),
+            fed: watch::channel(0).0,
         }));
         let stop = CancellationToken::new();
         let disk = tokio::spawn(pulsar::disk(world.clone(), stop.clone(), (1, 8), 4));
@@ -385,6 +394,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 },
                 outbox: SimOutbox {
                     world: world.clone(),
+                    fed: lock(&world).fed.subscribe(),
                 },
                 node_id: node,
                 batch: 8,
@@ -415,6 +425,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                         let seq = t.messages.len() as u64 + 1;
                         t.messages.push(message(topic, seq));
                     }
+                    w.fed.send_modify(|n| *n += 1);
                 }
             }
         }
@@ -438,6 +449,90 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
 #[test]
 fn every_message_reaches_pulsar_exactly_once_under_seeded_faults() {
     check_seeds("simulate_publish", 500, FAULTS_FOR, run);
+}
+
+/// A batch committed while an earlier one still waits for its receipts
+/// leaves at once. The publisher used to await the oldest batch whenever it
+/// had nothing left to send, so a message applied meanwhile waited out the
+/// broker's round trip for that batch before it could be sent; at the HSL
+/// peak that was most of the time from commit to send. Here the broker
+/// never persists anything, so no receipt ever comes back.
+#[test]
+fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_view, rx) = watch::channel((1, Some(1)));
+        let world: Shared = Arc::new(Mutex::new(World {
+            rng: Rng(1),
+            started: Instant::now(),
+            trace: Vec::new(),
+            term: 1,
+            leader: 1,
+            views: BTreeMap::new(),
+            topics: [(
+                TOPICS[0].to_string(),
+                TopicModel {
+                    messages: Vec::new(),
+                    published: 0,
+                },
+            )]
+            .into(),
+            pulsar: Pulsar::default(),
+            fed: watch::channel(0).0,
+        }));
+        let stop = CancellationToken::new();
+        let publisher = Publisher {
+            broker: SimBroker {
+                node: 1,
+                world: world.clone(),
+            },
+            group: SimGroup {
+                node: 1,
+                world: world.clone(),
+                view: rx,
+            },
+            outbox: SimOutbox {
+                world: world.clone(),
+                fed: lock(&world).fed.subscribe(),
+            },
+            node_id: 1,
+            batch: 8,
+            shutdown: stop.clone(),
+            disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
+        };
+        let task = tokio::spawn(publisher.run());
+        let feed = |n: u64| {
+            let mut w = lock(&world);
+            let t = w.topics.get_mut(TOPICS[0]).expect("known topic");
+            for _ in 0..n {
+                let seq = t.messages.len() as u64 + 1;
+                t.messages.push(message(0, seq));
+            }
+            w.fed.send_modify(|n| *n += 1);
+        };
+        feed(3);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            lock(&world).pulsar.queued(TOPICS[0]),
+            3,
+            "the first batch was sent"
+        );
+        // Well under the publisher's idle tick (200 ms): only a wake-up on
+        // the new commit can send it this soon.
+        feed(2);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            lock(&world).pulsar.queued(TOPICS[0]),
+            5,
+            "the second batch waited for the first one's receipts"
+        );
+        stop.cancel();
+        task.await.expect("publisher panicked");
+    });
 }
 
 /// Seed 3015, replayed on every run: a term ended (lost lease) after

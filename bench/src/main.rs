@@ -289,6 +289,12 @@ async fn probe(
         .await?;
     let mut seen = HashSet::new();
     let mut latencies = Vec::new();
+    // The same latency split at the producer's send: the message's
+    // `publish_time` is stamped (ms) as the producer writes it to its
+    // connection. Before it: Mosquitto and the forwarder (firstseen or a
+    // naive one); after it: Pulsar and the consumer.
+    let mut to_send = Vec::new();
+    let mut after_send = Vec::new();
     let mut received = 0u64;
     let mut worst: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
     // Receipt times (ms since epoch), for the gap a fault leaves.
@@ -319,6 +325,11 @@ async fn probe(
         if seen.insert(id.to_string()) {
             let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;
             latencies.push(ms);
+            let sent_at = u128::from(meta.publish_time) * 1_000_000;
+            if sent_at > 0 {
+                to_send.push(sent_at.saturating_sub(sent_ns) as f64 / 1e6);
+                after_send.push(now.saturating_sub(sent_at) as f64 / 1e6);
+            }
             // Worst latency per second of send time, to line spikes up with
             // what the nodes logged at that moment.
             let second = (sent_ns / 1_000_000_000) as u64;
@@ -326,7 +337,11 @@ async fn probe(
             *slot = slot.max(ms);
         }
     }
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    for v in [&mut latencies, &mut to_send, &mut after_send] {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    }
+    let split =
+        |v: &[f64]| serde_json::json!({"p50": percentile(v, 0.5), "p99": percentile(v, 0.99)});
     let report = audit.finish();
     // No file: no fault was injected during this run.
     let mark_ms: Option<u64> = match mark_file.as_deref().map(std::fs::read_to_string) {
@@ -348,6 +363,9 @@ async fn probe(
             "copies_per_message": if seen.is_empty() { 0.0 } else { received as f64 / seen.len() as f64 },
             "latency_ms": {"p50": percentile(&latencies, 0.5), "p99": percentile(&latencies, 0.99),
                            "max": latencies.last().copied().unwrap_or(f64::NAN)},
+            // Whole milliseconds at the split: the producer's stamp has no
+            // finer grain.
+            "split_ms": {"to_producer_send": split(&to_send), "after_send": split(&after_send)},
             "verify_clean": report.is_clean(), "duplicate_messages": report.duplicate_messages,
             "missing_seqs": report.missing_seqs, "secs": started.elapsed().as_secs_f64(),
             // Seconds (since the epoch, by send time) whose worst latency

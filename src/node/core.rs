@@ -162,6 +162,8 @@ impl Core {
             outbox: StateOutbox {
                 state: parts.state.clone(),
                 outbox: parts.outbox,
+                applied: parts.raft.data_metrics(),
+                seen: None,
             },
             node_id: id,
             batch: config.pulsar.publish_batch,

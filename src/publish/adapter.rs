@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use firstseen_raft::{Member, Raft};
 use firstseen_store::{OutboxMessage, StateStore, TopicState};
-use openraft::RaftMetrics;
+use openraft::metrics::RaftDataMetrics;
+use openraft::{LogId, RaftMetrics};
 use pulsar::producer::ProducerOptions;
 use pulsar::{Producer, Pulsar, TokioExecutor};
 use tokio::sync::watch;
@@ -206,6 +207,11 @@ impl Group for RaftGroup {
 pub struct StateOutbox {
     pub state: StateStore,
     pub outbox: firstseen_raft::Outbox,
+    /// openraft's data metrics: `last_applied` moves when apply has put
+    /// new messages in the outbox.
+    pub applied: watch::Receiver<RaftDataMetrics<u64>>,
+    /// The `last_applied` that `grown` last returned on.
+    pub seen: Option<LogId<u64>>,
 }
 
 impl Outbox for StateOutbox {
@@ -224,5 +230,18 @@ impl Outbox for StateOutbox {
         limit: usize,
     ) -> Result<Vec<(u64, OutboxMessage)>, Error> {
         Ok(self.outbox.read(topic, from, limit)?)
+    }
+
+    async fn grown(&mut self) {
+        loop {
+            // The data metrics also change with replication progress; only
+            // a new applied index can mean new messages.
+            let now = self.applied.borrow_and_update().last_applied;
+            if now != self.seen {
+                self.seen = now;
+                return;
+            }
+            crate::propose::metrics_changed(&mut self.applied).await;
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! 3. After acquiring it, the publisher reads the topic's last
 //!    `firstseen-seq` and resumes after max(tail, Raft watermark).
 //! 4. Up to [`MAX_IN_FLIGHT`] batches are in flight per topic, each sent
-//!    after its own lease confirmation; receipts are awaited oldest first. On
+//!    after its own lease confirmation; receipts are settled oldest first,
+//!    and a batch committed meanwhile is sent without waiting for them. On
 //!    any error the producer — and the crate's queue of pending messages with
 //!    it — is dropped with every batch in flight, and step 3 runs again. The
 //!    crate's own retries are capped at zero.
@@ -25,6 +26,8 @@ pub mod tail;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Pulsar, TokioExecutor};
 // Tokio's clock, not the system's: it is the same in a node, and it is the
@@ -47,7 +50,8 @@ const MAX_IN_FLIGHT: usize = 4;
 
 /// A batch sent and not yet confirmed.
 struct InFlight {
-    receipts: Vec<Receipt>,
+    /// Receipts not yet come back, oldest first.
+    receipts: VecDeque<Receipt>,
     /// Last sequence in the batch.
     last: u64,
     messages: u64,
@@ -193,21 +197,65 @@ impl<P> TopicPublisher<P> {
     }
 }
 
-impl<P> TopicPublisher<P> {
-    /// Awaits every receipt of the oldest batch in flight. Returns the last
-    /// sequence now in Pulsar, or `None` if nothing was in flight.
-    async fn settle_oldest(&mut self) -> Option<Result<u64, Error>> {
-        let batch = self.in_flight.pop_front()?;
-        for r in batch.receipts {
-            if let Err(e) = r.await {
-                return Some(Err(e));
-            }
+impl InFlight {
+    /// Awaits the receipts still outstanding. Cancel-safe: a receipt leaves
+    /// the queue only once it has resolved, so a wait cut short (a new
+    /// commit to send) resumes where it was, and no resolved receipt is
+    /// polled again.
+    async fn received(&mut self) -> Result<(), Error> {
+        while let Some(r) = self.receipts.front_mut() {
+            let result = r.await;
+            self.receipts.pop_front();
+            result?;
         }
-        metrics::counter!("firstseen_published_total").increment(batch.messages);
-        metrics::histogram!("firstseen_publish_batch_seconds")
-            .record(batch.started.elapsed().as_secs_f64());
-        Some(Ok(batch.last))
+        Ok(())
     }
+}
+
+impl<P> TopicPublisher<P> {
+    /// Settles, oldest first, every batch whose receipts have all come back,
+    /// without waiting for any. Returns the last sequence now known to be
+    /// in Pulsar, or `None` if no batch completed.
+    fn settle_ready(&mut self) -> Result<Option<u64>, Error> {
+        let mut upto = None;
+        while let Some(batch) = self.in_flight.front_mut() {
+            match batch.received().now_or_never() {
+                None => break,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => {}
+            }
+            let batch = self.in_flight.pop_front().expect("front exists");
+            metrics::counter!("firstseen_published_total").increment(batch.messages);
+            metrics::histogram!("firstseen_publish_batch_seconds")
+                .record(batch.started.elapsed().as_secs_f64());
+            upto = Some(batch.last);
+        }
+        Ok(upto)
+    }
+
+    /// Resolves once the oldest batch in flight has every receipt back (or
+    /// one failed); never, when nothing is in flight.
+    async fn oldest_received(&mut self) -> Result<(), Error> {
+        match self.in_flight.front_mut() {
+            Some(batch) => batch.received().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Waits for the first topic whose oldest batch has come back, and names it.
+async fn first_received<P: Send>(
+    topics: &mut BTreeMap<String, TopicPublisher<P>>,
+) -> (String, Result<(), Error>) {
+    let waits: Vec<_> = topics
+        .iter_mut()
+        .filter(|(_, t)| !t.in_flight.is_empty())
+        .map(|(name, t)| Box::pin(async move { (name.clone(), t.oldest_received().await) }))
+        .collect();
+    if waits.is_empty() {
+        return std::future::pending().await;
+    }
+    futures::future::select_all(waits).await.0
 }
 
 impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
@@ -281,36 +329,10 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 let tp = topics
                     .entry(name.clone())
                     .or_insert_with(|| TopicPublisher::new(name));
-                if st.published_seq >= st.last_seq && tp.in_flight.is_empty() {
-                    continue;
-                }
-                if tp.retry_at.is_some_and(|t| Instant::now() < t) {
-                    continue;
-                }
-                let unsent = tp.producer.is_none() || tp.next_seq <= st.last_seq;
-                let mut sent = false;
-                if unsent && tp.in_flight.len() < MAX_IN_FLIGHT {
-                    // The lease, confirmed with a quorum before every batch:
-                    // a leader that was paused or cut off stops here.
-                    if !self.group.confirm_lease().await {
-                        return Ok(TermEnd::LostLease);
-                    }
-                    match self.send_batch(&session, tp, term).await {
-                        Ok(s) => sent = s,
-                        Err(e) => {
-                            tp.fail(&e);
-                            continue;
-                        }
-                    }
-                }
-                worked |= sent;
-                // Await the oldest batch when nothing more can be sent now.
-                if sent && tp.in_flight.len() < MAX_IN_FLIGHT {
-                    continue;
-                }
-                match tp.settle_oldest().await {
-                    None => {}
-                    Some(Ok(upto)) => {
+                // Receipts that came back since the last pass.
+                match tp.settle_ready() {
+                    Ok(None) => {}
+                    Ok(Some(upto)) => {
                         worked = true;
                         tp.backoff = Duration::from_millis(200);
                         // It may lag what is in Pulsar, which is safe: a new
@@ -318,10 +340,34 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                         tp.confirmed = tp.confirmed.max(upto);
                         tp.propose_watermark(&self.group, false);
                     }
-                    Some(Err(e)) => tp.fail(&e),
+                    Err(e) => {
+                        tp.fail(&e);
+                        continue;
+                    }
+                }
+                if st.published_seq >= st.last_seq && tp.in_flight.is_empty() {
+                    continue;
+                }
+                if tp.retry_at.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
+                let unsent = tp.producer.is_none() || tp.next_seq <= st.last_seq;
+                if unsent && tp.in_flight.len() < MAX_IN_FLIGHT {
+                    // The lease, confirmed with a quorum before every batch:
+                    // a leader that was paused or cut off stops here.
+                    if !self.group.confirm_lease().await {
+                        return Ok(TermEnd::LostLease);
+                    }
+                    match self.send_batch(&session, tp, term).await {
+                        Ok(sent) => worked |= sent,
+                        Err(e) => tp.fail(&e),
+                    }
                 }
             }
-            if !worked {
+            if worked {
+                continue;
+            }
+            if topics.values().all(|t| t.in_flight.is_empty()) {
                 // Idle: the watermarks held back while busy go now.
                 for tp in topics.values_mut() {
                     tp.propose_watermark(&self.group, true);
@@ -334,10 +380,22 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 if holding && !self.group.confirm_lease().await {
                     return Ok(TermEnd::LostLease);
                 }
-                tokio::select! {
-                    _ = self.group.changed() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
+            }
+            // Nothing to send and nothing settled: wait for whichever comes
+            // first, a batch's receipts or a newly applied entry. Awaiting
+            // the oldest batch alone made every message committed meanwhile
+            // wait out Pulsar's round trip before it could leave; at the HSL
+            // peak that was most of the time from commit to send.
+            let woke = tokio::select! {
+                r = first_received(&mut topics) => Some(r),
+                _ = self.outbox.grown() => None,
+                _ = self.group.changed() => None,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => None,
+                _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
+            };
+            if let Some((name, Err(e))) = woke {
+                if let Some(tp) = topics.get_mut(&name) {
+                    tp.fail(&e);
                 }
             }
         }
@@ -390,10 +448,10 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         }
         let producer = tp.producer.as_mut().expect("producer set above");
         let started = Instant::now();
-        let mut receipts = Vec::with_capacity(batch.len());
+        let mut receipts = VecDeque::with_capacity(batch.len());
         let mut last = tp.next_seq;
         for (seq, m) in batch {
-            receipts.push(session.send(producer, seq, m).await?);
+            receipts.push_back(session.send(producer, seq, m).await?);
             last = seq;
         }
         tp.in_flight.push_back(InFlight {

@@ -91,4 +91,8 @@ pub trait Outbox: Send + Sync {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, OutboxMessage)>, Error>;
+
+    /// Resolves once the outbox may have grown since it last resolved (an
+    /// entry was applied), at once if it already has. Cancel-safe.
+    fn grown(&mut self) -> impl Future<Output = ()> + Send;
 }

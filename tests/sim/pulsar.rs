@@ -90,6 +90,15 @@ impl Pulsar {
         ))
     }
 
+    /// Messages sent to `topic` and not yet persisted, by every producer.
+    pub fn queued(&self, topic: &str) -> usize {
+        self.producers
+            .values()
+            .filter(|p| p.topic == topic)
+            .map(|p| p.queue.len())
+            .sum()
+    }
+
     /// The broker goes down: every producer dies, and nothing is accepted
     /// until it is back.
     pub fn outage(&mut self, rng: &mut Rng) -> Vec<String> {
