@@ -5,6 +5,9 @@
 #
 #   scripts/bench.sh                 default profiles (about 8 minutes)
 #   BENCH_PEAK_SECS=300 scripts/bench.sh     the 5-minute soak for RSS
+#   BENCH_ONLY_PEAK=1 scripts/bench.sh       the peak alone, with the latency
+#                    split at the producer's send and the stage histograms
+#   BENCH_PERF=1     adds a perf profile of the nodes over the peak
 #
 # Profiles, in order, on one cluster:
 #   peak       the HSL peak: 2,000 msg/s of synthetic HFP for BENCH_PEAK_SECS
