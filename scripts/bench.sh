@@ -252,7 +252,12 @@ fresh_mosquitto naive-peak
 nptopic="persistent://public/default/bench-naive-peak-$run"
 start_naive "$nptopic" "$run-np"
 "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-np-warm" > /dev/null
+# Their CPU over the same peak: the baseline for the nodes' CPU.
+for i in 0 1 2; do ncpu0[$i]=$(cpu_secs "${naive_pids[$i]}"); done
 step 2000 "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
+for i in 0 1 2; do
+  python3 -c "print(round(($(cpu_secs "${naive_pids[$i]}") - ${ncpu0[$i]}) / $peak_secs, 3), end=' ')"
+done > "$work/naive-cpu.txt"
 stop_pids "${naive_pids[@]}" || true
 # Their persistent sessions would queue the next profiles' messages.
 fresh_mosquitto after-naive-peak
@@ -284,6 +289,7 @@ if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   echo "snapshot exports (ms): $(tr '\n' ' ' < "$work/export-ms.txt")"
   # CPU is steadier than p99 from run to run: compare builds by it too.
   echo "node CPU over the peak (core-seconds per second): $(for i in 1 2 3; do python3 -c "print(round(${cpu[$i]} / $peak_secs, 3), end=' ')"; done)"
+  echo "naive forwarders' CPU over their peak (core-seconds per second): $(cat "$work/naive-cpu.txt")"
   echo "log syncs: $(cat "$work/syncs.json")"
   if [ -n "${BENCH_PERF:-}" ]; then
     echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
@@ -483,6 +489,8 @@ result = {
     "copies_per_message": peak["probe"]["copies_per_message"],
     "unique_per_sec": round(peak["probe"]["unique"] / peak_secs, 1),
     "cpu_seconds_per_node": cpu, "cpu_share_per_node": [round(c / peak_secs, 3) for c in cpu],
+    # The naive forwarders' CPU share over the same peak, each.
+    "naive_cpu_share": [float(x) for x in open(f"{work}/naive-cpu.txt").read().split()],
     "peak_rss_mb_per_node": rss,
     "rss": rss_series, "rss_steady": rss_steady,
     "raft_entries_per_sec": round(raft["entries"] / peak_secs, 1),
@@ -495,6 +503,9 @@ result = {
     "snapshot_export_ms": [int(x) for x in open(f"{work}/export-ms.txt").read().split()],
     "log_syncs_per_node": syncs,
     "naive_latency_ms": naive_peak["probe"]["latency_ms"],
+    # Split at the producer's send: before it Mosquitto and the forwarder,
+    # after it Pulsar and the consumer.
+    "split_ms": peak["probe"]["split_ms"], "naive_split_ms": naive_peak["probe"]["split_ms"],
     "naive_slow_seconds": naive_peak["probe"]["slow_seconds"],
     "slow_seconds": peak["probe"]["slow_seconds"],
   },
@@ -521,10 +532,13 @@ c0 = f["runs"][0]["catch_up"] if f["runs"] else {"missed_entries": None, "secs":
 rows = [
   ("HSL peak p50 / p99 / max latency (ms)", f"{p['latency_ms']['p50']:.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}"),
   ("  the same peak, naive forwarders (ms)", f"{p['naive_latency_ms']['p50']:.1f} / {p['naive_latency_ms']['p99']:.1f} / {p['naive_latency_ms']['max']:.0f}"),
+  ("  to the producer's send p50 / p99, cluster and naive (ms)", f"{p['split_ms']['to_producer_send']['p50']:.1f} / {p['split_ms']['to_producer_send']['p99']:.1f}, {p['naive_split_ms']['to_producer_send']['p50']:.1f} / {p['naive_split_ms']['to_producer_send']['p99']:.1f}"),
+  ("  after the send p50 / p99, cluster and naive (ms)", f"{p['split_ms']['after_send']['p50']:.1f} / {p['split_ms']['after_send']['p99']:.1f}, {p['naive_split_ms']['after_send']['p50']:.1f} / {p['naive_split_ms']['after_send']['p99']:.1f}"),
   ("  p99 cluster / naive", round(p['latency_ms']['p99'] / p['naive_latency_ms']['p99'], 2) if p['naive_latency_ms']['p99'] else None),
   ("HSL peak exactly once (probe's audit)", p["exactly_once"]),
   ("HSL peak unique msg/s into Pulsar", p["unique_per_sec"]),
   ("HSL peak CPU share per node", ", ".join(str(c) for c in p["cpu_share_per_node"])),
+  ("naive forwarders' CPU share on the same peak", ", ".join(str(c) for c in p["naive_cpu_share"])),
   ("HSL peak peak RSS per node (MB)", ", ".join(str(r) for r in p["peak_rss_mb_per_node"])),
   ("RSS slope once the window is full (MB/min)", ", ".join(str(r) for r in rss_steady["mb_per_minute_per_node"])),
   ("Raft entries/s, bytes/s (leader's log)", f"{p['raft_entries_per_sec']}, {p['raft_bytes_per_sec']}"),
