@@ -79,6 +79,36 @@ struct World {
 type Shared = Arc<Mutex<World>>;
 
 impl World {
+    /// A world at term 1 led by node 1, with `topics` empty.
+    fn new(
+        rng: Rng,
+        views: BTreeMap<u64, watch::Sender<(u64, Option<u64>)>>,
+        topics: &[&str],
+    ) -> Shared {
+        Arc::new(Mutex::new(World {
+            rng,
+            started: Instant::now(),
+            trace: Vec::new(),
+            term: 1,
+            leader: 1,
+            views,
+            topics: topics
+                .iter()
+                .map(|t| {
+                    (
+                        t.to_string(),
+                        TopicModel {
+                            messages: Vec::new(),
+                            published: 0,
+                        },
+                    )
+                })
+                .collect(),
+            pulsar: Pulsar::default(),
+            fed: watch::channel(0).0,
+        }))
+    }
+
     fn log(&mut self, line: String) {
         self.trace.push(traced(self.started, line));
     }
@@ -355,28 +385,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
             views.insert(node, tx);
             receivers.insert(node, rx);
         }
-        let world: Shared = Arc::new(Mutex::new(World {
-            rng,
-            started: Instant::now(),
-            trace: Vec::new(),
-            term: 1,
-            leader: 1,
-            views,
-            topics: TOPICS
-                .iter()
-                .map(|t| {
-                    (
-                        t.to_string(),
-                        TopicModel {
-                            messages: Vec::new(),
-                            published: 0,
-                        },
-                    )
-                })
-                .collect(),
-            pulsar: Pulsar::default(),
-            fed: watch::channel(0).0,
-        }));
+        let world = World::new(rng, views, &TOPICS);
         let stop = CancellationToken::new();
         let disk = tokio::spawn(pulsar::disk(world.clone(), stop.clone(), (1, 8), 4));
         let dir = std::env::temp_dir();
@@ -466,24 +475,7 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
         .unwrap();
     rt.block_on(async {
         let (_view, rx) = watch::channel((1, Some(1)));
-        let world: Shared = Arc::new(Mutex::new(World {
-            rng: Rng(1),
-            started: Instant::now(),
-            trace: Vec::new(),
-            term: 1,
-            leader: 1,
-            views: BTreeMap::new(),
-            topics: [(
-                TOPICS[0].to_string(),
-                TopicModel {
-                    messages: Vec::new(),
-                    published: 0,
-                },
-            )]
-            .into(),
-            pulsar: Pulsar::default(),
-            fed: watch::channel(0).0,
-        }));
+        let world = World::new(Rng(1), BTreeMap::new(), &TOPICS[..1]);
         let stop = CancellationToken::new();
         let publisher = Publisher {
             broker: SimBroker {

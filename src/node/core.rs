@@ -157,7 +157,7 @@ impl Core {
                 liveness: parts.liveness.clone(),
                 lease_timeout: timing.confirm_timeout(),
                 lease_fresh: timing.heartbeat,
-                metrics: parts.raft.metrics(),
+                metrics: parts.raft.server_metrics(),
             },
             outbox: StateOutbox {
                 state: parts.state.clone(),

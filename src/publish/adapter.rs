@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use firstseen_raft::{Member, Raft};
 use firstseen_store::{OutboxMessage, StateStore, TopicState};
-use openraft::metrics::RaftDataMetrics;
-use openraft::{LogId, RaftMetrics};
+use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
+use openraft::LogId;
 use pulsar::producer::ProducerOptions;
 use pulsar::{Producer, Pulsar, TokioExecutor};
 use tokio::sync::watch;
@@ -155,7 +155,11 @@ pub struct RaftGroup {
     /// A confirmation younger than this (by the publisher or the lease
     /// watch) stands for a new one: one heartbeat interval.
     pub lease_fresh: Duration,
-    pub metrics: watch::Receiver<RaftMetrics<u64, Member>>,
+    /// openraft's server metrics: vote, role, leader and membership. They
+    /// change with leadership only, not with every apply or replication
+    /// ack as the full metrics do, so `changed` wakes the publisher for
+    /// what it means; `Outbox::grown` wakes it for new messages.
+    pub metrics: watch::Receiver<RaftServerMetrics<u64, Member>>,
 }
 
 impl Group for RaftGroup {
@@ -164,7 +168,7 @@ impl Group for RaftGroup {
         // returning at once for one the publisher has already acted on (an
         // idle publisher confirms its lease on each wake-up).
         let m = self.metrics.borrow_and_update();
-        (m.current_term, m.current_leader)
+        (m.vote.leader_id().term, m.current_leader)
     }
 
     async fn changed(&mut self) {
