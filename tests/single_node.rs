@@ -195,3 +195,79 @@ fn pulsar_outage_buffers_in_the_outbox_and_drains_in_order() {
     assert_exactly_once(&read_back(&own.pulsar, &topic), &hfp_pairs(None));
     node.kill9();
 }
+
+/// A batching producer writes many messages as one entry. firstseen's
+/// publisher sends each message as an entry of its own (a batching one
+/// measured slower; docs/benchmarks.md, "Tried and reverted"), but its
+/// readers must not rest on that. A new leader resumes after the topic's
+/// last `firstseen-seq`, so the tail read must take the last message of the
+/// last entry, not its first; and `firstseen verify` must read that entry
+/// whole. Two entries are written here, of three messages and of two. Read
+/// as the first message of the last entry, the tail is 4, and a new leader
+/// would send message 5 twice.
+#[test]
+fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
+    let Some(pulsar) = shared_pulsar("the_tail_of_a_topic_ending_in_a_batch_is_its_last_message")
+    else {
+        return;
+    };
+    let topic = unique_topic("tail-batch");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tail = rt.block_on(async {
+        let config = firstseen::config::PulsarConfig::new(pulsar.url.clone());
+        let client = firstseen::publish::connect(&config).await.unwrap();
+        let mut producer = client
+            .producer()
+            .with_topic(&topic)
+            .with_options(pulsar::producer::ProducerOptions {
+                batch_size: Some(100),
+                // Long enough that only send_batch sends an entry.
+                batch_timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            })
+            .build()
+            .await
+            .unwrap();
+        let mut entries = Vec::new();
+        for seqs in [1..=3u64, 4..=5] {
+            let mut receipts = Vec::new();
+            for seq in seqs {
+                let key = format!("{seq:064x}");
+                receipts.push(
+                    producer
+                        .create_message()
+                        .with_content(format!("payload {seq}").into_bytes())
+                        .with_key(key.clone())
+                        .with_property(firstseen::publish::props::SEQ, seq.to_string())
+                        .with_property(firstseen::publish::props::KEY, key)
+                        .send_non_blocking()
+                        .await
+                        .unwrap(),
+                );
+            }
+            producer.send_batch().await.unwrap();
+            for r in receipts {
+                let id = r.await.unwrap().message_id.unwrap();
+                entries.push((id.ledger_id, id.entry_id));
+            }
+        }
+        entries.dedup();
+        assert_eq!(entries.len(), 2, "two entries of 3 and 2 messages");
+        firstseen::publish::tail::last_seq(&client, &topic, Duration::from_secs(30))
+            .await
+            .unwrap()
+    });
+    assert_eq!(
+        tail,
+        Some(5),
+        "the tail is the last message of the last entry"
+    );
+    let (code, report) = verify(&pulsar, &topic, Some(5));
+    assert_eq!(
+        code, 0,
+        "verify reads every message of the last entry: {report}"
+    );
+}

@@ -20,6 +20,16 @@ pub fn is_empty_marker(id: &MessageIdData) -> bool {
     id.entry_id == u64::MAX || id.ledger_id == u64::MAX
 }
 
+/// Whether a message read from a topic is the last one of its entry. A
+/// batching producer writes many messages as one entry; a reader gets them
+/// one by one, with the entry's id and their index in it.
+pub fn ends_entry(id: &MessageIdData, meta: &pulsar::proto::MessageMetadata) -> bool {
+    match (id.batch_index, meta.num_messages_in_batch) {
+        (Some(index), Some(count)) => index + 1 >= count,
+        _ => true,
+    }
+}
+
 /// A position just before `id`, so that a non-durable subscription started
 /// there delivers `id` first (such a start position is exclusive).
 pub fn just_before(id: &MessageIdData) -> MessageIdData {
@@ -89,18 +99,26 @@ pub async fn last_seq(
     }
     let mut consumer = reader(pulsar, topic, Some(just_before(&last)), "tail").await?;
     let result = tokio::time::timeout(wait, async {
+        // The last entry may be a batch: its last message holds the highest
+        // sequence, and every message of it was persisted with it.
+        let mut highest = None;
         while let Some(msg) = consumer.next().await {
             let msg = msg?;
             let id = msg.message_id();
-            if (id.ledger_id, id.entry_id) < (last.ledger_id, last.entry_id) {
+            let at = (id.ledger_id, id.entry_id);
+            let end = (last.ledger_id, last.entry_id);
+            if at < end {
                 continue;
             }
             let seq = props::get(msg.metadata(), props::SEQ)
                 .ok_or_else(|| Error::topic(topic, TopicProblem::NoSequence))?;
-            return seq
+            let seq = seq
                 .parse::<u64>()
-                .map(Some)
-                .map_err(|_| Error::topic(topic, TopicProblem::BadSequence(seq.to_string())));
+                .map_err(|_| Error::topic(topic, TopicProblem::BadSequence(seq.to_string())))?;
+            highest = highest.max(Some(seq));
+            if at > end || ends_entry(id, msg.metadata()) {
+                return Ok(highest);
+            }
         }
         Err(Error::topic(topic, TopicProblem::ReaderClosed))
     })
@@ -109,5 +127,43 @@ pub async fn last_seq(
     match result {
         Ok(r) => r,
         Err(_) => Err(Error::topic(topic, TopicProblem::TailTimedOut)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulsar::proto::MessageMetadata;
+
+    fn id(batch_index: Option<i32>) -> MessageIdData {
+        MessageIdData {
+            ledger_id: 7,
+            entry_id: 3,
+            partition: None,
+            batch_index,
+            ack_set: Vec::new(),
+            batch_size: None,
+            first_chunk_message_id: None,
+        }
+    }
+
+    fn meta(in_batch: Option<i32>) -> MessageMetadata {
+        MessageMetadata {
+            num_messages_in_batch: in_batch,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_message_sent_alone_ends_its_entry() {
+        assert!(ends_entry(&id(None), &meta(None)));
+    }
+
+    #[test]
+    fn only_the_last_message_of_a_batch_ends_its_entry() {
+        assert!(!ends_entry(&id(Some(0)), &meta(Some(3))));
+        assert!(!ends_entry(&id(Some(1)), &meta(Some(3))));
+        assert!(ends_entry(&id(Some(2)), &meta(Some(3))));
+        assert!(ends_entry(&id(Some(0)), &meta(Some(1))));
     }
 }

@@ -62,7 +62,8 @@ pub async fn verify_topic(
             progress(count);
             last_progress = Instant::now();
         }
-        if at >= end {
+        // The last entry may be a batch of many messages: read all of it.
+        if at > end || (at == end && tail::ends_entry(id, meta)) {
             break;
         }
     }
