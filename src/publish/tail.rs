@@ -98,6 +98,7 @@ pub async fn last_seq(
         return Ok(None);
     }
     let mut consumer = reader(pulsar, topic, Some(just_before(&last)), "tail").await?;
+    let end = (last.ledger_id, last.entry_id);
     let result = tokio::time::timeout(wait, async {
         // The last entry may be a batch: its last message holds the highest
         // sequence, and every message of it was persisted with it.
@@ -106,7 +107,6 @@ pub async fn last_seq(
             let msg = msg?;
             let id = msg.message_id();
             let at = (id.ledger_id, id.entry_id);
-            let end = (last.ledger_id, last.entry_id);
             if at < end {
                 continue;
             }
