@@ -96,6 +96,9 @@ pub enum Error {
         topic: String,
         problem: TopicProblem,
     },
+    /// This node could not confirm with a quorum that it still leads.
+    #[error("leadership not confirmed by a quorum")]
+    LeaseLost,
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]

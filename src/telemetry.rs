@@ -56,9 +56,14 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Times the publisher dropped its producer after an error",
     ),
     (
+        "firstseen_foreign_messages_total",
+        "counter",
+        "Messages at the end of a topic that firstseen did not write, skipped by the tail read",
+    ),
+    (
         "firstseen_oversize_total",
         "counter",
-        "Payloads above dedup.max_payload_bytes, per upstream",
+        "Messages over a dedup.max_* bound (payload, message, topic, properties), per upstream",
     ),
     (
         "firstseen_key_fallbacks_total",

@@ -155,6 +155,11 @@ impl Group for SimGroup {
         w.leader == self.node && w.term == believed
     }
 
+    async fn read_barrier(&self) -> bool {
+        // The model's outbox is the world's, current at once.
+        self.confirm_lease().await
+    }
+
     fn watermark(&self, topic: String, seq: u64) {
         let world = self.world.clone();
         let node = self.node;

@@ -321,6 +321,9 @@ async fn probe(
                 .map(str::to_string),
             seq: firstseen::publish::props::get(meta, firstseen::publish::props::SEQ)
                 .and_then(|s| s.parse().ok()),
+            // The probe audits whatever system it measures, the naive
+            // forwarders' producers included.
+            foreign: false,
         });
         if seen.insert(id.to_string()) {
             let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;

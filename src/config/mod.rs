@@ -206,12 +206,25 @@ pub struct DedupConfig {
     /// Largest payload forwarded to Pulsar, in bytes.
     #[serde(default = "default_max_payload")]
     pub max_payload_bytes: usize,
-    /// What happens to a larger payload. See [`OversizePolicy`].
+    /// Largest message as stored and published, in bytes: MQTT topic, MQTT
+    /// 5 properties (as the Pulsar properties they become) and payload.
+    /// The default keeps every message, with firstseen's own properties,
+    /// under Pulsar's default `maxMessageSize` (5 MiB).
+    #[serde(default = "default_max_message")]
+    pub max_message_bytes: usize,
+    /// Longest MQTT topic, in bytes.
+    #[serde(default = "default_max_topic")]
+    pub max_topic_bytes: usize,
+    /// Most MQTT 5 user properties on one message.
+    #[serde(default = "default_max_properties")]
+    pub max_properties: usize,
+    /// What happens to a message over any of these bounds. See
+    /// [`OversizePolicy`].
     #[serde(default)]
     pub oversize: OversizePolicy,
 }
 
-/// The documented policy for payloads above `dedup.max_payload_bytes`.
+/// The documented policy for messages over a `dedup.max_*` bound.
 /// Neither choice loses a message silently: both count it in
 /// `firstseen_oversize_total` and log its topic and size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -423,6 +436,17 @@ fn default_window_secs() -> u64 {
 fn default_max_payload() -> usize {
     1024 * 1024
 }
+/// 4 MiB: under Pulsar's default `maxMessageSize` of 5 MiB with room for
+/// firstseen's own properties.
+fn default_max_message() -> usize {
+    4 * 1024 * 1024
+}
+fn default_max_topic() -> usize {
+    4_096
+}
+fn default_max_properties() -> usize {
+    128
+}
 fn default_batch_messages() -> usize {
     1_000
 }
@@ -464,6 +488,9 @@ impl Default for DedupConfig {
         Self {
             window_secs: default_window_secs(),
             max_payload_bytes: default_max_payload(),
+            max_message_bytes: default_max_message(),
+            max_topic_bytes: default_max_topic(),
+            max_properties: default_max_properties(),
             oversize: OversizePolicy::default(),
         }
     }
@@ -696,6 +723,18 @@ impl Config {
         }
         if self.dedup.max_payload_bytes == 0 {
             bad("dedup.max_payload_bytes", "must be at least 1".into());
+        }
+        if self.dedup.max_message_bytes < self.dedup.max_payload_bytes {
+            bad(
+                "dedup.max_message_bytes",
+                format!(
+                    "{} is below dedup.max_payload_bytes ({}): the message bound counts the payload too",
+                    self.dedup.max_message_bytes, self.dedup.max_payload_bytes
+                ),
+            );
+        }
+        if self.dedup.max_topic_bytes == 0 {
+            bad("dedup.max_topic_bytes", "must be at least 1".into());
         }
         if self.batch.max_messages == 0 {
             bad("batch.max_messages", "must be at least 1".into());

@@ -48,6 +48,9 @@ pub struct AppState {
     /// Evidence of who is alive: what readiness and the role rest on.
     pub liveness: Arc<crate::cluster::liveness::Liveness>,
     pub timing: crate::cluster::liveness::Timing,
+    /// Whether publishing stands still with messages waiting: fed by
+    /// [`gauges`] once a second, read by readiness.
+    pub publishing: Mutex<crate::publish::stall::StallWatch>,
 }
 
 /// One point of the status page's charts, taken every [`SAMPLE_EVERY`].
@@ -109,6 +112,16 @@ pub struct Status {
     pub disk: DiskView,
     pub ready: bool,
     pub not_ready_reason: Option<String>,
+    /// How long the group's published watermark has stood still while
+    /// messages wait in the outbox; none while it moves or nothing waits.
+    /// On the leader, past `publish::stall::STALL_AFTER` it is not ready.
+    pub publishing_stalled_ms: Option<u64>,
+    /// This node's wall clock when it answered, in ms since the epoch.
+    /// Beside `totals.clock_ms` (the window clock) it shows how far the
+    /// window clock is behind this node's clock: it never runs ahead of
+    /// real time, so it falls behind after whole-cluster outages
+    /// (docs/architecture.md, "The window clock").
+    pub clock_ms: u64,
     /// The last warnings and errors this node logged, newest first.
     pub recent_errors: Vec<crate::telemetry::LoggedEvent>,
 }
@@ -215,6 +228,8 @@ impl AppState {
         Ok(Status {
             node: self.node_id,
             zone: self.zone.clone(),
+            clock_ms: crate::now_ms(),
+            publishing_stalled_ms: self.publishing_stalled().map(|d| d.as_millis() as u64),
             leader: trusted,
             known_leader: m.current_leader,
             is_leader: role == "leader",
@@ -308,6 +323,13 @@ impl AppState {
         }
     }
 
+    fn publishing_stalled(&self) -> Option<Duration> {
+        self.publishing
+            .lock()
+            .ok()?
+            .stalled(tokio::time::Instant::now())
+    }
+
     fn ready(&self) -> Result<(), String> {
         let m = self.raft.metrics().borrow().clone();
         if m.current_leader.is_none() {
@@ -334,6 +356,17 @@ impl AppState {
         }
         if let Some(reason) = self.disk.reason() {
             return Err(reason);
+        }
+        if let ("leader", _) = self.role(&m) {
+            if let Some(stalled) = self
+                .publishing_stalled()
+                .filter(|d| *d >= crate::publish::stall::STALL_AFTER)
+            {
+                return Err(format!(
+                    "publishing has made no progress for {} s with messages waiting in the outbox",
+                    stalled.as_secs()
+                ));
+            }
         }
         for (name, s) in &self.upstreams {
             if !s.connected.load(Ordering::Relaxed) {
@@ -590,6 +623,11 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => break,
         }
         let Ok(s) = app.status() else { continue };
+        if let Ok(mut w) = app.publishing.lock() {
+            let published = s.topics.iter().map(|t| t.published_seq).sum();
+            let backlog = s.topics.iter().map(|t| t.backlog).sum();
+            w.note(published, backlog, tokio::time::Instant::now());
+        }
         metrics::gauge!("firstseen_outbox_messages").set(s.totals.outbox_messages as f64);
         metrics::gauge!("firstseen_outbox_bytes").set(s.totals.outbox_bytes as f64);
         metrics::gauge!("firstseen_window_keys").set(s.totals.window_keys as f64);

@@ -7,6 +7,7 @@
 //! after commit (G4).
 
 pub mod adapter;
+pub mod bound;
 pub mod deadletter;
 pub mod port;
 pub mod route;
@@ -87,7 +88,8 @@ pub struct Upstream {
     pub client_id: String,
     pub node: NodeId,
     pub routes: Arc<Vec<Route>>,
-    pub max_payload: usize,
+    /// What one message may cost; over it, `oversize` decides.
+    pub limits: bound::Limits,
     pub oversize: OversizePolicy,
     pub dead_letter: DeadLetter,
     pub gate: Arc<AckGate>,
@@ -117,7 +119,12 @@ impl Upstream {
                 config: u.clone(),
                 node: config.node.id,
                 routes: routes.clone(),
-                max_payload: config.dedup.max_payload_bytes,
+                limits: bound::Limits {
+                    payload: config.dedup.max_payload_bytes,
+                    message: config.dedup.max_message_bytes,
+                    topic: config.dedup.max_topic_bytes,
+                    properties: config.dedup.max_properties,
+                },
                 oversize: config.dedup.oversize,
                 dead_letter: dead_letter.clone(),
                 gate: Arc::new(AckGate::new()),
@@ -261,14 +268,22 @@ impl Upstream {
                 ack,
             };
         };
-        if p.payload.len() > self.max_payload {
+        if let Err(why) = self
+            .limits
+            .check(&p.topic, &p.payload, p.properties.as_deref())
+        {
             metrics::counter!("firstseen_oversize_total", "upstream" => self.config.name.clone())
                 .increment(1);
+            // A topic can be the oversized part: log its start only.
+            let topic: String = p.topic.chars().take(200).collect();
             match self.oversize {
                 OversizePolicy::Drop => {
-                    tracing::warn!(upstream = %self.config.name, topic = %p.topic, bytes = p.payload.len(), limit = self.max_payload, "oversized payload dropped by policy");
+                    tracing::warn!(upstream = %self.config.name, %topic, bound = why.kind(), reason = %why, "oversized message dropped by policy");
                 }
-                OversizePolicy::DeadLetter => self.set_aside("oversize", &p, now).await,
+                OversizePolicy::DeadLetter => {
+                    tracing::warn!(upstream = %self.config.name, %topic, bound = why.kind(), reason = %why, "oversized message set aside");
+                    self.set_aside("oversize", &p, now).await
+                }
             }
             return Received {
                 observation: None,
@@ -344,7 +359,8 @@ impl Upstream {
                 .await
             {
                 Ok(path) => {
-                    tracing::warn!(upstream = %self.config.name, topic = %p.topic, bytes = p.payload.len(), reason, path = %path.display(), "message set aside in dead-letter store");
+                    let topic: String = p.topic.chars().take(200).collect();
+                    tracing::warn!(upstream = %self.config.name, %topic, bytes = p.payload.len(), reason, path = %path.display(), "message set aside in dead-letter store");
                     return;
                 }
                 Err(e) => {

@@ -134,6 +134,7 @@ pub async fn run(
         disk: disk.clone(),
         liveness: cluster.liveness.clone(),
         timing: cluster.timing,
+        publishing: Default::default(),
     });
 
     let peer_task = peer_listener.map(|listener| {

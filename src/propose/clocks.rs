@@ -64,6 +64,22 @@ impl Clocks {
             .collect()
     }
 
+    /// Notes the window clock as this node's state machine holds it now.
+    /// Called on every node, leader or not, a few times a second: a node
+    /// that becomes leader then counts the time since it saw the last stamp
+    /// applied, not since its own first stamp, so a leader change holds
+    /// the window clock back by a fraction of a second instead of by the
+    /// whole election (`window::leader_stamp` says why it may never count
+    /// more).
+    pub fn window_is(&mut self, window_clock_ms: u64, now: Instant) {
+        if self
+            .window_seen
+            .is_none_or(|(seen, _)| seen != window_clock_ms)
+        {
+            self.window_seen = Some((window_clock_ms, now));
+        }
+    }
+
     /// The stamp for the next entry on the leader `me`, whose own clock
     /// reads `own_ms`, among `voters`.
     pub fn stamp(
@@ -75,12 +91,7 @@ impl Clocks {
         now: Instant,
     ) -> u64 {
         let fresh = self.fresh(voters, me, now);
-        if self
-            .window_seen
-            .is_none_or(|(seen, _)| seen != window_clock_ms)
-        {
-            self.window_seen = Some((window_clock_ms, now));
-        }
+        self.window_is(window_clock_ms, now);
         let elapsed = self.elapsed(window_clock_ms, now);
         let stamp = firstseen_store::window::leader_stamp(
             own_ms,
@@ -94,7 +105,7 @@ impl Clocks {
     }
 
     /// How far past the window clock the time surely is now, by this node's
-    /// monotonic clock: for stamping without a majority's readings.
+    /// monotonic clock: how far the next stamp may move it.
     ///
     /// Two lower bounds, and the larger: the time since this node saw the
     /// window clock take its value (it took it no later than that), and its
@@ -174,6 +185,40 @@ mod tests {
         );
         // And it still moves on by its own monotonic clock.
         assert!(later >= t0 + 8_713 + 1_000, "stamped {later}");
+    }
+
+    /// Soak seed 777001: node 2's clock and then node 1's jumped ahead, two
+    /// of three wrong at once, and the median of the readings with them.
+    /// Each stamp may move the window clock only by the time that passed.
+    #[test]
+    fn two_clocks_a_day_ahead_move_the_window_only_by_real_time() {
+        const DAY: u64 = 86_400_000;
+        let t0 = 1_000_000_000_000;
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut clocks = Clocks::default();
+        clocks.window_is(t0, at(0));
+        clocks.saw(&[seen(2, t0 + DAY + 100)], at(100));
+        let first = clocks.stamp(&[1, 2, 3], 1, t0 + DAY + 100, t0, at(100));
+        assert_eq!(first, t0 + 100);
+        clocks.saw(&[seen(2, t0 + DAY + 600)], at(600));
+        let second = clocks.stamp(&[1, 2, 3], 1, t0 + DAY + 600, first, at(600));
+        assert_eq!(second, t0 + 600);
+    }
+
+    /// A follower that saw the window clock applied, then leads: it counts
+    /// from when it saw it, not from its first stamp.
+    #[test]
+    fn a_new_leader_counts_from_the_last_stamp_it_saw_applied() {
+        let t0 = 1_000_000_000_000;
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut clocks = Clocks::default();
+        clocks.window_is(t0, at(0));
+        // Elected 1.5 s later; every clock is right.
+        clocks.saw(&[seen(2, t0 + 1_500)], at(1_500));
+        let stamp = clocks.stamp(&[1, 2, 3], 1, t0 + 1_500, t0, at(1_500));
+        assert_eq!(stamp, t0 + 1_500);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::time::Duration;
 use tokio::time::Instant;
 
 use firstseen_raft::{Command, Member, NodeId, Raft, Response};
@@ -140,6 +141,11 @@ async fn run(
     let mut entries = JoinSet::new();
     let mut watermarks = JoinSet::new();
     let mut clocks = Clocks::default();
+    // How often this node notes the window clock it has applied, leader or
+    // not: a new leader's first stamp may then move the window clock by
+    // the time since it saw the last one applied (at most this much late).
+    let mut window_tick = tokio::time::interval(Duration::from_millis(100));
+    window_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
     loop {
         // Everything that arrived while the last entry was committed goes
@@ -183,6 +189,11 @@ async fn run(
                 }
             }
             Some(_) = watermarks.join_next(), if !watermarks.is_empty() => {}
+            _ = window_tick.tick() => {
+                if let Ok(t) = state.totals() {
+                    clocks.window_is(t.clock_ms, Instant::now());
+                }
+            }
             work = rx.recv(), if open => match work {
                 Some(Work::Batch(b, reply)) => queue.push_back((b, reply)),
                 Some(Work::Watermark { topic, seq }) => {

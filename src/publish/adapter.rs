@@ -101,8 +101,8 @@ impl Session for PulsarSession {
             .await?)
     }
 
-    async fn last_seq(&self, topic: &str) -> Result<Option<u64>, Error> {
-        tail::last_seq(&self.client, topic, self.wait).await
+    async fn last_seq(&self, topic: &str, assigned: u64) -> Result<tail::Tail, Error> {
+        tail::last_seq(&self.client, topic, assigned, self.wait).await
     }
 
     async fn send(
@@ -192,6 +192,18 @@ impl Group for RaftGroup {
         {
             return true;
         }
+        let ok = matches!(
+            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
+            Ok(Ok(_))
+        );
+        if ok {
+            self.liveness.lease_confirmed();
+        }
+        ok
+    }
+
+    async fn read_barrier(&self) -> bool {
+        // Never the lease's fast path: it must wait for the apply.
         let ok = matches!(
             tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
             Ok(Ok(_))

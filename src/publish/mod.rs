@@ -22,6 +22,7 @@ pub mod auth;
 pub mod policy;
 pub mod port;
 pub mod props;
+pub mod stall;
 pub mod tail;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -411,15 +412,27 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
     ) -> Result<bool, Error> {
         if tp.producer.is_none() {
             let name = format!(
-                "firstseen-{}-t{}-{}",
+                "{}{}-t{}-{}",
+                tail::PRODUCER_PREFIX,
                 self.node_id,
                 term,
                 tail::scratch_subscription("p")
             );
             let producer = session.exclusive(&tp.topic, &name).await?;
+            // Every entry committed before now applied: a sequence beyond
+            // what the outbox has assigned is then surely not ours.
+            if !self.group.read_barrier().await {
+                return Err(Error::LeaseLost);
+            }
+            let assigned = self.outbox.topic(&tp.topic)?;
             // Only now, holding exclusive access, is the tail stable.
-            let tail_seq = session.last_seq(&tp.topic).await?;
-            let watermark = self.outbox.topic(&tp.topic)?.published_seq;
+            let tail = session.last_seq(&tp.topic, assigned.last_seq).await?;
+            if tail.foreign > 0 {
+                metrics::counter!("firstseen_foreign_messages_total").increment(tail.foreign);
+                tracing::warn!(topic = %tp.topic, foreign = tail.foreign, tail = ?tail.seq, "messages firstseen did not write found at the end of the topic; skipped");
+            }
+            let tail_seq = tail.seq;
+            let watermark = assigned.published_seq;
             tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
             tp.producer = Some(producer);

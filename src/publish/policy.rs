@@ -20,7 +20,9 @@ pub const WATERMARK_EVERY: Duration = Duration::from_millis(100);
 /// watermark can be ahead of the tail only if the topic lost messages the
 /// broker had confirmed; they are not sent twice either way.
 pub fn resume_at(tail: Option<u64>, watermark: u64) -> u64 {
-    tail.unwrap_or(0).max(watermark) + 1
+    // Saturating: a sequence is never near the top, but a number read from
+    // outside must not be able to wrap the resume point to zero.
+    tail.unwrap_or(0).max(watermark).saturating_add(1)
 }
 
 /// Whether to propose `confirmed` as the topic's watermark now: only if it
@@ -73,6 +75,8 @@ mod tests {
         assert_eq!(resume_at(None, 0), 1);
         // An empty topic read (no `firstseen-seq` found) behind a watermark.
         assert_eq!(resume_at(None, 7), 8);
+        // Never wraps.
+        assert_eq!(resume_at(Some(u64::MAX), 7), u64::MAX);
     }
 
     #[test]

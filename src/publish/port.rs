@@ -43,9 +43,15 @@ pub trait Session: Send + Sync {
         name: &str,
     ) -> impl Future<Output = Result<Self::Producer, Error>> + Send;
 
-    /// The `firstseen-seq` of the topic's last message, `None` when it has
-    /// none. Read while holding the topic's producer, so it cannot move.
-    fn last_seq(&self, topic: &str) -> impl Future<Output = Result<Option<u64>, Error>> + Send;
+    /// The last `firstseen-seq` of ours in the topic, where the group has
+    /// assigned up to `assigned`, and how many foreign messages the read
+    /// passed ([`super::tail::Tail`]). Read while holding the topic's
+    /// producer, so it cannot move.
+    fn last_seq(
+        &self,
+        topic: &str,
+        assigned: u64,
+    ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send;
 
     /// Queues message `seq` on `producer`. Messages are persisted in the
     /// order they are queued; the receipt says when this one is.
@@ -71,6 +77,13 @@ pub trait Group: Send + Sync {
     /// than an election timeout, so a leader cut off lets go before a
     /// successor can exist.
     fn confirm_lease(&self) -> impl Future<Output = bool> + Send;
+
+    /// Whether a quorum still follows this node as leader, after this node
+    /// applied every entry committed before it asked: then no message a
+    /// predecessor may have published is missing from its outbox, and a
+    /// tail numbered beyond it is not ours. Bounded like
+    /// [`Group::confirm_lease`].
+    fn read_barrier(&self) -> impl Future<Output = bool> + Send;
 
     /// Proposes the receipt `Published{topic, seq}` without waiting for it.
     fn watermark(&self, topic: String, seq: u64);

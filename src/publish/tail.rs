@@ -1,8 +1,17 @@
-//! Reading the last `firstseen-seq` actually written to a topic.
+//! Reading the last `firstseen-seq` this cluster actually wrote to a topic.
 //!
 //! The Raft watermark may lag what is in Pulsar (a receipt arrived but the
 //! `Published` entry was not committed before a leader change), so a new
 //! publisher resumes after whichever is larger: the tail or the watermark.
+//!
+//! The tail counts only messages that are ours ([`Tail::classify`]): written
+//! by a firstseen producer and numbered within what the group has assigned.
+//! Anyone with a producer on the topic can write while no node holds it;
+//! trusting such a message's `firstseen-seq` made a new leader skip every
+//! sequence up to it, and the watermark that followed trimmed them from the
+//! outbox unpublished: 1,000 acked messages lost after one foreign write,
+//! and `u64::MAX` overflowed the resume point. Foreign messages are counted
+//! and skipped; the read goes back from the end until it finds one of ours.
 
 use std::time::Duration;
 
@@ -78,14 +87,60 @@ pub async fn reader(
         .await?)
 }
 
-/// The `firstseen-seq` of the last message in `topic`, or `None` if the topic
-/// is empty. A last message without the property is an error: the topic is
-/// shared with another writer, and resuming after it would be a guess.
+/// Every firstseen producer's name starts with this: the publisher's, named
+/// per node and term, and the dead-letter publisher's.
+pub const PRODUCER_PREFIX: &str = "firstseen-";
+
+/// Entries read back from the end at first; the read goes back sixteen
+/// times further each time it finds nothing of ours.
+const LOOKBACK: u64 = 64;
+
+/// What the tail read found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// The highest `firstseen-seq` of ours in what was read: `None` when the
+    /// topic holds nothing of ours.
+    pub seq: Option<u64>,
+    /// Messages read that are not ours: another producer's, unnumbered, or
+    /// numbered beyond what the group has assigned.
+    pub foreign: u64,
+}
+
+impl Tail {
+    /// Counts one message read from the topic, with the last sequence the
+    /// group has assigned on it (`assigned`).
+    pub fn classify(&mut self, meta: &pulsar::proto::MessageMetadata, assigned: u64) {
+        match our_seq(meta, assigned) {
+            Some(seq) => self.seq = self.seq.max(Some(seq)),
+            None => self.foreign += 1,
+        }
+    }
+}
+
+/// The sequence of a message this cluster wrote, or `None` for one it did
+/// not: written by a producer not named as ours, without a parseable
+/// `firstseen-seq`, or with one beyond `assigned` (no firstseen producer
+/// can have written a sequence the group never assigned).
+pub fn our_seq(meta: &pulsar::proto::MessageMetadata, assigned: u64) -> Option<u64> {
+    if !meta.producer_name.starts_with(PRODUCER_PREFIX) {
+        return None;
+    }
+    props::get(meta, props::SEQ)?
+        .parse::<u64>()
+        .ok()
+        .filter(|seq| (1..=assigned).contains(seq))
+}
+
+/// The last sequence of ours in `topic` (see [`Tail`]), where the group has
+/// assigned up to `assigned`. Reads back from the end, further each time
+/// it finds nothing of ours, and the whole topic at last. `wait` bounds each
+/// read.
 pub async fn last_seq(
     pulsar: &Pulsar<TokioExecutor>,
     topic: &str,
+    assigned: u64,
     wait: Duration,
-) -> Result<Option<u64>, Error> {
+) -> Result<Tail, Error> {
     let mut probe = reader(pulsar, topic, None, "tail").await?;
     let last = probe
         .get_last_message_id()
@@ -95,29 +150,63 @@ pub async fn last_seq(
         .ok_or_else(|| Error::topic(topic, TopicProblem::NoLastMessageId))?;
     let _ = probe.close().await;
     if is_empty_marker(&last) {
-        return Ok(None);
+        return Ok(Tail::default());
     }
-    let mut consumer = reader(pulsar, topic, Some(just_before(&last)), "tail").await?;
+    let mut lookback = LOOKBACK;
+    loop {
+        // Within the last ledger; before its first entry once the lookback
+        // reaches it, and from the topic's start after that.
+        let whole_ledger = last.entry_id < lookback;
+        let start = MessageIdData {
+            entry_id: last.entry_id.saturating_sub(lookback),
+            ..last.clone()
+        };
+        let tail = read_to(
+            pulsar,
+            topic,
+            Some(just_before(&start)),
+            &last,
+            assigned,
+            wait,
+        )
+        .await?;
+        if tail.seq.is_some() {
+            return Ok(tail);
+        }
+        if whole_ledger {
+            return read_to(pulsar, topic, None, &last, assigned, wait).await;
+        }
+        lookback = lookback.saturating_mul(16);
+    }
+}
+
+/// Reads from after `start` (the topic's start when `None`) through the
+/// whole entry `last`, classifying every message.
+async fn read_to(
+    pulsar: &Pulsar<TokioExecutor>,
+    topic: &str,
+    start: Option<MessageIdData>,
+    last: &MessageIdData,
+    assigned: u64,
+    wait: Duration,
+) -> Result<Tail, Error> {
+    let mut consumer = reader(pulsar, topic, start, "tail").await?;
     let end = (last.ledger_id, last.entry_id);
     let result = tokio::time::timeout(wait, async {
-        // The last entry may be a batch: its last message holds the highest
-        // sequence, and every message of it was persisted with it.
-        let mut highest = None;
+        let mut tail = Tail::default();
         while let Some(msg) = consumer.next().await {
             let msg = msg?;
             let id = msg.message_id();
             let at = (id.ledger_id, id.entry_id);
-            if at < end {
-                continue;
+            if at > end {
+                return Ok(tail);
             }
-            let seq = props::get(msg.metadata(), props::SEQ)
-                .ok_or_else(|| Error::topic(topic, TopicProblem::NoSequence))?;
-            let seq = seq
-                .parse::<u64>()
-                .map_err(|_| Error::topic(topic, TopicProblem::BadSequence(seq.to_string())))?;
-            highest = highest.max(Some(seq));
-            if at > end || ends_entry(id, msg.metadata()) {
-                return Ok(highest);
+            tail.classify(msg.metadata(), assigned);
+            // The last entry may be a batch: its last message holds the
+            // highest sequence, and every message of it was persisted
+            // with it.
+            if at == end && ends_entry(id, msg.metadata()) {
+                return Ok(tail);
             }
         }
         Err(Error::topic(topic, TopicProblem::ReaderClosed))
@@ -152,6 +241,65 @@ mod tests {
             num_messages_in_batch: in_batch,
             ..Default::default()
         }
+    }
+
+    fn written(producer: &str, seq: Option<&str>) -> MessageMetadata {
+        MessageMetadata {
+            producer_name: producer.into(),
+            properties: seq
+                .map(|s| pulsar::proto::KeyValue {
+                    key: props::SEQ.into(),
+                    value: s.into(),
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_numbered_messages_of_our_producers_within_the_assigned_count_are_ours() {
+        assert_eq!(
+            our_seq(&written("firstseen-1-t3-p", Some("7")), 10),
+            Some(7)
+        );
+        assert_eq!(
+            our_seq(&written("firstseen-1-t3-p", Some("10")), 10),
+            Some(10)
+        );
+        // Another producer, whatever it says.
+        assert_eq!(our_seq(&written("standalone-0-4", Some("7")), 10), None);
+        // Beyond what the group assigned: foreign, and no overflow.
+        assert_eq!(
+            our_seq(&written("firstseen-1-t3-p", Some("1007")), 10),
+            None
+        );
+        let max = u64::MAX.to_string();
+        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some(&max)), 10), None);
+        // Unnumbered or garbled.
+        assert_eq!(our_seq(&written("firstseen-1-t3-p", None), 10), None);
+        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some("x")), 10), None);
+        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some("0")), 10), None);
+    }
+
+    #[test]
+    fn the_tail_is_the_highest_of_ours_with_foreign_messages_counted() {
+        let mut t = Tail::default();
+        for m in [
+            written("firstseen-1-t3-p", Some("8")),
+            written("firstseen-1-t3-p", Some("9")),
+            written("intruder", Some("1009")),
+            written("firstseen-2-t4-p", Some(&u64::MAX.to_string())),
+        ] {
+            t.classify(&m, 9);
+        }
+        assert_eq!(
+            t,
+            Tail {
+                seq: Some(9),
+                foreign: 2
+            }
+        );
     }
 
     #[test]

@@ -15,6 +15,9 @@ use serde::Serialize;
 pub struct Seen {
     pub key: Option<String>,
     pub seq: Option<u64>,
+    /// Written by a producer that is not firstseen's: counted apart and
+    /// left out of the audit, which is of what firstseen wrote.
+    pub foreign: bool,
 }
 
 /// What the audit found. Lists are capped so a badly broken topic still
@@ -37,6 +40,10 @@ pub struct Report {
     pub repeats: Vec<u64>,
     /// Messages without `firstseen-seq` or `firstseen-key`.
     pub unlabelled: u64,
+    /// Messages written by producers that are not firstseen's (named
+    /// otherwise): another writer on the topic. Not audited, and not a
+    /// fault of the bridge's, but an operator wants to know.
+    pub foreign: u64,
 }
 
 impl Report {
@@ -74,6 +81,10 @@ impl Audit {
     pub fn push(&mut self, m: Seen) {
         let r = &mut self.report;
         r.messages += 1;
+        if m.foreign {
+            r.foreign += 1;
+            return;
+        }
         let (Some(key), Some(seq)) = (m.key, m.seq) else {
             r.unlabelled += 1;
             return;
@@ -138,6 +149,13 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(f, "out of order    {}", self.out_of_order)?;
         writeln!(f, "unlabelled      {}", self.unlabelled)?;
+        if self.foreign > 0 {
+            writeln!(
+                f,
+                "foreign         {} (written by producers that are not firstseen's; not audited)",
+                self.foreign
+            )?;
+        }
         for k in &self.duplicate_keys {
             writeln!(f, "  duplicate key {k}")?;
         }
@@ -167,6 +185,7 @@ mod tests {
         Seen {
             key: Some(key.into()),
             seq: Some(seq),
+            foreign: false,
         }
     }
 
@@ -194,6 +213,7 @@ mod tests {
         a.push(Seen {
             key: None,
             seq: Some(6),
+            foreign: false,
         });
         let r = a.finish();
         assert!(!r.is_clean());
@@ -203,5 +223,23 @@ mod tests {
         assert_eq!(r.missing_seqs, 2);
         assert_eq!(r.out_of_order, 1);
         assert_eq!(r.unlabelled, 1);
+    }
+
+    /// Another producer's messages in the topic, numbered to look like
+    /// ours: counted as foreign, and the audit of ours stays clean.
+    #[test]
+    fn foreign_messages_are_counted_apart() {
+        let mut a = Audit::new("t");
+        a.push(seen("a", 1));
+        a.push(Seen {
+            key: Some("a".into()),
+            seq: Some(1_001),
+            foreign: true,
+        });
+        a.push(seen("b", 2));
+        let r = a.finish();
+        assert!(r.is_clean(), "{r}");
+        assert_eq!((r.messages, r.foreign, r.distinct_keys), (3, 1, 2));
+        assert!(r.to_string().contains("foreign         1"), "{r}");
     }
 }

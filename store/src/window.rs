@@ -2,6 +2,8 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
+use crate::model::Properties;
+
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the
 /// bound keeps one entry's apply time bounded after a long idle period, and
@@ -19,20 +21,31 @@ pub fn advance_clock(clock_ms: u64, stamped_ms: u64) -> u64 {
 /// Every observation carries the clock of the node that received it, so the
 /// leader knows, besides its own wall clock `own_ms`, the latest reading of
 /// each other voter that sent it something recently (`fresh_peers`). With
-/// readings from a majority of the `voters`, the stamp is their lower
+/// readings from a majority of the `voters`, the candidate is their lower
 /// median: one skewed or jumping clock, the leader's included, moves
-/// nothing. Without (other zones silent), the window clock advances by
-/// `elapsed_ms`: how far past it the leader's monotonic clock says the time
-/// surely is (`propose::clocks` works it out), which no wall clock can move. A cluster that never
-/// stamped anything starts from the leader's own clock. The stamp never
-/// falls below the window clock, so keys are always stamped with the
-/// window's own now.
+/// nothing. Without (other zones silent), it is the window clock plus
+/// `elapsed_ms`. A cluster that never stamped anything starts from the
+/// leader's own clock.
 ///
-/// Why: the window clock is the largest stamp applied, and expiry follows
-/// it. Stamped with the leader's clock alone, a leader whose clock jumped a
-/// day ahead expired the whole window at once, and the copies that arrived
-/// after that (other zones', redeliveries) were new messages: duplicates in
-/// Pulsar (found by the nemesis campaign's clock jumps).
+/// Whatever the candidate, the stamp never runs ahead of the window clock
+/// by more than `elapsed_ms`: how far past the window clock the leader's
+/// monotonic clock says the time surely is (`propose::clocks` works it out
+/// from stamps it saw applied or made itself). And it never falls below the
+/// window clock, so keys are always stamped with the window's own now.
+///
+/// Why the cap: a key stamped at window time `w` expires when the window
+/// clock reaches `w + window`. If no stamp moves the window clock further
+/// than real time elapsed since a stamp already applied, that takes at
+/// least `window` of real time, however many wall clocks are wrong. The
+/// median alone held only while a majority of clocks was right: with two of
+/// three a day ahead, the median was a day ahead and every key expired at
+/// once (soak seeds 777001 and 4242 published 3,548 and 2 keys twice). The
+/// price: while the wall clocks run ahead of the window clock (after a
+/// whole-cluster outage, during which the window clock stands still, or a
+/// leader change, which costs the time until the new leader saw the last
+/// stamp applied), the window clock stays behind them for good, and keys
+/// live longer by what it fell behind during their window, never shorter
+/// (docs/architecture.md, "The window clock").
 pub fn leader_stamp(
     own_ms: u64,
     fresh_peers: &[u64],
@@ -40,19 +53,31 @@ pub fn leader_stamp(
     window_clock_ms: u64,
     elapsed_ms: u64,
 ) -> u64 {
+    if window_clock_ms == 0 {
+        // Nothing stamped yet: there is no window to expire early.
+        return median_or_own(own_ms, fresh_peers, voters);
+    }
+    let limit = window_clock_ms.saturating_add(elapsed_ms);
+    let candidate = if (fresh_peers.len() + 1) * 2 > voters {
+        median_or_own(own_ms, fresh_peers, voters)
+    } else {
+        limit
+    };
+    candidate.min(limit).max(window_clock_ms)
+}
+
+/// The lower median of the leader's reading and its peers' when they are a
+/// majority of `voters`, else the leader's own reading.
+fn median_or_own(own_ms: u64, fresh_peers: &[u64], voters: usize) -> u64 {
     let mut readings: Vec<u64> = std::iter::once(own_ms)
         .chain(fresh_peers.iter().copied())
         .collect();
-    let candidate = if readings.len() * 2 > voters {
-        readings.sort_unstable();
-        // The lower median of an even count: the cautious side.
-        readings[(readings.len() - 1) / 2]
-    } else if window_clock_ms == 0 {
-        own_ms
-    } else {
-        window_clock_ms.saturating_add(elapsed_ms)
-    };
-    candidate.max(window_clock_ms)
+    if readings.len() * 2 <= voters {
+        return own_ms;
+    }
+    readings.sort_unstable();
+    // The lower median of an even count: the cautious side.
+    readings[(readings.len() - 1) / 2]
 }
 
 /// Keys first seen strictly before this instant are outside the window.
@@ -77,9 +102,46 @@ pub fn outbox_seq(raw: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(raw[tail..].try_into().ok()?))
 }
 
-/// Bytes an outbox entry is charged against the disk quota.
-pub fn outbox_charge(mqtt_topic: &str, payload: &[u8]) -> u64 {
-    (mqtt_topic.len() + payload.len()) as u64
+/// Bytes an outbox entry is charged against the disk quota: the whole
+/// message, its MQTT 5 properties included, so that messages heavy with
+/// properties cannot fill the disk under a quota that never saw them.
+pub fn outbox_charge(mqtt_topic: &str, payload: &[u8], properties: Option<&Properties>) -> u64 {
+    message_bytes(mqtt_topic, payload, properties)
+}
+
+/// Bytes a message costs as stored and as published: its MQTT topic, its
+/// payload and its MQTT 5 properties under the Pulsar property names they
+/// get (`mqtt-user-NAME` and so on; correlation data as hex), with a few
+/// bytes of framing per property. An estimate from above of what each
+/// adds; firstseen's own properties are a fixed cost on top.
+pub fn message_bytes(mqtt_topic: &str, payload: &[u8], properties: Option<&Properties>) -> u64 {
+    // Per property: the protobuf tags and lengths of a key-value pair.
+    const FRAMING: u64 = 8;
+    let mut bytes = (mqtt_topic.len() + payload.len()) as u64;
+    let Some(p) = properties else {
+        return bytes;
+    };
+    let field = |name: &str, value: u64| FRAMING + name.len() as u64 + value;
+    for (name, value) in &p.user {
+        // "mqtt-user-" NAME, and ".N" on a repeated name.
+        bytes += field("mqtt-user-", (name.len() + value.len()) as u64 + 6);
+    }
+    if let Some(v) = &p.content_type {
+        bytes += field("mqtt-content-type", v.len() as u64);
+    }
+    if p.payload_format.is_some() {
+        bytes += field("mqtt-payload-format", 1);
+    }
+    if p.message_expiry_secs.is_some() {
+        bytes += field("mqtt-message-expiry-secs", 10);
+    }
+    if let Some(v) = &p.response_topic {
+        bytes += field("mqtt-response-topic", v.len() as u64);
+    }
+    if let Some(v) = &p.correlation_data {
+        bytes += field("mqtt-correlation-data", 2 * v.len() as u64);
+    }
+    bytes
 }
 
 #[cfg(test)]
@@ -98,17 +160,17 @@ mod tests {
         let day = 86_400_000;
         // A leader a day ahead, two followers on time: the followers win.
         assert_eq!(
-            leader_stamp(now + day, &[now, now + 5], 3, now - 10, 0),
+            leader_stamp(now + day, &[now, now + 5], 3, now - 10, 20),
             now + 5
         );
         // A follower an hour behind, another on time: an on-time one.
         assert_eq!(
-            leader_stamp(now, &[now - 3_600_000, now - 2], 3, now - 50, 0),
+            leader_stamp(now, &[now - 3_600_000, now - 2], 3, now - 50, 60),
             now - 2
         );
         // A follower a day ahead: the on-time two.
         assert_eq!(
-            leader_stamp(now, &[now + day, now + 1], 3, now - 50, 0),
+            leader_stamp(now, &[now + day, now + 1], 3, now - 50, 60),
             now + 1
         );
         // A leader a day ahead that has heard from nobody: the window clock
@@ -122,9 +184,42 @@ mod tests {
         // A fresh cluster starts from the leader's clock; a group of one
         // follows its own.
         assert_eq!(leader_stamp(now, &[], 3, 0, 0), now);
-        assert_eq!(leader_stamp(now, &[], 1, now - 9, 0), now);
+        assert_eq!(leader_stamp(now, &[], 1, now - 9, 9), now);
+        // ... as far as its monotonic clock went, even alone.
+        assert_eq!(leader_stamp(now + day, &[], 1, now - 9, 9), now);
         // Two voters: both are a majority, the lower one counts.
         assert_eq!(leader_stamp(now + 9, &[now], 2, 0, 0), now);
+    }
+
+    /// Seeds 777001 and 4242 of the soak: two of three clocks ahead at
+    /// once. The median is then wrong, and the stamp may still move the
+    /// window clock only as far as the leader's monotonic clock went.
+    #[test]
+    fn a_majority_of_wrong_clocks_moves_the_window_no_faster_than_real_time() {
+        let now = 1_800_000_000_000;
+        let day = 86_400_000;
+        // The leader and one follower a day ahead, 300 ms after the last
+        // stamp applied: the window clock moves 300 ms, not a day.
+        assert_eq!(
+            leader_stamp(now + day, &[now + day, now], 3, now, 300),
+            now + 300
+        );
+        // Two followers a day ahead, the leader right.
+        assert_eq!(
+            leader_stamp(now, &[now + day, now + day], 3, now - 300, 300),
+            now
+        );
+        // Every clock an hour behind the window clock: it stands still.
+        assert_eq!(
+            leader_stamp(now - 3_600_000, &[now - 3_600_000], 2, now, 300),
+            now
+        );
+        // After an outage the wall clocks are ahead of the window clock;
+        // it follows at the pace of real time and stays behind them.
+        assert_eq!(
+            leader_stamp(now + 60_000, &[now + 60_000], 2, now, 1_000),
+            now + 1_000
+        );
     }
 
     #[test]

@@ -172,7 +172,7 @@ impl Model {
                     ts: self.clock,
                 },
             );
-            let charge = window::outbox_charge(&o.mqtt_topic, &o.payload);
+            let charge = window::outbox_charge(&o.mqtt_topic, &o.payload, None);
             let at = At::Log {
                 index,
                 pos: pos as u32,

@@ -227,14 +227,21 @@ impl<W: HasPulsar> Session for SimSession<W> {
         })
     }
 
-    async fn last_seq(&self, topic: &str) -> Result<Option<u64>, Error> {
+    async fn last_seq(
+        &self,
+        topic: &str,
+        assigned: u64,
+    ) -> Result<firstseen::publish::tail::Tail, Error> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut w = lock(&self.world);
-        Ok(w.pulsar()
-            .topics
-            .get(topic)
-            .and_then(|m| m.last())
-            .map(|(s, _)| *s))
+        let messages = w.pulsar().topics.get(topic);
+        Ok(firstseen::publish::tail::Tail {
+            seq: messages
+                .and_then(|m| m.last())
+                .map(|(s, _)| *s)
+                .filter(|s| *s <= assigned),
+            foreign: 0,
+        })
     }
 
     async fn send(

@@ -26,6 +26,9 @@ def main():
                     help="include every message's properties (in topic order)")
     ap.add_argument("--ca-file", help="CA to trust for a pulsar+ssl:// URL")
     ap.add_argument("--token-file", help="JWT to authenticate with")
+    ap.add_argument("--skip-key", action="append", default=[],
+                    help="leave out messages with this firstseen-key (a foreign writer's "
+                    "that a test planted), counted as skipped")
     ap.add_argument("--listener", help="the broker's advertised listener to be sent to "
                     "(deploy/compose: \"external\" from the host)")
     args = ap.parse_args()
@@ -47,14 +50,18 @@ def main():
     pairs = []
     properties = []
     count = 0
+    skipped = 0
     while reader.has_message_available():
         try:
             msg = reader.read_next(int(args.idle * 1000))
         except Exception as e:  # the client raises Timeout as a plain exception
             print(f"read stopped early: {e}", file=sys.stderr)
             break
-        count += 1
         props = msg.properties()
+        if props.get("firstseen-key") in args.skip_key:
+            skipped += 1
+            continue
+        count += 1
         keys[props.get("firstseen-key")] += 1
         seq = props.get("firstseen-seq")
         seqs.append(int(seq) if seq is not None else None)
@@ -67,6 +74,7 @@ def main():
         "distinct_keys": len(keys),
         "keys_with_copies": sum(1 for c in keys.values() if c > 1),
         "seqs": seqs,
+        "skipped": skipped,
     }
     if args.with_payloads:
         out["pairs"] = pairs

@@ -79,14 +79,9 @@ impl Memory {
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {
-                Some((stamped_ms, window_ms, observations)) => self.observe(
-                    disk,
-                    stamped_ms,
-                    window_ms,
-                    observations,
-                    cmd.slim(),
-                    log_index,
-                )?,
+                Some((stamped_ms, window_ms, observations)) => {
+                    self.observe(disk, stamped_ms, window_ms, observations, cmd, log_index)?
+                }
                 None => Response::None,
             },
         };
@@ -136,9 +131,10 @@ impl Memory {
         stamped_ms: u64,
         window_ms: u64,
         observations: &[Observation],
-        slim: &[u32],
+        cmd: &Command,
         log_index: u64,
     ) -> Result<Response, StoreError> {
+        let slim = cmd.slim();
         let clock = window::advance_clock(self.head.totals.clock_ms, stamped_ms);
         let cutoff = window::expiry_cutoff(clock, window_ms);
         // The only fallible step, done before anything changes.
@@ -237,7 +233,7 @@ impl Memory {
             let state = topics.entry(obs.pulsar_topic.clone()).or_default();
             state.last_seq += 1;
             let seq = state.last_seq;
-            let charge = window::outbox_charge(&obs.mqtt_topic, &obs.payload);
+            let charge = window::outbox_charge(&obs.mqtt_topic, &obs.payload, cmd.properties(pos));
             index.insert(
                 obs.key,
                 Slot {
@@ -318,7 +314,10 @@ impl Memory {
         let mut inline = Vec::new();
         for (k, v) in disk.inline(topic, before + 1, upto)? {
             let m = OutboxMessage::decode(&v)?;
-            inline.push((k, window::outbox_charge(&m.mqtt_topic, &m.payload)));
+            inline.push((
+                k,
+                window::outbox_charge(&m.mqtt_topic, &m.payload, m.properties.as_deref()),
+            ));
         }
         let totals = &mut self.head.totals;
         for (k, charge) in inline {

@@ -197,7 +197,10 @@ mod tests {
         assert_eq!(s.log_hold(), 11);
         let t = s.totals().unwrap();
         assert_eq!(t.outbox_messages, 1);
-        assert_eq!(t.outbox_bytes, window::outbox_charge("/hfp/4", &[4; 10]));
+        assert_eq!(
+            t.outbox_bytes,
+            window::outbox_charge("/hfp/4", &[4; 10], None)
+        );
         publish(&s, "a", 3, 15);
         assert_eq!(s.log_hold(), NO_HOLD);
         assert_eq!(s.totals().unwrap().outbox_bytes, 0);
