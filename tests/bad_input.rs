@@ -240,6 +240,9 @@ fn verify_reports_duplicates_and_gaps() {
             &pulsar.url,
             "--topic",
             &topic,
+            // Written as firstseen would have: verify audits only those.
+            "--producer-name",
+            "firstseen-test-verify",
             "a:1",
             "b:2",
             "a:3",
