@@ -204,9 +204,30 @@ impl Group for RaftGroup {
 
     async fn read_barrier(&self) -> bool {
         // Never the lease's fast path: it must wait for the apply.
+        let barrier = async {
+            self.raft.ensure_linearizable().await.ok()?;
+            // openraft's read index is not enough on its own for a leader
+            // it restored at start (a node whose own vote was committed
+            // resumes as leader without an election): it is the larger of
+            // that leader's first entry, perhaps long ago, and the commit
+            // index read from disk, which is not synced on its own and
+            // after a power cut lags what was committed and published
+            // before it. The tail then held sequences beyond what the
+            // outbox had assigned, they counted as foreign, and the
+            // publisher sent them again (a power cut of every node in CI:
+            // 36 keys twice). Every entry in a leader's log gets
+            // committed while it leads, so waiting for all of them to be
+            // applied covers whatever any predecessor can have published.
+            let last = self.raft.metrics().borrow().last_log_index;
+            self.raft
+                .wait(None)
+                .applied_index_at_least(last, "read barrier")
+                .await
+                .ok()
+        };
         let ok = matches!(
-            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
-            Ok(Ok(_))
+            tokio::time::timeout(self.lease_timeout, barrier).await,
+            Ok(Some(_))
         );
         if ok {
             self.liveness.lease_confirmed();

@@ -79,7 +79,9 @@ pub trait Group: Send + Sync {
     fn confirm_lease(&self) -> impl Future<Output = bool> + Send;
 
     /// Whether a quorum still follows this node as leader, after this node
-    /// applied every entry committed before it asked: then no message a
+    /// applied every entry in its log when it asked (all of them get
+    /// committed while it leads, and they include every entry committed
+    /// before): then no message a
     /// predecessor may have published is missing from its outbox, and a
     /// tail numbered beyond it is not ours. Bounded like
     /// [`Group::confirm_lease`].

@@ -792,9 +792,24 @@ pub fn assert_exactly_once(
     expected: &std::collections::BTreeSet<(String, String)>,
 ) {
     let n = expected.len() as u64;
+    // Whether a copy was the same sequence sent twice (a publisher resumed
+    // too early) or the key numbered twice (the window forgot it) points at
+    // different stages; say which.
+    let mut seen = std::collections::BTreeSet::new();
+    let resent: Vec<u64> = read
+        .seqs
+        .iter()
+        .flatten()
+        .filter(|s| !seen.insert(**s))
+        .copied()
+        .collect();
     assert_eq!(
-        read.keys_with_copies, 0,
-        "some keys appear more than once in Pulsar"
+        read.keys_with_copies,
+        0,
+        "some keys appear more than once in Pulsar ({} messages, {} sequences sent more than once, the first {:?})",
+        read.count,
+        resent.len(),
+        &resent[..resent.len().min(10)]
     );
     assert_eq!(
         read.count, n,
