@@ -5,9 +5,11 @@
 #
 #   scripts/nemesis.sh                              short profile: 4 min at 300 msg/s, new seed
 #   scripts/nemesis.sh --seed 1234                  replay a seed's fault schedule
-#   scripts/nemesis.sh --profile soak --minutes 60 --rate 1500 --release --no-broker-log
+#   scripts/nemesis.sh --profile soak --minutes 60 --rate 1000 --release --no-broker-log
+#                                                   the hour-long soak (docs/reliability.md)
 #
-# Options (all optional): --seed N, --minutes M, --rate R, --profile short|soak,
+# Options (all optional): --seed N, --minutes M, --rate R, --profile short|soak|dense
+# (dense: the old soak density, for replaying seeds found with it),
 # --out DIR (default .nemesis/<seed>), --no-broker-log (do not read
 # Mosquitto's debug log, for high rates), --release (optimised builds, for
 # high rates). Exit 0 when the verdict is OK, 1

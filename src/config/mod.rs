@@ -297,6 +297,14 @@ pub struct PulsarConfig {
     /// Messages sent before awaiting all their receipts.
     #[serde(default = "default_publish_batch")]
     pub publish_batch: usize,
+    /// The broker's `maxMessageSize`, in bytes (Pulsar's default is 5 MiB).
+    /// Pulsar refuses a larger message by closing the connection, which a
+    /// client cannot tell from any other lost connection: a message over
+    /// it would be sent again after every reconnect and stop the topic.
+    /// So `dedup.max_message_bytes`, with firstseen's own properties, must
+    /// stay below it, and check-config says so when it does not.
+    #[serde(default = "default_pulsar_max_message")]
+    pub max_message_bytes: usize,
 }
 
 /// OAuth2 client-credentials flow against `issuer_url` (OpenID discovery
@@ -470,6 +478,9 @@ fn default_quota() -> u64 {
 fn default_operation_timeout_ms() -> u64 {
     5_000
 }
+fn default_pulsar_max_message() -> usize {
+    5 * 1024 * 1024
+}
 fn default_publish_batch() -> usize {
     500
 }
@@ -565,6 +576,7 @@ impl PulsarConfig {
             tls_hostname_verification: true,
             operation_timeout_ms: default_operation_timeout_ms(),
             publish_batch: default_publish_batch(),
+            max_message_bytes: default_pulsar_max_message(),
         }
     }
 }
@@ -730,6 +742,22 @@ impl Config {
                 format!(
                     "{} is below dedup.max_payload_bytes ({}): the message bound counts the payload too",
                     self.dedup.max_message_bytes, self.dedup.max_payload_bytes
+                ),
+            );
+        }
+        let largest = self
+            .dedup
+            .max_message_bytes
+            .saturating_add(crate::publish::props::OWN_BYTES);
+        if largest > self.pulsar.max_message_bytes {
+            bad(
+                "dedup.max_message_bytes",
+                format!(
+                    "{} plus firstseen's own properties (up to {} bytes) exceeds pulsar.max_message_bytes ({}): \
+                     the broker would refuse such a message for ever; lower it or raise pulsar.max_message_bytes to the broker's maxMessageSize",
+                    self.dedup.max_message_bytes,
+                    crate::publish::props::OWN_BYTES,
+                    self.pulsar.max_message_bytes
                 ),
             );
         }
@@ -1154,6 +1182,26 @@ pulsar_topic = "persistent://public/default/hfp"
         let text = GOOD.split("[[routes]]").next().unwrap().to_string();
         let p = problems(&text);
         assert!(p.iter().any(|p| p.key == "routes"), "{p:?}");
+    }
+
+    #[test]
+    fn a_message_bound_the_broker_would_refuse_is_named() {
+        // A broker configured for 1 MiB messages, firstseen left at 4 MiB:
+        // a 2 MiB message would be refused at every reconnect.
+        let text = GOOD.replace("[pulsar]", "[pulsar]\nmax_message_bytes = 1048576");
+        let p = problems(&text);
+        assert!(
+            p.iter().any(|p| p.key == "dedup.max_message_bytes"
+                && p.message.contains("pulsar.max_message_bytes (1048576)")),
+            "{p:?}"
+        );
+        // Brought under it, with room for firstseen's own properties.
+        let text = text.replace(
+            "[pulsar]",
+            "[dedup]\nmax_payload_bytes = 65536\nmax_message_bytes = 1047552\n\n[pulsar]",
+        );
+        let c = parse(&text).expect("fits now");
+        assert_eq!(c.dedup.max_message_bytes, 1_047_552);
     }
 
     #[test]

@@ -188,9 +188,8 @@ impl<P> TopicPublisher<P> {
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
     fn fail(&mut self, error: &Error) {
         metrics::counter!("firstseen_publish_errors_total").increment(1);
-        let text = error.to_string();
-        let (delay, next) = retry_policy(self.backoff, held_elsewhere(&text));
-        tracing::warn!(topic = %self.topic, error = %text, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
+        let (delay, next) = retry_policy(self.backoff, held_elsewhere(error));
+        tracing::warn!(topic = %self.topic, %error, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
         self.in_flight.clear();
         self.retry_at = Some(Instant::now() + delay);

@@ -4,6 +4,11 @@
 
 use std::time::Duration;
 
+use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
+use pulsar::proto::ServerError;
+
+use crate::Error;
+
 /// Least time between two watermark proposals of a topic while busy. Each
 /// is a Raft entry; one per publish batch was about half of all entries at
 /// the HSL peak. A watermark that lags what is in Pulsar is safe (a new
@@ -41,11 +46,34 @@ pub fn watermark_due(
 /// Whether a producer error means another producer still holds the topic:
 /// a predecessor that was paused or cut off keeps its exclusive producer
 /// until the broker drops its connection (keepalive), and this node takes
-/// over the moment it does.
-pub fn held_elsewhere(error: &str) -> bool {
-    error.contains("ProducerBusy")
-        || error.contains("ProducerFenced")
-        || error.contains("exclusive producer")
+/// over the moment it does. Decided on the broker's refusal code, never on
+/// the text of a message.
+pub fn held_elsewhere(error: &Error) -> bool {
+    match error {
+        Error::Pulsar(pulsar::Error::Producer(ProducerError::Fenced)) => true,
+        Error::Pulsar(e) => matches!(
+            server_error(e),
+            Some(ServerError::ProducerBusy | ServerError::ProducerFenced)
+        ),
+        _ => false,
+    }
+}
+
+/// The broker's refusal code inside a client error, wherever the client
+/// put it: on the connection, on the producer's connection, or on a batch.
+pub fn server_error(error: &pulsar::Error) -> Option<ServerError> {
+    let connection = match error {
+        pulsar::Error::Connection(c) => c,
+        pulsar::Error::Producer(ProducerError::Connection(c)) => c,
+        pulsar::Error::Producer(ProducerError::Batch(inner)) => return server_error(inner),
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => return *code,
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(c)) => c,
+        _ => return None,
+    };
+    match connection {
+        ConnectionError::PulsarError(code, _) => *code,
+        _ => None,
+    }
 }
 
 /// The retry after a producer error, and the backoff after it: a topic held
@@ -100,13 +128,31 @@ mod tests {
 
     #[test]
     fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
-        assert!(held_elsewhere(
-            "Connection error: Server error (Some(ProducerBusy)): Exclusive access mode"
-        ));
-        assert!(held_elsewhere(
-            "ProducerFenced: there is an existing exclusive producer"
-        ));
-        assert!(!held_elsewhere("Connection error: disconnected"));
+        let refused = |code| {
+            Error::Pulsar(pulsar::Error::Connection(ConnectionError::PulsarError(
+                Some(code),
+                Some("Exclusive access mode".into()),
+            )))
+        };
+        assert!(held_elsewhere(&refused(ServerError::ProducerBusy)));
+        assert!(held_elsewhere(&refused(ServerError::ProducerFenced)));
+        assert!(held_elsewhere(&Error::Pulsar(pulsar::Error::Producer(
+            ProducerError::Fenced
+        ))));
+        assert!(held_elsewhere(&Error::Pulsar(pulsar::Error::Producer(
+            ProducerError::Connection(ConnectionError::PulsarError(
+                Some(ServerError::ProducerBusy),
+                None
+            ))
+        ))));
+        // Another refusal, or a message that only says the words, is not.
+        assert!(!held_elsewhere(&refused(ServerError::AuthorizationError)));
+        assert!(!held_elsewhere(&Error::Pulsar(pulsar::Error::Connection(
+            ConnectionError::Disconnected
+        ))));
+        assert!(!held_elsewhere(&Error::Io(std::io::Error::other(
+            "ProducerBusy: exclusive producer"
+        ))));
         let (d, next) = retry_policy(Duration::from_secs(4), true);
         assert_eq!(
             (d, next),

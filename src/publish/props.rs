@@ -12,6 +12,14 @@ pub const NODE: &str = "firstseen-node";
 /// Leader-stamped first-seen time, ms since epoch (also the event time).
 pub const FIRST_SEEN_MS: &str = "firstseen-first-seen-ms";
 
+/// The most bytes firstseen's own properties and Pulsar's message metadata
+/// add to a message beyond what `dedup.max_message_bytes` counts (the MQTT
+/// topic, the MQTT 5 properties and the payload): the five names above, a
+/// sequence and a time of up to 20 digits each, the key in hex twice (it is
+/// also the partition key), the producer's name and Pulsar's fixed fields.
+/// A test below checks the largest such set stays under it.
+pub const OWN_BYTES: usize = 1024;
+
 /// MQTT 5 properties, when the message had them (docs/configuration.md,
 /// "MQTT 5 properties in Pulsar"). Each name is `mqtt-` and the MQTT name,
 /// so none can clash with firstseen's own (`firstseen-*`) or `mqtt-topic`.
@@ -71,6 +79,26 @@ pub fn get<'a>(metadata: &'a pulsar::proto::MessageMetadata, name: &str) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn firstseen_s_own_properties_fit_in_their_allowance() {
+        let u64_max = u64::MAX.to_string();
+        let key = "f".repeat(64);
+        let own = [
+            (SEQ, u64_max.as_str()),
+            (KEY, key.as_str()),
+            (NODE, u64_max.as_str()),
+            (FIRST_SEEN_MS, u64_max.as_str()),
+        ];
+        let named: usize = own.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + MQTT_TOPIC.len()
+            // The partition key, the producer's name (prefix, node, term
+            // and a scratch name) and Pulsar's fixed metadata fields.
+            + key.len()
+            + 128
+            + 128;
+        assert!(named < OWN_BYTES, "{named}");
+    }
 
     #[test]
     fn mqtt5_properties_get_collision_free_names() {

@@ -215,6 +215,27 @@ snapshot_logs = {c.args.snapshot_logs}
     def running(self):
         return self.proc is not None and self.proc.poll() is None
 
+    def resources(self):
+        """Resident memory of the node's process (None when it is not
+        running) and the bytes under its data directory, in MB."""
+        rss = None
+        if self.running():
+            try:
+                with open(f"/proc/{self.proc.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            rss = round(int(line.split()[1]) / 1024, 1)
+            except OSError:
+                pass
+        disk = 0
+        for root, _, files in os.walk(os.path.join(self.fs.mount, "data")):
+            for name in files:
+                try:
+                    disk += os.lstat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+        return {"rss_mb": rss, "disk_mb": round(disk / 1e6, 1)}
+
     def signal(self, sig):
         if self.running():
             os.kill(self.proc.pid, sig)
@@ -575,7 +596,7 @@ class Campaign:
     def go(self):
         a = self.args
         secs = a.minutes * 60
-        profile = schedule.SOAK if a.profile == "soak" else schedule.SHORT
+        profile = schedule.PROFILES[a.profile]
         faults = schedule.generate(a.seed, secs, profile)
         json.dump([f.to_json() for f in faults], open(os.path.join(self.out, "schedule.json"), "w"), indent=1)
         log(f"seed {a.seed}: {len(faults)} faults over {a.minutes} min at {a.rate} msg/s: {schedule.counts(faults)}")
@@ -588,6 +609,8 @@ class Campaign:
              "--run", self.run, "--template", a.template, "--out", self.out,
              "--start-at", str(self.t0)],
             stdout=subprocess.PIPE, text=True)
+        sampler = threading.Thread(target=self.sample_resources, daemon=True)
+        sampler.start()
         timeline = self.run_schedule(faults)
         self.heal()
         self.note("schedule over: healed")
@@ -661,12 +684,20 @@ class Campaign:
                         "faults_by_kind": schedule.counts(faults), "events": self.events,
                         "recovered": recovered, "refused_nodes": refused, "elections": self.elections(),
                         "self_exits": self.self_exits,
+                        "resources": self.resource_summary(),
                         "load": load_info})
         write_history(os.path.join(self.out, "history.jsonl.gz"), t_pub, t_ack, first_ack,
                       arrived[:len(t_pub)], msgs)
         if not recovered:
             verdict["ok"] = False
             log("a node was neither ready nor refusing damaged files after the faults healed: verdict FAILED")
+        if refused:
+            # G6: a power cut of every node loses nothing, and a node that
+            # will not start until an operator rebuilds it lost what it had
+            # confirmed. Refusing is right for a disk that broke its promise;
+            # the crash filesystem keeps every promise fsync makes.
+            verdict["ok"] = False
+            log(f"nodes {refused} refused to start after the faults: verdict FAILED (G6)")
         json.dump(verdict, open(os.path.join(self.out, "summary.json"), "w"), indent=1)
         try:
             import plot
@@ -675,7 +706,36 @@ class Campaign:
         except Exception as e:
             log(f"no plot: {e}")
         log(check.summary_line(verdict))
+        log("stall by fault kind:\n" + check.stall_table(verdict))
         return verdict
+
+    def sample_resources(self):
+        """Every minute, each node's memory and disk, to resources.jsonl: a
+        leak or a log that is never purged shows as a slope over the hour."""
+        path = os.path.join(self.out, "resources.jsonl")
+        self.samples = []
+        while not self.stopping and self.supervised:
+            sample = {"t": round(time.time() - self.t0),
+                      "nodes": {n.i: n.resources() for n in self.nodes}}
+            self.samples.append(sample)
+            with open(path, "a") as f:
+                f.write(json.dumps(sample) + "\n")
+            for _ in range(60):
+                if self.stopping or not self.supervised:
+                    return
+                time.sleep(1)
+
+    def resource_summary(self):
+        """Per node: RSS and disk at the first and last sample, and the most."""
+        out = {}
+        for n in self.nodes:
+            rss = [s["nodes"][n.i]["rss_mb"] for s in getattr(self, "samples", [])
+                   if s["nodes"][n.i]["rss_mb"] is not None]
+            disk = [s["nodes"][n.i]["disk_mb"] for s in getattr(self, "samples", [])]
+            if rss and disk:
+                out[n.i] = {"rss_mb_first": rss[0], "rss_mb_last": rss[-1], "rss_mb_max": max(rss),
+                            "disk_mb_first": disk[0], "disk_mb_last": disk[-1], "disk_mb_max": max(disk)}
+        return out
 
     def elections(self):
         n = 0
@@ -716,7 +776,7 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--minutes", type=float, default=4)
     ap.add_argument("--rate", type=float, default=300)
-    ap.add_argument("--profile", choices=["short", "soak"], default="short")
+    ap.add_argument("--profile", choices=sorted(schedule.PROFILES), default="short")
     ap.add_argument("--snapshot-logs", type=int, default=None,
                     help="cluster.snapshot_logs of the nodes (300 short, 5000 soak: "
                          "the soak's entry rate is about four times the short's)")
@@ -728,7 +788,7 @@ def main():
                     help="read Mosquitto's debug log to see each bridge's acks")
     a = ap.parse_args()
     if a.snapshot_logs is None:
-        a.snapshot_logs = 5000 if a.profile == "soak" else 300
+        a.snapshot_logs = 300 if a.profile == "short" else 5000
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1 << 31)
     if os.path.exists(a.out):

@@ -252,11 +252,34 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
         "longest_publish_stall_s": publish_stall,
         "stall_per_fault_s": {"p50": pct(stalls, 0.5), "p99": pct(stalls, 0.99),
                               "max": stalls[-1] if stalls else None},
+        "stall_by_kind_s": stall_by_kind(per_fault),
         "latency_ms": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "max": lat[-1] if lat else None,
                        "measured_by": "live reader" if arrived is not None else "producer publish time"},
         "faults": per_fault,
         "ok": not lost and not duplicated and not unexpected and out_of_order == 0,
     }
+
+
+def stall_by_kind(per_fault):
+    """For each fault kind: how many ran, and the median and longest stall
+    of progress while one ran (plus 10 s after it healed). A stall is
+    charged to every fault that overlapped it, so these overlap too."""
+    by = {}
+    for p in per_fault:
+        by.setdefault(p["kind"], []).append(p["stall_s"])
+    out = {}
+    for kind, xs in sorted(by.items()):
+        xs.sort()
+        out[kind] = {"count": len(xs), "p50": xs[len(xs) // 2], "max": xs[-1]}
+    return out
+
+
+def stall_table(v):
+    """The per-kind stall table as Markdown, for docs/reliability.md."""
+    rows = ["| fault kind | times | median stall, s | longest stall, s |", "|---|---|---|---|"]
+    for kind, r in v.get("stall_by_kind_s", {}).items():
+        rows.append(f"| {kind} | {r['count']} | {r['p50']} | {r['max']} |")
+    return "\n".join(rows)
 
 
 def summary_line(v):

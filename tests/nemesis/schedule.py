@@ -59,14 +59,31 @@ class Profile:
     # copy); only a loss of every node at once exposes it, and the short
     # profile must catch that build (it did not, with beyond = 0.05 alone).
     beyond_once: bool = False
+    # At least this many windows go beyond the model, spread over the run
+    # (on top of those `beyond` draws): a promise the soak makes about every
+    # seed, not only about most of them.
+    beyond_at_least: int = 0
 
 
 SHORT = Profile(beyond_once=True)
-# side_every 7.5: about 115 of each of the four side kinds an hour, the
-# issue's 100 with a margin. At 6.0 (150 an hour) Pulsar restarted every
-# 24 s on average and, taking 15-30 s under load, was down most of the run.
-SOAK = Profile(window=(10.0, 16.0), faults_per_window=(8, 10), fault_len=(1.0, 3.5),
-               gap=2.0, side_every=7.5, beyond=0.45, settle=30.0)
+# The default soak: a very bad hour as an operator would recognise it. A new
+# fault begins every 20 s on average (about 180 an hour: some 70 windows of
+# one to three faults on the victim, and a side fault every 90 s); each of
+# the 14 kinds comes up at least 8 times (a loss of power on every node at
+# once among them, where the issue asks for 5), Pulsar and Mosquitto
+# restart about 10 times each. Windows
+# overlap faults on their victim as the short profile's do.
+SOAK = Profile(window=(24.0, 48.0), faults_per_window=(1, 3), fault_len=(2.0, 8.0),
+               gap=15.0, side_every=90.0, beyond=0.03, settle=60.0,
+               beyond_at_least=8)
+# The density an earlier issue asked for: about 115 of each kind an hour, a
+# power loss of every node every 33 s and Pulsar restarted every 30 s. On a
+# 2-core machine it drowns Pulsar and Mosquitto rather than firstseen
+# (docs/reliability.md, "The hour-long soak"); kept so that seeds found
+# with it (777001, 4242) replay as they ran.
+DENSE = Profile(window=(10.0, 16.0), faults_per_window=(8, 10), fault_len=(1.0, 3.5),
+                gap=2.0, side_every=7.5, beyond=0.45, settle=30.0)
+PROFILES = {"short": SHORT, "soak": SOAK, "dense": DENSE}
 
 
 class Deck:
@@ -94,12 +111,19 @@ def generate(seed, seconds, profile=SHORT):
     end_of_faults = seconds - p.settle
     t = rng.uniform(3.0, 6.0)
     window = 0
-    forced = rng.randrange(1, 4) if p.beyond_once else None
+    forced = {rng.randrange(1, 4)} if p.beyond_once else set()
+    if p.beyond_at_least:
+        # Evenly spread over the windows the run should have, the last one
+        # well before the end (window lengths are drawn, so the count is an
+        # estimate: 80% of it leaves room for a run of long windows).
+        expected = (end_of_faults - t) / (sum(p.window) / 2 + p.gap)
+        step = 0.8 * expected / p.beyond_at_least
+        forced |= {int(step * (i + 0.5)) for i in range(p.beyond_at_least)}
     while t < end_of_faults:
         length = min(rng.uniform(*p.window), end_of_faults - t)
         if length < 2.0:
             break
-        if window == forced or rng.random() < p.beyond:
+        if window in forced or rng.random() < p.beyond:
             faults.append(Fault(t, t + min(length, rng.uniform(2.0, 6.0)),
                                 "power_loss_all", "", rng.randrange(1 << 30)))
         else:

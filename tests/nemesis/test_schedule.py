@@ -14,7 +14,7 @@ class ScheduleTest(unittest.TestCase):
 
     def test_at_most_one_node_is_impaired_at_a_time(self):
         for seed in range(50):
-            for profile in (schedule.SHORT, schedule.SOAK):
+            for profile in (schedule.SHORT, schedule.SOAK, schedule.DENSE):
                 node = [f for f in schedule.generate(seed, 900, profile)
                         if f.kind in schedule.NODE_KINDS or f.kind == "power_loss_all"]
                 for x in node:
@@ -44,8 +44,22 @@ class ScheduleTest(unittest.TestCase):
             kinds = [f.kind for f in schedule.generate(seed, 240)]
             self.assertIn("power_loss_all", kinds, seed)
 
-    def test_an_hour_long_soak_meets_every_kind_a_hundred_times(self):
-        c = schedule.counts(schedule.generate(7, 3600, schedule.SOAK))
+    def test_an_hour_long_soak_is_a_very_bad_hour_on_every_seed(self):
+        # A new fault every 20 s on average, every kind at least 8 times,
+        # every node powered off at once at least 5 times, Pulsar and
+        # Mosquitto restarted about 10 times each.
+        for seed in [7, 4242, 777001] + list(range(40)):
+            faults = schedule.generate(seed, 3600, schedule.SOAK)
+            c = schedule.counts(faults)
+            self.assertTrue(150 <= len(faults) <= 215, (seed, len(faults), c))
+            for kind in schedule.KINDS:
+                self.assertGreaterEqual(c.get(kind, 0), 8, (seed, kind, c))
+            self.assertGreaterEqual(c["power_loss_all"], 5, (seed, c))
+            for kind in ("pulsar_restart", "mqtt_restart"):
+                self.assertTrue(7 <= c[kind] <= 14, (seed, kind, c))
+
+    def test_the_dense_profile_meets_every_kind_a_hundred_times(self):
+        c = schedule.counts(schedule.generate(7, 3600, schedule.DENSE))
         for kind in schedule.KINDS:
             self.assertGreaterEqual(c.get(kind, 0), 100, (kind, c))
 

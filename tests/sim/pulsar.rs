@@ -205,8 +205,13 @@ impl<W: HasPulsar> Session for SimSession<W> {
             return Err(refused("connection refused: the broker is down"));
         }
         if let Some(holder) = p.holders.get(topic) {
-            return Err(refused(&format!(
-                "ProducerBusy: {topic} is held by producer {holder}"
+            // As the broker refuses it: a typed code, which the publisher's
+            // policy reads (never the text).
+            return Err(Error::Pulsar(pulsar::Error::Connection(
+                pulsar::error::ConnectionError::PulsarError(
+                    Some(pulsar::proto::ServerError::ProducerBusy),
+                    Some(format!("{topic} is held by producer {holder}")),
+                ),
             )));
         }
         p.next_producer += 1;
