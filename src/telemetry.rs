@@ -91,6 +91,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "HTTPS connections refused before a request: failed or timed-out TLS handshakes, or too many at once",
     ),
     (
+        "firstseen_http_connections_closed_total",
+        "counter",
+        "HTTP(S) connections closed to keep one client from holding the API: too many from one address, or idle too long",
+    ),
+    (
         "firstseen_peer_refused_total",
         "counter",
         "Peer connections refused (handshake, TLS, bad frames)",

@@ -97,11 +97,19 @@ fn check_config_accepts_a_good_file_and_names_the_key_of_a_bad_one() {
     );
 }
 
-/// An upstream whose host does not resolve: the node runs, says why it is
-/// not ready, and keeps retrying.
-#[test]
-fn an_unresolvable_upstream_is_reported_by_name() {
-    let dir = tempfile::TempDir::new().unwrap();
+/// A node process, killed when the test ends, failed assertions included.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node on its own whose upstream does not resolve and whose Pulsar is
+/// not there: its HTTP API runs all the same. Returns it and its HTTP port.
+fn lonely_node(dir: &tempfile::TempDir) -> (Reaped, u16) {
     let port = free_port();
     let text = BASE
         .replace("mqtt://127.0.0.1:1883", "mqtt://no-such-host.invalid:1883")
@@ -119,12 +127,76 @@ fn an_unresolvable_upstream_is_reported_by_name() {
         );
     let path = dir.path().join("c.toml");
     std::fs::write(&path, text).unwrap();
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args(["run", "--config"])
         .arg(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    (Reaped(child), port)
+}
+
+/// Past 32 open connections from one address the next is closed at once;
+/// another address is still served; a connection that sends nothing is
+/// closed after 30 s, and its address is served again. Without the bounds
+/// one client could hold connections until the node ran out of file
+/// descriptors, the readiness probe's included.
+#[test]
+fn one_client_cannot_hold_the_http_api() {
+    use std::io::Read;
+    let dir = tempfile::TempDir::new().unwrap();
+    let (_node, port) = lonely_node(&dir);
+    let addr = format!("127.0.0.1:{port}");
+    let healthz = |from: &str| -> String {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-m",
+                "5",
+                "--interface",
+                from,
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg(format!("http://{addr}/healthz"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_until(Duration::from_secs(30), "the HTTP API", || {
+        healthz("127.0.0.1") == "200"
+    });
+    let mut hogs: Vec<std::net::TcpStream> = (0..32)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // Accepted in order: the 33rd is closed without an answer.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(healthz("127.0.0.1"), "000", "a 33rd connection was served");
+    assert_eq!(healthz("127.0.0.2"), "200", "another address was refused");
+    // The hogs never send a byte: closed by the node within the idle timeout.
+    let started = std::time::Instant::now();
+    for hog in &mut hogs {
+        hog.set_read_timeout(Some(Duration::from_secs(45))).unwrap();
+        let mut buf = Vec::new();
+        let closed = hog.read_to_end(&mut buf).is_ok();
+        assert!(closed, "an idle connection was still open after 45 s");
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(25),
+        "closed after {waited:?}, before the idle timeout"
+    );
+    assert_eq!(healthz("127.0.0.1"), "200");
+}
+
+/// An upstream whose host does not resolve: the node runs, says why it is
+/// not ready, and keeps retrying.
+#[test]
+fn an_unresolvable_upstream_is_reported_by_name() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (_node, port) = lonely_node(&dir);
     let status = || -> Option<Status> {
         let out = Command::new(bin())
             .args([
@@ -167,8 +239,6 @@ fn an_unresolvable_upstream_is_reported_by_name() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "503");
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// An empty payload is a message like any other; an oversized one goes to

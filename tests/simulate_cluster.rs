@@ -1496,15 +1496,16 @@ fn run_seed(
                     }
                 }
                 Fault::PowerAll(down_for) => {
-                    // Every node's power goes at the same instant: none may
-                    // write after another has lost what it had not synced.
+                    // Every node's power goes at the same simulated instant
+                    // (the clock stands still meanwhile). Each node is
+                    // crashed right after its own power goes, as a single
+                    // crash is: a node left running on a powered-off disk
+                    // would see I/O errors no real power cut shows it.
                     let ids: Vec<NodeId> = nodes.keys().copied().collect();
                     for id in &ids {
                         lock(&world).pauses[id].send_replace(false);
                         lock(&world).down.insert(*id);
                         disks.power[id].power_off();
-                    }
-                    for id in &ids {
                         let node = nodes.remove(id).expect("listed above");
                         crash(*id, node, &services, &world).await;
                     }

@@ -5,6 +5,12 @@
 //! axum. Doing the handshake inside `accept` would let one client that
 //! opens a connection and sends nothing stall the whole API, status page
 //! and readiness probe included.
+//!
+//! Every connection, plain or TLS, is also bounded: one address holds at
+//! most [`MAX_PER_ADDRESS`] at once, and a connection that sends nothing for
+//! [`IDLE_TIMEOUT`] is closed. Without them one client could open
+//! connections (or send a header a byte a minute) until the node ran out of
+//! file descriptors, and the readiness probe with it.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,6 +34,121 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TLS handshakes in progress at once; a flood beyond this is refused at
 /// accept instead of each holding a task and a TLS state.
 const MAX_HANDSHAKES: usize = 64;
+
+/// Connections one client address may hold open at once; more are closed
+/// at accept. Far above what a browser, a scraper and a probe need.
+pub const MAX_PER_ADDRESS: usize = 32;
+/// A connection that sends nothing for this long is closed: a keep-alive
+/// client opens a new one, a slow-header client loses its slot.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Counts open connections per client address.
+#[derive(Default)]
+struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl PerAddress {
+    /// A slot for one more connection from `ip`, or `None` at the cap.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Slot> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in [`PerAddress`], given back when it closes.
+struct Slot {
+    table: Arc<PerAddress>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut m = self.table.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A connection holding its [`Slot`], whose reads fail once it has sent
+/// nothing for [`IDLE_TIMEOUT`] (hyper then closes it).
+struct Bounded {
+    inner: BoxStream,
+    _slot: Slot,
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Bounded {
+    fn new(inner: BoxStream, slot: Slot) -> Self {
+        Self {
+            inner,
+            _slot: slot,
+            idle: Box::pin(tokio::time::sleep(IDLE_TIMEOUT)),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Bounded {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    let next = tokio::time::Instant::now() + IDLE_TIMEOUT;
+                    self.idle.as_mut().reset(next);
+                }
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => match self.idle.as_mut().poll(cx) {
+                std::task::Poll::Ready(()) => {
+                    metrics::counter!("firstseen_http_connections_closed_total", "reason" => "idle")
+                        .increment(1);
+                    std::task::Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no request bytes within the idle timeout",
+                    )))
+                }
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            },
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Bounded {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 /// What a handler knows about the connection a request came on.
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +206,7 @@ async fn accept_loop(
     tasks: TaskTracker,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let per_address = Arc::new(PerAddress::default());
     loop {
         let (stream, addr) = tokio::select! {
             a = tcp.accept() => match a {
@@ -99,10 +221,16 @@ async fn accept_loop(
             _ = shutdown.cancelled() => return,
             _ = ready.closed() => return,
         };
+        let Some(slot) = per_address.take(addr.ip()) else {
+            metrics::counter!("firstseen_http_connections_closed_total", "reason" => "per_address")
+                .increment(1);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let Some(acceptor) = tls.clone() else {
             let client = Client { addr, tls: false };
-            if ready.send((Box::new(stream), client)).await.is_err() {
+            let stream: BoxStream = Box::new(Bounded::new(Box::new(stream), slot));
+            if ready.send((stream, client)).await.is_err() {
                 return;
             }
             continue;
@@ -116,7 +244,8 @@ async fn accept_loop(
             let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(s)) => {
-                    let _ = ready.send((Box::new(s), Client { addr, tls: true })).await;
+                    let stream: BoxStream = Box::new(Bounded::new(Box::new(s), slot));
+                    let _ = ready.send((stream, Client { addr, tls: true })).await;
                 }
                 // A failed handshake is the client's problem (a wrong CA on
                 // its side, a plain-HTTP request, a scanner); counted, and
