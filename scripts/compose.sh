@@ -37,6 +37,13 @@ for image in "$MOSQUITTO_IMAGE" "$PULSAR_IMAGE" localhost/firstseen:latest; do
   podman image exists "$image" || { log "image $image is missing: run scripts/images.sh first"; exit 2; }
 done
 "$here/setup.sh" >/dev/null
+# The cluster secret is made here, once, never shipped: a secret every
+# clone shares is no secret (firstseen refuses the old placeholders).
+secret="$root/deploy/compose/cluster.secret"
+if [ ! -s "$secret" ]; then
+  (umask 077; head -c 32 /dev/urandom | base64 > "$secret")
+  log "made a new cluster secret in $secret"
+fi
 
 MQTT_PORT=$(free_port); PULSAR_PORT=$(free_port); PULSAR_WEB_PORT=$(free_port)
 NODE1_PORT=$(free_port); NODE2_PORT=$(free_port); NODE3_PORT=$(free_port)

@@ -7,7 +7,10 @@
 #   FUZZ_SECONDS=600 scripts/fuzz.sh
 #
 # Targets: peer_frame (frame header and bincode body of peer requests and
-# replies), handshake (the peer handshake's answer), window_record (varints,
+# replies), handshake (both sides of the peer handshake, fed forged messages),
+# stored (what a node reads back from its disk: Raft log entries, vote,
+# purge and commit points, outbox messages, the applied marker,
+# current.meta, guard slots), window_record (varints,
 # window records, masks, outbox runs), snapshot_import (a snapshot stream into
 # a fresh state database), config (config text and an environment override),
 # json_key (the JSON-field dedup key on any payload).
@@ -28,7 +31,7 @@ root="$(cd "$here/.." && pwd)"
 
 seconds=${FUZZ_SECONDS:-60}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(peer_frame handshake window_record snapshot_import config json_key)
+[ ${#targets[@]} -gt 0 ] || targets=(peer_frame handshake stored window_record snapshot_import config json_key)
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   log "installing cargo-fuzz (first run only)"

@@ -24,6 +24,15 @@
 # Dockerfile's cache mounts make an unchanged tree take seconds and a
 # changed one an incremental release build).
 #
+#   FIRSTSEEN_BINARY=target/debug/firstseen scripts/images.sh
+#                                  the firstseen image from a binary the host
+#                                  has just built, instead of compiling again
+#                                  inside a container: deploy/Dockerfile's
+#                                  runtime stage as it is, with that binary
+#                                  copied in (CI does this; the host is Debian
+#                                  bookworm like the image). The Rust build
+#                                  image is then not needed and not built.
+#
 # The two base images take the names deploy/Dockerfile asks for, so the
 # Dockerfile stays the one Docker users build against the public images.
 # Mosquitto and Pulsar get names of their own, not the official ones, so
@@ -176,7 +185,29 @@ pulsar_image() {
   rm -rf "$ctx"
 }
 
+# The runtime stage of deploy/Dockerfile with a prebuilt binary: the stage
+# is taken from the Dockerfile, so the two cannot drift apart.
+firstseen_image_prebuilt() {
+  local bin=$1 ctx
+  [ -x "$bin" ] || { log "FIRSTSEEN_BINARY=$bin is not an executable"; exit 2; }
+  log "building localhost/firstseen:latest from $bin and deploy/Dockerfile's runtime stage"
+  ctx=$(mktemp -d)
+  # Debug information is most of a debug build's size and no use in a container.
+  strip -o "$ctx/firstseen" "$bin" 2>/dev/null || cp "$bin" "$ctx/firstseen"
+  sed -n '/^FROM debian:bookworm-slim/,$p' "$root/deploy/Dockerfile" \
+    | sed 's|^COPY --from=build /usr/local/bin/firstseen |COPY firstseen |' > "$ctx/Containerfile"
+  grep -q '^COPY firstseen ' "$ctx/Containerfile" \
+    || { log "deploy/Dockerfile's runtime stage no longer copies the binary as expected"; exit 1; }
+  podman build -q --pull=never -t localhost/firstseen:latest "$ctx" > "$cache/firstseen-build.log" 2>&1 \
+    || { log "the image build failed; last lines of $cache/firstseen-build.log:"; tail -40 "$cache/firstseen-build.log" >&2; rm -rf "$ctx"; exit 1; }
+  rm -rf "$ctx"
+}
+
 firstseen_image() {
+  if [ -n "${FIRSTSEEN_BINARY:-}" ]; then
+    firstseen_image_prebuilt "$FIRSTSEEN_BINARY"
+    return
+  fi
   log "building localhost/firstseen:latest from deploy/Dockerfile"
   podman build --pull=never -f "$root/deploy/Dockerfile" -t localhost/firstseen:latest "$root" \
     > "$cache/firstseen-build.log" 2>&1 \
@@ -187,7 +218,7 @@ firstseen_image() {
 
 install_tools
 step base "base image" base_image
-step rust "Rust build image" rust_image
+[ -n "${FIRSTSEEN_BINARY:-}" ] || step rust "Rust build image" rust_image
 step mosquitto "Mosquitto image" mosquitto_image
 step pulsar "Pulsar image" pulsar_image
 step firstseen "firstseen image" firstseen_image

@@ -31,6 +31,7 @@ pub mod ingest;
 pub mod key;
 pub mod node;
 pub mod pem;
+pub mod peraddr;
 pub mod propose;
 pub mod publish;
 pub mod supervise;

@@ -87,8 +87,15 @@ enum Command {
         /// Base URL of any node's HTTP API.
         #[arg(long, global = true, default_value = "http://127.0.0.1:8080")]
         url: String,
-        /// The cluster secret file, which authorises admin requests.
-        #[arg(long, global = true, env = "FIRSTSEEN_SECRET_FILE")]
+        /// The file with what authorises admin requests: the node's
+        /// admin token (node.admin_token_file), or the cluster secret when
+        /// the node has none.
+        #[arg(
+            long,
+            global = true,
+            env = "FIRSTSEEN_SECRET_FILE",
+            alias = "token-file"
+        )]
         secret_file: Option<PathBuf>,
         /// CA (PEM) to trust for an https:// URL, besides the system's roots.
         #[arg(long, global = true, env = "FIRSTSEEN_CA_FILE")]
@@ -359,7 +366,9 @@ async fn verify(
 
 /// An HTTP client for a node's API that also trusts `ca_file`.
 fn api_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
-    let mut b = reqwest::Client::builder();
+    // No redirect is followed: an admin request carries a credential, and
+    // only the 409 hop below, checked like the first request, may move it.
+    let mut b = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     if let Some(ca) = ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
@@ -372,6 +381,33 @@ fn api_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, Stri
         }
     }
     b.build().map_err(|e| e.to_string())
+}
+
+/// Whether the CLI may send the admin credential to `base`: over https to
+/// any host, over plain http only to this host (loopback). A secret sent in
+/// the clear to another host is a secret given to the network.
+fn credential_may_go_to(base: &str) -> Result<(), String> {
+    let url = url::Url::parse(base).map_err(|e| format!("{base}: {e}"))?;
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" => {
+            let local = match url.host() {
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                None => false,
+            };
+            if local {
+                Ok(())
+            } else {
+                Err(format!(
+                    "refusing to send the admin credential over plain HTTP to {}: use https:// (node.http_tls) or run the command on that host",
+                    url.host_str().unwrap_or("?")
+                ))
+            }
+        }
+        other => Err(format!("{base}: `{other}` is not http or https")),
+    }
 }
 
 async fn members(
@@ -426,6 +462,10 @@ async fn members(
                 .json(&serde_json::json!({"id": id, "zone": zone, "addr": addr, "http": http})),
             MembersAction::Remove { id } => client.delete(format!("{base}/admin/members/{id}")),
         };
+        if let Err(why) = credential_may_go_to(&base) {
+            eprintln!("error: {why}");
+            return ExitCode::from(2);
+        }
         let response = match request.bearer_auth(&secret).send().await {
             Ok(r) => r,
             Err(e) => {
@@ -562,4 +602,30 @@ async fn status(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>) 
 /// An optional value as table text: "-" when there is none.
 fn or_dash<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::credential_may_go_to;
+
+    #[test]
+    fn the_admin_credential_goes_in_the_clear_only_to_this_host() {
+        for ok in [
+            "https://node-2.example:8443",
+            "http://127.0.0.1:8080",
+            "http://127.3.4.5:8080",
+            "http://localhost:8080",
+            "http://[::1]:8080",
+        ] {
+            assert!(credential_may_go_to(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.2:8080",
+            "http://node-2.example:8080",
+            "http://[2001:db8::1]:8080",
+            "ftp://127.0.0.1",
+        ] {
+            assert!(credential_may_go_to(refused).is_err(), "{refused}");
+        }
+    }
 }

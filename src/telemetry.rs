@@ -83,12 +83,32 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_admin_refused_total",
         "counter",
-        "Admin API requests refused: no or a wrong cluster secret, or the secret over plain HTTP from a non-loopback client",
+        "Admin API requests refused: no or a wrong admin credential (the admin token, or the cluster secret without one), or the credential over plain HTTP from a non-loopback client",
     ),
     (
         "firstseen_http_tls_refused_total",
         "counter",
         "HTTPS connections refused before a request: failed or timed-out TLS handshakes, or too many at once",
+    ),
+    (
+        "firstseen_set_aside_total",
+        "counter",
+        "Messages the publisher sent as a marker because the broker would refuse them (over pulsar.max_message_bytes); each is kept in the dead-letter store",
+    ),
+    (
+        "firstseen_dead_letter_removed_total",
+        "counter",
+        "Dead-letter files removed to keep the store within its quota and retention",
+    ),
+    (
+        "firstseen_dead_letter_bytes",
+        "gauge",
+        "Bytes the dead-letter store holds",
+    ),
+    (
+        "firstseen_dead_letter_files",
+        "gauge",
+        "Files the dead-letter store holds",
     ),
     (
         "firstseen_http_connections_closed_total",

@@ -383,8 +383,9 @@ fn a_new_node_catches_up_by_snapshot() {
     );
 }
 
-/// Peers without the cluster secret, garbled frames and oversized frames are
-/// refused with a logged reason, and the cluster carries on.
+/// Peers without the cluster secret, garbled frames, frames that fail their
+/// integrity check and oversized frames are refused with a logged reason,
+/// and the cluster carries on.
 #[test]
 fn unauthenticated_and_garbled_peers_are_refused() {
     use firstseen::cluster::wire::{self, ClusterKey};
@@ -436,11 +437,15 @@ fn unauthenticated_and_garbled_peers_are_refused() {
     s.write_all(&hello).unwrap();
     assert!(closed(&mut s), "a wrong secret must be refused");
 
-    // 3. The right secret, then a garbled frame; 4. then an oversized one.
+    // 3. The right secret, then: a garbled frame with its right MAC; a
+    // well-formed frame whose MAC is not the session's (changed on the way,
+    // or injected by a host on the path); an oversized one.
     let key = ClusterKey::from_secret(&std::fs::read(c.secret_file()).unwrap());
-    for frame in [
-        vec![0, 0, 0, 3, 0xde, 0xad, 0xbe],
-        vec![0xff, 0xff, 0xff, 0xff],
+    let garbled = vec![0, 0, 0, 3, 0xde, 0xad, 0xbe];
+    for (frame, sealed) in [
+        (garbled.clone(), true),
+        (garbled, false),
+        (vec![0xff, 0xff, 0xff, 0xff], false),
     ] {
         let mut s = TcpStream::connect(&target).unwrap();
         let n = challenge(&mut s);
@@ -450,6 +455,13 @@ fn unauthenticated_and_garbled_peers_are_refused() {
         s.write_all(&hello).unwrap();
         let mut answer = [0u8; 40];
         s.read_exact(&mut answer).unwrap();
+        let mut frame = frame;
+        if sealed {
+            let (mut seal, _) = wire::handshake::seals(&key, &n, &[7; 32], false);
+            seal.seal(&mut frame);
+        } else if frame.len() > 4 {
+            frame.extend_from_slice(&[0x55; wire::FRAME_MAC]);
+        }
         s.write_all(&frame).unwrap();
         assert!(closed(&mut s), "a bad frame must close the connection");
     }
@@ -458,6 +470,7 @@ fn unauthenticated_and_garbled_peers_are_refused() {
     for reason in [
         "does not know the cluster secret",
         "garbled frame",
+        "failed its integrity check",
         "exceeds",
     ] {
         wait_until(

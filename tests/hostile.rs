@@ -136,3 +136,137 @@ fn a_foreign_tail_is_skipped_and_nothing_acked_is_lost() {
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("foreign         2"), "{report}");
 }
+
+/// A message larger than the broker accepts reaches the publisher (ingest
+/// took it under larger settings, as a node configured apart from the
+/// others would): it goes to the topic as a marker with its sequence and
+/// key, it is kept in the dead-letter store, and everything behind it is
+/// published once. Without the check the publisher sent it again after every
+/// reconnect and nothing behind it was ever published.
+#[test]
+fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_it() {
+    let Some(pulsar) = shared_pulsar(
+        "a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_it",
+    ) else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("set-aside");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    // First, no broker to publish to: everything waits in the outbox.
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    spec.config.pulsar.admin_url = None;
+    let mut node = Node::start(spec);
+    let sent = replay(mqtt.port, &["--limit", "300", "--pace", "max"]).published;
+    let big_topic = "/hfp/v2/journey/ongoing/vp/bus/big/1";
+    let big = vec![b'x'; 400 * 1024];
+    publish(mqtt.port, big_topic, &big);
+    let after = replay(
+        mqtt.port,
+        &["--skip", "300", "--limit", "100", "--pace", "max"],
+    )
+    .published;
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= (sent + 1 + after) as f64
+    });
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // Then a broker that takes 256 KiB at most.
+    node.spec.config.pulsar.url = real_url;
+    node.spec.config.pulsar.max_message_bytes = 256 * 1024;
+    node.spec.config.dedup.max_message_bytes = 128 * 1024;
+    node.spec.config.dedup.max_payload_bytes = 128 * 1024;
+    node.restart();
+    let mut want = hfp_pairs(Some(400));
+    want.insert((big_topic.to_string(), String::new()));
+    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    assert!(node.metric("firstseen_set_aside_total") >= 1.0);
+    assert_exactly_once(&read_back(&pulsar, &topic), &want);
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("set aside       1"), "{report}");
+    // The message itself, whole, in the dead-letter store.
+    let kept: Vec<Vec<u8>> = std::fs::read_dir(node.data_dir().join("dead-letter"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(kept.len(), 1);
+    let text = String::from_utf8_lossy(&kept[0]);
+    assert!(
+        text.starts_with("{\"reason\":\"pulsar-limit\""),
+        "{}",
+        &text[..200]
+    );
+    assert!(kept[0].ends_with(&big), "the payload is kept whole");
+}
+
+/// A foreign producer keeps trying to write into the topic while a
+/// three-node cluster publishes, and gets in when the leader is killed:
+/// between the old leader's exclusive producer and the successor's. Its
+/// messages are numbered far past the end and at `u64::MAX`. The successor
+/// resumes after its own last message: nothing lost, nothing twice, and the
+/// foreign messages that got in are reported by the node and by verify.
+#[test]
+fn a_foreign_write_during_a_leader_change_is_skipped_and_nothing_is_lost() {
+    let Some(pulsar) =
+        shared_pulsar("a_foreign_write_during_a_leader_change_is_skipped_and_nothing_is_lost")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("foreign-failover");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let mut load = replay_cmd(mqtt.port, &["--pace", "600"]).spawn().unwrap();
+    // The leader holds the topic once it has published.
+    wait_until(Duration::from_secs(60), "the leader publishing", || {
+        c.node(leader).published() >= 500
+    });
+    // The writer is up and refused while the leader holds the topic.
+    let labels = [
+        format!("g0:{}", 1_000_000),
+        format!("g1:{}", u64::MAX),
+        format!("g2:{}", 2_000_000),
+    ];
+    let writer = Command::new("python3")
+        .arg(repo().join("tests/tools/pulsar_write.py"))
+        .args(["--url", &pulsar.url, "--topic", &topic, "--retry-for", "25"])
+        .args(&labels)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("pulsar_write.py runs");
+    std::thread::sleep(Duration::from_secs(2));
+    c.node(leader).kill9();
+    let successor = c.wait_leader(Some(leader), Duration::from_secs(30));
+    let out = writer.wait_with_output().unwrap();
+    let written: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .strip_prefix("written ")
+        .and_then(|n| n.parse().ok())
+        .expect("the writer says how many got in");
+    assert!(load.wait().unwrap().success(), "the load ran");
+    c.node(leader).restart();
+    c.node(successor)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    eprintln!("foreign messages that got in during the leader change: {written}");
+    assert!(written >= 1, "no foreign write got in: the test saw no gap");
+    let foreign = c.node(successor).metric("firstseen_foreign_messages_total");
+    assert!(
+        foreign >= 1.0,
+        "the foreign messages were reported: {foreign}"
+    );
+    let skip: Vec<&str> = ["g0", "g1", "g2"]
+        .iter()
+        .flat_map(|k| ["--skip-key", k])
+        .collect();
+    let read = read_back_with(&pulsar, &topic, &skip);
+    assert_exactly_once(&read, &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        report.contains(&format!("foreign         {written}")),
+        "{report}"
+    );
+}

@@ -198,10 +198,14 @@ impl Drop for Issuer {
 /// messages wait in the outbox (replicated and fsynced), and past the
 /// outbox quota the node stops acking, so the rest waits in the broker's
 /// session. With OAuth2 client credentials (the issuer signs tokens with the
-/// broker's key) every message arrives, once.
+/// broker's key) every message arrives, once. The node logs at trace level
+/// throughout (every crate that handles a credential), and no secret reaches
+/// its log: not the client secrets, not a token from a file, not one from
+/// the issuer.
 #[test]
-fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
-    if shared_pulsar("wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once")
+fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once_and_no_secret_is_logged()
+{
+    if shared_pulsar("wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once_and_no_secret_is_logged")
         .is_none()
     {
         return;
@@ -227,6 +231,11 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
     let mut spec = NodeSpec::new(&mqtt, &secure.tls, &topic);
     // A small outbox, so that a broker it cannot reach soon holds acks.
     spec.config.outbox.quota_bytes = 64 * 1024;
+    // Every crate that sees a credential at trace level (firstseen, the
+    // pulsar client, reqwest, hyper, rustls); the Raft log and the state
+    // database, which never see one, at info to keep the log readable.
+    spec.env
+        .push(("RUST_LOG".into(), "trace,openraft=info,sled=info".into()));
     spec.config.node.shutdown_timeout_secs = 5;
     // The broker's CA and one way to authenticate: a token file, or OAuth2.
     let credentials =
@@ -309,6 +318,24 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once() {
     node.restart();
     node.wait_published(want.len() as u64, Duration::from_secs(120));
     assert_exactly_once(&secure.read_back(&topic), &want);
+    drop(issuer);
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    assert!(
+        log.contains("new OAuth2 access token") && log.lines().count() > 1000,
+        "the node did not log at trace level"
+    );
+    for (what, needle) in [
+        ("the client secret", "the-right-secret"),
+        ("the wrong client secret", "a-wrong-secret"),
+        // Every JWT starts with the base64 of `{"`: the token files' and
+        // the issuer's alike.
+        ("a JWT", "eyJ"),
+    ] {
+        let at = log.lines().find(|l| l.contains(needle));
+        assert!(at.is_none(), "{what} is in the node's log: {at:?}");
+    }
 }
 
 /// The HTTP API over TLS: `firstseen status` and `firstseen members add`
@@ -492,54 +519,96 @@ fn plain_http_admin_requests_are_accepted_only_from_loopback() {
     assert_eq!(c.node(1).metric("firstseen_admin_refused_total"), 1.0);
 }
 
-/// A flood of connections to the peer port that never authenticate: at
-/// most 64 are served at once (the rest are refused at accept), each is cut
+/// A sustained flood of connections that never authenticate, from one
+/// host, at every peer port of a three-node cluster: one address holds at
+/// most 8 handshakes at once (the rest are refused at accept), each is cut
 /// after the 5 s handshake limit, every refusal is counted, the log says so
-/// a few times rather than once per connection, and the node stays ready.
+/// at a bounded rate, and the members still reach each other. A node
+/// restarted during the flood rejoins, and messages are published once.
+/// Before the per-address cap the flood held all 64 handshake slots and the
+/// restarted node could not get back in.
 #[test]
-fn a_flood_of_silent_peer_connections_is_capped_counted_and_logged_at_a_bounded_rate() {
-    let Some(pulsar) = shared_pulsar(
-        "a_flood_of_silent_peer_connections_is_capped_counted_and_logged_at_a_bounded_rate",
-    ) else {
+fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
+    let Some(pulsar) =
+        shared_pulsar("a_flood_of_silent_peer_connections_does_not_keep_members_apart")
+    else {
         return;
     };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("flood");
-    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 1, |_| {});
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
     c.wait_ready();
-    let target = c.node(1).spec.peer_listen();
-    let mut silent = Vec::new();
-    for _ in 0..500 {
-        if let Ok(s) = std::net::TcpStream::connect(&target) {
-            silent.push(s);
-        }
-    }
-    assert!(
-        silent.len() >= 400,
-        "only {} connections opened",
-        silent.len()
-    );
-    wait_until(
-        Duration::from_secs(30),
-        "every connection refused or timed out",
-        || c.node(1).metric("firstseen_peer_refused_total") >= silent.len() as f64,
-    );
-    assert_eq!(c.node(1).get("/readyz").0, 200, "the node stays ready");
-    let log = std::fs::read_to_string(c.node(1).log_path()).unwrap();
-    let lines = log.matches("peer connection refused").count();
-    assert!(
-        (1..=6).contains(&lines),
-        "{lines} log lines for {} refusals",
-        silent.len()
-    );
-    assert!(
-        log.contains("more of this kind since the last report")
-            || log.contains("too many connections still authenticating"),
-        "{}",
-        c.node(1).log_tail(20)
-    );
-    drop(silent);
+    let targets: Vec<String> = (1..=3).map(|id| c.node(id).spec.peer_listen()).collect();
+    // The flooder: keeps opening connections that never send a byte, from
+    // 127.0.0.1 (the members speak from their own addresses), dropping each
+    // after 6 s, for as long as the test runs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let (stop, targets) = (stop.clone(), targets.clone());
+        std::thread::spawn(move || {
+            let mut open: std::collections::VecDeque<(std::time::Instant, std::net::TcpStream)> =
+                Default::default();
+            let mut opened = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for t in &targets {
+                    for _ in 0..20 {
+                        if let Ok(s) = std::net::TcpStream::connect(t) {
+                            open.push_back((std::time::Instant::now(), s));
+                            opened += 1;
+                        }
+                    }
+                }
+                // At most 600 held at once: the test process's own file
+                // descriptors are not the subject.
+                while open.len() > 600
+                    || open
+                        .front()
+                        .is_some_and(|(at, _)| at.elapsed() > Duration::from_secs(6))
+                {
+                    open.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            opened
+        })
+    };
+    let flood_began = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    // A follower restarts in the middle of the flood and must rejoin.
+    let leader = c.wait_leader(None, Duration::from_secs(10));
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    c.node(follower)
+        .terminate(Duration::from_secs(20))
+        .expect("stops");
+    c.node(follower).restart();
+    c.node(follower).wait_ready();
     replay(mqtt.port, &["--limit", "200", "--pace", "max"]);
-    c.node(1)
-        .wait_published(hfp_pairs(Some(200)).len() as u64, Duration::from_secs(60));
+    for id in 1..=3 {
+        c.node(id)
+            .wait_published(hfp_pairs(Some(200)).len() as u64, Duration::from_secs(60));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = flooder.join().unwrap();
+    let flooded = flood_began.elapsed().as_secs();
+    assert!(opened > 1000, "only {opened} connections opened");
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(Some(200)));
+    for id in 1..=3 {
+        let refused = c.node(id).metric("firstseen_peer_refused_total");
+        assert!(refused > 100.0, "node {id} refused only {refused}");
+        assert_eq!(c.node(id).get("/readyz").0, 200, "node {id} stays ready");
+        let log = std::fs::read_to_string(c.node(id).log_path()).unwrap();
+        let lines = log.matches("peer connection refused").count();
+        // One line per kind of refusal every 10 s, for the few kinds a
+        // flood makes (refused at accept, timed out, reset).
+        let bound = 4 * (flooded / 10 + 1) as usize;
+        assert!(
+            lines <= bound,
+            "node {id}: {lines} log lines for {refused} refusals in {flooded} s"
+        );
+        assert!(
+            log.contains("too many connections from one address still authenticating"),
+            "node {id}: {}",
+            c.node(id).log_tail(20)
+        );
+    }
 }

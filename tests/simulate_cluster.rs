@@ -851,6 +851,13 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         }
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
+    let dead_letter = firstseen::ingest::deadletter::DeadLetter::open(
+        config.node.data_dir.join("dead-letter"),
+        firstseen::ingest::deadletter::Bounds {
+            max_bytes: config.dead_letter.max_bytes,
+            retention_ms: u64::MAX,
+        },
+    );
     let mut upstreams = Upstream::from_config(
         config,
         Route::all(config),
@@ -859,6 +866,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             node: id,
             world: world.clone(),
         }),
+        dead_letter.clone(),
     );
     let upstream = upstreams.pop().expect("one upstream");
     let gates = vec![upstream.gate.clone()];
@@ -875,6 +883,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             key: ClusterKey::from_secret(b"sim"),
             tls: None,
             disk,
+            dead_letter,
         },
         Ports {
             call,
@@ -1286,7 +1295,7 @@ fn setup(power: bool) -> (tokio::runtime::Runtime, Disks, BTreeMap<NodeId, Confi
     }
     .expect("temporary directory");
     let secret = base.path().join("cluster.secret");
-    std::fs::write(&secret, "sim-secret\n").expect("secret file");
+    std::fs::write(&secret, "sim-secret-of-more-than-thirty-two-bytes\n").expect("secret file");
     // Each node its own filesystem, so that a power cut takes only its
     // unsynced writes.
     let power: BTreeMap<NodeId, crashfs::CrashFs> = if power {

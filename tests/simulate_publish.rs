@@ -414,6 +414,9 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 batch: 8,
                 shutdown: stop.clone(),
                 disk: firstseen::diskspace::DiskSpace::new(dir.clone(), 0),
+                max_message_bytes: usize::MAX,
+                dead_letter: None,
+                ours: firstseen::publish::tail::Ours::cluster("sim"),
             };
             publishers.push(tokio::spawn(publisher.run()));
         }
@@ -500,6 +503,9 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
             batch: 8,
             shutdown: stop.clone(),
             disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
+            max_message_bytes: usize::MAX,
+            dead_letter: None,
+            ours: firstseen::publish::tail::Ours::cluster("sim"),
         };
         let task = tokio::spawn(publisher.run());
         let feed = |n: u64| {

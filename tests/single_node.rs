@@ -224,10 +224,10 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
             .with_topic(&topic)
             // Named as firstseen names its producers: the tail counts only
             // their messages.
-            .with_name(format!(
-                "{}test-batch",
-                firstseen::publish::tail::PRODUCER_PREFIX
-            ))
+            .with_name(
+                firstseen::publish::tail::Ours::cluster("0000000000000000")
+                    .producer_name("test-batch"),
+            )
             .with_options(pulsar::producer::ProducerOptions {
                 batch_size: Some(100),
                 // Long enough that only send_batch sends an entry.
@@ -262,9 +262,15 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
         }
         entries.dedup();
         assert_eq!(entries.len(), 2, "two entries of 3 and 2 messages");
-        firstseen::publish::tail::last_seq(&client, &topic, 5, Duration::from_secs(30))
-            .await
-            .unwrap()
+        firstseen::publish::tail::last_seq(
+            &client,
+            &topic,
+            5,
+            &firstseen::publish::tail::Ours::cluster("0000000000000000"),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
     });
     assert_eq!(
         tail.seq,

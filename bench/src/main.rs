@@ -14,6 +14,7 @@
 //! - `window`: disk bytes per key of the dedup window, on the real state
 //!   machine at millions of keys.
 
+mod bounds;
 mod sync;
 mod window;
 
@@ -116,6 +117,15 @@ enum Cmd {
         dir: Option<String>,
     },
     /// Disk bytes per key of the dedup window, on the real state machine.
+    /// What the hostile-input bounds cost per message, against the key's
+    /// blake3 hash, over the HFP capture.
+    Bounds {
+        /// The HFP capture.
+        #[arg(long)]
+        template: String,
+        #[arg(long, default_value_t = 200)]
+        rounds: u32,
+    },
     Window {
         /// Keys in the window when it is measured.
         #[arg(long, default_value_t = 1_000_000)]
@@ -324,6 +334,8 @@ async fn probe(
             // The probe audits whatever system it measures, the naive
             // forwarders' producers included.
             foreign: false,
+            set_aside: firstseen::publish::props::get(meta, firstseen::publish::props::SET_ASIDE)
+                .is_some(),
         });
         if seen.insert(id.to_string()) {
             let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;
@@ -533,6 +545,10 @@ async fn main() -> Result<()> {
         Cmd::Sync { count, bytes, dir } => {
             let out = sync::run(sync::Params { count, bytes, dir })?;
             println!("{out}");
+            Ok(())
+        }
+        Cmd::Bounds { template, rounds } => {
+            println!("{}", bounds::run(&template, rounds)?);
             Ok(())
         }
         Cmd::Window {

@@ -80,8 +80,8 @@ fn io(path: &Path, source: std::io::Error) -> RaftError {
     }
 }
 
-/// A slot's record, if it is whole.
-fn decode_slot(raw: &[u8]) -> Option<(u64, Marks)> {
+/// A slot's record, if it is whole. Public for the fuzz target `stored`.
+pub fn decode_slot(raw: &[u8]) -> Option<(u64, Marks)> {
     if raw.len() < SLOT || &raw[..8] != MAGIC {
         return None;
     }

@@ -302,12 +302,34 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
     bincode::deserialize(raw).map_err(io_err)
 }
 
+/// A log entry as stored in `raft_log`. The decoders of what the log
+/// database holds are public so that the fuzz target `stored` runs the
+/// same code the store does on a damaged file.
+pub fn decode_entry(raw: &[u8]) -> Result<Entry<TypeConfig>, bincode::Error> {
+    bincode::deserialize(raw)
+}
+
+/// The vote as stored in `raft_meta`.
+pub fn decode_vote(raw: &[u8]) -> Result<Vote<NodeId>, bincode::Error> {
+    bincode::deserialize(raw)
+}
+
+/// The purge point as stored in `raft_meta`: a bare log id.
+pub fn decode_log_id(raw: &[u8]) -> Result<LogId<NodeId>, bincode::Error> {
+    bincode::deserialize(raw)
+}
+
+/// The committed log id as stored in `raft_meta`.
+pub fn decode_committed(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+    bincode::deserialize(raw)
+}
+
 /// The purge point recorded in a log database, before the log store opens
 /// it: a state applied below it can no longer be brought up to date.
 pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
     let meta = db.sled().open_tree("raft_meta")?;
     match meta.get(LAST_PURGED)? {
-        Some(raw) => Ok(Some(bincode::deserialize::<LogId<NodeId>>(&raw)?)),
+        Some(raw) => Ok(Some(decode_log_id(&raw)?)),
         None => Ok(None),
     }
 }
@@ -340,19 +362,16 @@ impl LogStore {
         // Stored as a bare LogId by `purge`: decoding it as an Option once
         // read the term's first byte as the tag, and failed from term 2 on.
         let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
-            Some(raw) => Some(bincode::deserialize::<LogId<NodeId>>(&raw)?),
+            Some(raw) => Some(decode_log_id(&raw)?),
             None => None,
         };
         let log = sled.open_tree("raft_log")?;
         let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
-            Some(raw) => Some(bincode::deserialize(&raw)?),
+            Some(raw) => Some(decode_vote(&raw)?),
             None => None,
         };
         let last_entry: Option<LogId<NodeId>> = match log.last()? {
-            Some((_, raw)) => {
-                let e: Entry<TypeConfig> = bincode::deserialize(&raw)?;
-                Some(e.log_id)
-            }
+            Some((_, raw)) => Some(decode_entry(&raw)?.log_id),
             None => None,
         };
         let last = last_entry.max(purged);

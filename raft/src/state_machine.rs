@@ -361,16 +361,24 @@ fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError>
 /// none or its meta cannot be read; the first read of it reports that.
 pub(crate) fn on_disk(dir: &Path) -> Option<LogId<NodeId>> {
     let raw = std::fs::read(dir.join(CURRENT_META)).ok()?;
-    let current: Current = bincode::deserialize(&raw).ok()?;
-    current.meta.last_log_id
+    decode_current_meta(&raw).ok()?
+}
+
+/// The last log id `current.meta` names. Public, like the other decoders of
+/// what a node reads from disk, for the fuzz target `stored`.
+pub fn decode_current_meta(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+    Ok(bincode::deserialize::<Current>(raw)?.meta.last_log_id)
+}
+
+/// The log id an applied marker records.
+pub fn decode_applied(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+    Ok(bincode::deserialize::<AppliedMarker>(raw)?.0)
 }
 
 /// The last log id a loaded state has applied, from its marker.
 pub fn applied_in(store: &StateStore) -> Result<Option<LogId<NodeId>>, RaftError> {
     match store.applied_marker()? {
-        Some(raw) => Ok(bincode::deserialize::<AppliedMarker>(&raw)
-            .map_err(RaftError::Codec)?
-            .0),
+        Some(raw) => Ok(decode_applied(&raw).map_err(RaftError::Codec)?),
         None => Ok(None),
     }
 }

@@ -145,6 +145,22 @@ pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
     }
 }
 
+/// The key admin requests are checked against: the admin token's when
+/// `node.admin_token_file` is set, the cluster secret's otherwise.
+pub fn load_admin_key(config: &Config, cluster: &ClusterKey) -> Result<ClusterKey, Error> {
+    match &config.node.admin_token_file {
+        Some(f) => {
+            let raw = std::fs::read(f).map_err(|source| Error::SettingFile {
+                key: "node.admin_token_file".into(),
+                path: f.clone(),
+                source,
+            })?;
+            Ok(ClusterKey::from_secret(&raw))
+        }
+        None => Ok(cluster.clone()),
+    }
+}
+
 /// A node's Raft group member: its storage and openraft on some network.
 pub struct Group {
     pub raft: Raft,

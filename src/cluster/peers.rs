@@ -338,8 +338,8 @@ impl Peers {
         let result = {
             let mut dial = lock(&link.dial);
             let result = match dialled {
-                Ok((stream, peer)) => {
-                    let conn = self.spawn_conn(link.addr.clone(), stream, peer);
+                Ok((stream, peer, seals)) => {
+                    let conn = self.spawn_conn(link.addr.clone(), stream, peer, seals);
                     *lock(&link.conn) = Some(conn.clone());
                     let mut b = lock(&link.backoff);
                     if b.failures > 0 {
@@ -369,7 +369,7 @@ impl Peers {
     }
 
     /// Connects, runs TLS if configured, and authenticates.
-    async fn dial(&self, addr: &str) -> Result<(BoxStream, NodeId), CallError> {
+    async fn dial(&self, addr: &str) -> Result<(BoxStream, NodeId, Seals), CallError> {
         let unreachable = |reason: String| CallError::Unreachable {
             addr: addr.to_string(),
             reason,
@@ -421,52 +421,49 @@ impl Peers {
             ),
             None => Box::new(tcp),
         };
-        let peer = tokio::time::timeout(CONNECT_TIMEOUT, self.handshake(&mut s, addr))
+        let (peer, seals) = tokio::time::timeout(CONNECT_TIMEOUT, self.handshake(&mut s, addr))
             .await
             .map_err(|_| CallError::Handshake {
                 addr: addr.into(),
                 reason: "timed out".into(),
             })??;
-        Ok((s, peer))
+        Ok((s, peer, seals))
     }
 
-    async fn handshake(&self, s: &mut BoxStream, addr: &str) -> Result<NodeId, CallError> {
+    async fn handshake(&self, s: &mut BoxStream, addr: &str) -> Result<(NodeId, Seals), CallError> {
         let fail = |reason: String| CallError::Handshake {
             addr: addr.to_string(),
             reason,
         };
-        let mut hello = [0u8; 40];
+        let mut hello = [0u8; wire::handshake::HELLO];
         s.read_exact(&mut hello)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        if &hello[..8] != wire::MAGIC {
-            return Err(fail(
-                "not a firstseen peer port, or another protocol version".into(),
-            ));
-        }
-        let challenge: [u8; 32] = hello[8..].try_into().expect("32 bytes");
         let client_nonce = wire::nonce();
-        let mut out = Vec::with_capacity(72);
-        out.extend_from_slice(&self.inner.me.to_be_bytes());
-        out.extend_from_slice(&client_nonce);
-        out.extend_from_slice(&self.inner.key.client_proof(&challenge, self.inner.me));
-        s.write_all(&out).await.map_err(|e| fail(e.to_string()))?;
-        let mut answer = [0u8; 40];
-        s.read_exact(&mut answer)
+        let answer = wire::handshake::answer(&self.inner.key, &hello, self.inner.me, &client_nonce)
+            .map_err(|e| fail(e.to_string()))?;
+        s.write_all(&answer)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let mut reply = [0u8; wire::handshake::SERVER];
+        s.read_exact(&mut reply)
             .await
             .map_err(|e| fail(format!("refused by the peer (wrong cluster secret?): {e}")))?;
-        let server = u64::from_be_bytes(answer[..8].try_into().expect("8 bytes"));
-        let proof: [u8; 32] = answer[8..].try_into().expect("32 bytes");
-        if !self.inner.key.check_server(&client_nonce, server, &proof) {
-            return Err(fail(format!(
-                "node {server} does not know the cluster secret"
-            )));
-        }
-        Ok(server)
+        let server = wire::handshake::confirm(&self.inner.key, &client_nonce, &reply)
+            .map_err(|e| fail(e.to_string()))?;
+        let challenge: [u8; 32] = hello[8..].try_into().expect("32 bytes");
+        let seals = wire::handshake::seals(&self.inner.key, &challenge, &client_nonce, false);
+        Ok((server, seals))
     }
 
     /// Starts the reader and writer of a new connection.
-    fn spawn_conn(&self, addr: String, stream: BoxStream, peer: NodeId) -> Arc<Conn> {
+    fn spawn_conn(
+        &self,
+        addr: String,
+        stream: BoxStream,
+        peer: NodeId,
+        (mut seal, mut check): Seals,
+    ) -> Arc<Conn> {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let (frames, mut queue) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
         let closed = self.inner.stop.child_token();
@@ -485,6 +482,8 @@ impl Peers {
                     f = queue.recv() => match f { Some(f) => f, None => break },
                     _ = writer_closed.cancelled() => break,
                 };
+                let mut frame = frame;
+                seal.seal(&mut frame);
                 if wr.write_all(&frame).await.is_err() {
                     break;
                 }
@@ -508,9 +507,16 @@ impl Peers {
                     Ok(l) => l,
                     Err(e) => break e.to_string(),
                 };
-                let mut body = vec![0u8; len];
-                if let Err(e) = rd.read_exact(&mut body).await {
+                let body = match super::server::read_body(&mut rd, len).await {
+                    Ok(b) => b,
+                    Err(e) => break e.to_string(),
+                };
+                let mut mac = [0u8; wire::FRAME_MAC];
+                if let Err(e) = rd.read_exact(&mut mac).await {
                     break e.to_string();
+                }
+                if !check.open(&body, &mac) {
+                    break "a frame failed its integrity check".to_string();
                 }
                 let env: Envelope<Reply> = match wire::decode(&body) {
                     Ok(e) => e,
@@ -712,6 +718,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// A connection's frame seals: (outgoing, incoming).
+type Seals = (wire::FrameSeal, wire::FrameSeal);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -727,23 +736,26 @@ mod tests {
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     let challenge = wire::nonce();
-                    let mut hello = wire::MAGIC.to_vec();
-                    hello.extend_from_slice(&challenge);
-                    s.write_all(&hello).await?;
-                    let mut client = [0u8; 72];
+                    s.write_all(&wire::handshake::hello(&challenge)).await?;
+                    let mut client = [0u8; wire::handshake::CLIENT];
                     s.read_exact(&mut client).await?;
-                    let node = u64::from_be_bytes(client[..8].try_into().unwrap());
-                    let nonce: [u8; 32] = client[8..40].try_into().unwrap();
-                    let proof: [u8; 32] = client[40..].try_into().unwrap();
-                    assert!(key.check_client(&challenge, node, &proof));
-                    let mut answer = 2u64.to_be_bytes().to_vec();
-                    answer.extend_from_slice(&key.server_proof(&nonce, 2));
+                    let (_, answer) =
+                        wire::handshake::accept(&key, &challenge, &client, 2).unwrap();
                     s.write_all(&answer).await?;
+                    let (mut seal, mut check) = wire::handshake::seals(
+                        &key,
+                        &challenge,
+                        &wire::handshake::client_nonce(&client),
+                        true,
+                    );
                     loop {
                         let mut header = [0u8; 4];
                         s.read_exact(&mut header).await?;
                         let mut body = vec![0u8; wire::frame_len(header).unwrap()];
                         s.read_exact(&mut body).await?;
+                        let mut mac = [0u8; wire::FRAME_MAC];
+                        s.read_exact(&mut mac).await?;
+                        assert!(check.open(&body, &mac));
                         let req: Envelope<Request> = wire::decode(&body).unwrap();
                         let reply = Envelope {
                             id: req.id,
@@ -752,7 +764,9 @@ mod tests {
                                 reason: String::new(),
                             }),
                         };
-                        s.write_all(&wire::encode(&reply).unwrap()).await?;
+                        let mut frame = wire::encode(&reply).unwrap();
+                        seal.seal(&mut frame);
+                        s.write_all(&frame).await?;
                     }
                     #[allow(unreachable_code)]
                     Ok::<(), std::io::Error>(())

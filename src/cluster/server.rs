@@ -11,6 +11,7 @@ use std::time::Duration;
 use firstseen_raft::{NodeId, Raft};
 use firstseen_store::{Batch, Outcome};
 use futures::future::BoxFuture;
+use openraft::error::InstallSnapshotError;
 use openraft::raft::AppendEntriesResponse;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -29,11 +30,33 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests of one connection served at once; more wait to be read.
 const IN_FLIGHT_PER_CONN: usize = 256;
+/// What a frame body is given before its bytes arrive; it grows as they do.
+const FIRST_BODY_ALLOCATION: usize = 64 * 1024;
+
+/// Reads a frame body of `len` bytes (already checked against
+/// `wire::MAX_FRAME`), allocating as bytes arrive: a peer that announces a
+/// 256 MiB frame and sends nothing more costs no more than what it sent.
+pub(super) async fn read_body<R>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let mut body = Vec::with_capacity(len.min(FIRST_BODY_ALLOCATION));
+    let got = rd.take(len as u64).read_to_end(&mut body).await?;
+    if got < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(body)
+}
+
 /// Connections that have not yet authenticated, served at once. A real
 /// cluster needs a handful (one per peer, once); a flood of half-open
 /// connections is refused beyond this instead of each holding a task, a
 /// socket and a TLS state for the handshake timeout.
 const MAX_HANDSHAKES: usize = 64;
+/// Of those, what one address may hold. Without it a single host opening
+/// connections faster than they time out held all 64 and kept members out:
+/// a node restarted during such a flood could not rejoin (G8).
+const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
 /// Commits batches that followers forward to this node while it leads.
 /// The proposer implements it (`crate::propose`); the network only carries
 /// the request and the answer.
@@ -57,12 +80,16 @@ pub struct PeerService {
     /// Accepted appends are a follower's evidence that its leader lives.
     pub liveness: Arc<Liveness>,
     pub timing: Timing,
+    /// Snapshot chunks are checked against what has arrived before Raft
+    /// writes them (see [`wire::SnapshotProgress`]).
+    pub snapshot: std::sync::Mutex<wire::SnapshotProgress>,
 }
 
 /// Accepts peer connections until `shutdown`, and waits for them to end.
 pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let per_address = crate::peraddr::PerAddress::new(MAX_HANDSHAKES_PER_ADDRESS);
     let refusals = Arc::new(RefusalLog::new(
         "firstseen_peer_refused_total",
         "peer connection",
@@ -79,10 +106,18 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
             },
             _ = shutdown.cancelled() => break,
         };
+        let Some(own) = per_address.take(peer.ip()) else {
+            refusals.refused(
+                peer,
+                "too many connections from one address still authenticating",
+            );
+            continue;
+        };
         let Ok(permit) = handshakes.clone().try_acquire_owned() else {
             refusals.refused(peer, "too many connections still authenticating");
             continue;
         };
+        let permit = (permit, own);
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         let stop = shutdown.clone();
@@ -109,9 +144,9 @@ async fn connection(
     peer: SocketAddr,
     svc: &Arc<PeerService>,
     stop: &CancellationToken,
-    handshake_slot: tokio::sync::OwnedSemaphorePermit,
+    handshake_slot: (tokio::sync::OwnedSemaphorePermit, crate::peraddr::Slot),
 ) -> Result<(), String> {
-    let (s, node) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    let s = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut s: BoxStream = match &svc.tls {
             Some(tls) => Box::new(
                 tls.acceptor
@@ -121,11 +156,12 @@ async fn connection(
             ),
             None => Box::new(tcp),
         };
-        let node = handshake(&mut s, svc).await?;
-        Ok::<_, String>((s, node))
+        let (node, out, inn) = handshake(&mut s, svc).await?;
+        Ok::<_, String>((s, node, out, inn))
     })
     .await
     .map_err(|_| "handshake timed out".to_string())??;
+    let (s, node, mut seal, mut check) = (s.0, s.1, s.2, s.3);
     drop(handshake_slot);
     tracing::debug!(peer = %peer, node, "peer authenticated");
     metrics::counter!("firstseen_peer_accepted_total").increment(1);
@@ -140,6 +176,8 @@ async fn connection(
             f = out.recv() => f,
             _ = writer_done.cancelled() => None,
         } {
+            let mut frame = frame;
+            seal.seal(&mut frame);
             if wr.write_all(&frame).await.is_err() {
                 break;
             }
@@ -163,11 +201,21 @@ async fn connection(
             Ok(l) => l,
             Err(e) => break Err(format!("node {node}: {e}")),
         };
-        let mut body = vec![0u8; len];
-        match tokio::time::timeout(BODY_TIMEOUT, rd.read_exact(&mut body)).await {
-            Ok(Ok(_)) => {}
+        let read = async {
+            let body = read_body(&mut rd, len).await?;
+            let mut mac = [0u8; wire::FRAME_MAC];
+            rd.read_exact(&mut mac).await?;
+            Ok::<_, std::io::Error>((body, mac))
+        };
+        let (body, mac) = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+            Ok(Ok(b)) => b,
             Ok(Err(e)) => break Err(format!("node {node}: read failed: {e}")),
             Err(_) => break Err(format!("node {node}: frame body timed out")),
+        };
+        if !check.open(&body, &mac) {
+            break Err(format!(
+                "node {node}: frame failed its integrity check (changed on the way, or not from the peer that authenticated)"
+            ));
         }
         let env: Envelope<Request> = match wire::decode(&body) {
             Ok(e) => e,
@@ -209,35 +257,32 @@ async fn connection(
     result
 }
 
-/// Mutual authentication; returns the peer's node id.
-async fn handshake(s: &mut BoxStream, svc: &PeerService) -> Result<NodeId, String> {
+/// Mutual authentication; returns the peer's node id and the connection's
+/// frame seals (outgoing, incoming).
+async fn handshake(
+    s: &mut BoxStream,
+    svc: &PeerService,
+) -> Result<(NodeId, wire::FrameSeal, wire::FrameSeal), String> {
     let challenge = wire::nonce();
-    let mut hello = Vec::with_capacity(40);
-    hello.extend_from_slice(wire::MAGIC);
-    hello.extend_from_slice(&challenge);
-    s.write_all(&hello)
+    s.write_all(&wire::handshake::hello(&challenge))
         .await
         .map_err(|e| format!("write failed: {e}"))?;
-    let mut reply = [0u8; 8 + 32 + 32];
-    s.read_exact(&mut reply)
+    let mut answer = [0u8; wire::handshake::CLIENT];
+    s.read_exact(&mut answer)
         .await
         .map_err(|e| format!("no handshake from peer: {e}"))?;
-    let node = u64::from_be_bytes(reply[..8].try_into().expect("8 bytes"));
-    let client_nonce: [u8; 32] = reply[8..40].try_into().expect("32 bytes");
-    let proof: [u8; 32] = reply[40..].try_into().expect("32 bytes");
-    if !svc.key.check_client(&challenge, node, &proof) {
-        return Err(format!(
-            "claims to be node {node} but does not know the cluster secret"
-        ));
-    }
-    let answer = svc.key.server_proof(&client_nonce, svc.node_id);
-    let mut out = Vec::with_capacity(40);
-    out.extend_from_slice(&svc.node_id.to_be_bytes());
-    out.extend_from_slice(&answer);
-    s.write_all(&out)
+    let (node, reply) = wire::handshake::accept(&svc.key, &challenge, &answer, svc.node_id)
+        .map_err(|e| e.to_string())?;
+    s.write_all(&reply)
         .await
         .map_err(|e| format!("write failed: {e}"))?;
-    Ok(node)
+    let (out, inn) = wire::handshake::seals(
+        &svc.key,
+        &challenge,
+        &wire::handshake::client_nonce(&answer),
+        true,
+    );
+    Ok((node, out, inn))
 }
 
 /// Serves one request from an authenticated peer. Public for the
@@ -288,6 +333,27 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
         }
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
         Request::InstallSnapshot(r) => {
+            let id = r.meta.snapshot_id.clone();
+            let checked = svc
+                .snapshot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .accept(&id, r.offset, r.data.len() as u64);
+            if let Err(expect) = checked {
+                tracing::warn!(snapshot = %id, offset = r.offset, expect, "snapshot chunk past what has arrived refused");
+                return Reply::InstallSnapshot(Err(openraft::error::RaftError::APIError(
+                    InstallSnapshotError::SnapshotMismatch(openraft::error::SnapshotMismatch {
+                        expect: openraft::SnapshotSegmentId {
+                            id: id.clone(),
+                            offset: expect,
+                        },
+                        got: openraft::SnapshotSegmentId {
+                            id,
+                            offset: r.offset,
+                        },
+                    }),
+                )));
+            }
             let result = svc.raft.install_snapshot(r).await;
             if result.is_ok() {
                 svc.liveness.leader_contact();

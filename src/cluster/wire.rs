@@ -9,8 +9,16 @@
 //! server → client  MAGIC, server nonce (32)
 //! client → server  node id (8), client nonce (32), mac(secret, "client" ‖ server nonce ‖ node id)
 //! server → client  its node id (8), mac(secret, "server" ‖ client nonce ‖ its node id)
-//! then, both ways: u32 length ‖ bincode(Envelope { id, body })
+//! then, both ways: u32 length ‖ bincode(Envelope { id, body }) ‖ mac(session, n ‖ body)
 //! ```
+//!
+//! Every frame after the handshake carries a MAC under a key of its own
+//! direction, derived from the secret and both nonces, over its number on
+//! the connection and its body ([`FrameSeal`]). Without it, on a plain link
+//! the handshake proved who opened the connection and nothing after it: a
+//! host on the path could change or inject Raft appends, votes and
+//! snapshots. With the number, a frame cannot be replayed, dropped or
+//! reordered without the next check failing.
 //!
 //! The client tags each request with an id of its own and the server answers
 //! with the same id, in whatever order the answers are ready: one connection
@@ -18,8 +26,8 @@
 //! once, and is authenticated once.
 //!
 //! The MAC is blake3 in keyed mode, with a key derived from the secret file.
-//! It authenticates the peers to each other; it does not encrypt. Use TLS on
-//! networks you do not trust.
+//! It authenticates the peers and every frame; it does not encrypt. Use TLS
+//! on networks you do not trust.
 
 use firstseen_raft::{NodeId, TypeConfig};
 use firstseen_store::{Batch, Outcome};
@@ -33,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol magic and version, sent first by the server. Version 2 carries
 /// [`Envelope`]s, many in flight on one connection.
-pub const MAGIC: &[u8; 8] = b"FSPEER02";
+pub const MAGIC: &[u8; 8] = b"FSPEER03";
 
 /// One frame after the handshake: a request or its reply, with the id the
 /// client gave the request.
@@ -88,6 +96,16 @@ impl ClusterKey {
         blake3::Hash::from(self.0) == blake3::Hash::from(other.0)
     }
 
+    /// This cluster's id, as its producers' names carry it (16 hex
+    /// digits): the same on every node, another for a cluster with another
+    /// secret, and saying nothing about the secret. A secret rotated while
+    /// messages wait unpublished makes the tail written under the old one
+    /// foreign (docs/operations.md, "Security").
+    pub fn cluster_id(&self) -> String {
+        let h = blake3::keyed_hash(&self.0, b"firstseen cluster id");
+        hex::encode(&h.as_bytes()[..8])
+    }
+
     fn mac(&self, role: &[u8], nonce: &[u8; 32], node: NodeId) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(role);
@@ -114,6 +132,184 @@ impl ClusterKey {
     /// Checks the server's proof in constant time.
     pub fn check_server(&self, client_nonce: &[u8; 32], node: NodeId, proof: &[u8; 32]) -> bool {
         self.mac(b"server", client_nonce, node) == blake3::Hash::from(*proof)
+    }
+}
+
+/// Why a handshake failed, on either side.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("not a firstseen peer port, or another protocol version")]
+    NotAPeer,
+    #[error("claims to be node {0} but does not know the cluster secret")]
+    ClientUnproven(NodeId),
+    #[error("node {0} does not know the cluster secret")]
+    ServerUnproven(NodeId),
+}
+
+/// The handshake's four steps as pure functions over its fixed-size
+/// messages; the sockets in `server.rs` and `peers.rs` only move the bytes.
+pub mod handshake {
+    use super::{ClusterKey, HandshakeError, NodeId, MAGIC};
+
+    pub const HELLO: usize = 8 + 32;
+    pub const CLIENT: usize = 8 + 32 + 32;
+    pub const SERVER: usize = 8 + 32;
+
+    /// Server, first: the magic and its challenge.
+    pub fn hello(challenge: &[u8; 32]) -> [u8; HELLO] {
+        let mut out = [0u8; HELLO];
+        out[..8].copy_from_slice(MAGIC);
+        out[8..].copy_from_slice(challenge);
+        out
+    }
+
+    /// Client: its answer to a hello, proving it knows the secret.
+    pub fn answer(
+        key: &ClusterKey,
+        hello: &[u8; HELLO],
+        me: NodeId,
+        nonce: &[u8; 32],
+    ) -> Result<[u8; CLIENT], HandshakeError> {
+        if &hello[..8] != MAGIC {
+            return Err(HandshakeError::NotAPeer);
+        }
+        let challenge: [u8; 32] = hello[8..].try_into().expect("32 bytes");
+        let mut out = [0u8; CLIENT];
+        out[..8].copy_from_slice(&me.to_be_bytes());
+        out[8..40].copy_from_slice(nonce);
+        out[40..].copy_from_slice(&key.client_proof(&challenge, me));
+        Ok(out)
+    }
+
+    /// Server: checks the client's answer to `challenge`; returns the
+    /// client's node id and the server's own proof to send back.
+    pub fn accept(
+        key: &ClusterKey,
+        challenge: &[u8; 32],
+        answer: &[u8; CLIENT],
+        me: NodeId,
+    ) -> Result<(NodeId, [u8; SERVER]), HandshakeError> {
+        let node = u64::from_be_bytes(answer[..8].try_into().expect("8 bytes"));
+        let nonce: [u8; 32] = answer[8..40].try_into().expect("32 bytes");
+        let proof: [u8; 32] = answer[40..].try_into().expect("32 bytes");
+        if !key.check_client(challenge, node, &proof) {
+            return Err(HandshakeError::ClientUnproven(node));
+        }
+        let mut out = [0u8; SERVER];
+        out[..8].copy_from_slice(&me.to_be_bytes());
+        out[8..].copy_from_slice(&key.server_proof(&nonce, me));
+        Ok((node, out))
+    }
+
+    /// The client's nonce, from its answer.
+    pub fn client_nonce(answer: &[u8; CLIENT]) -> [u8; 32] {
+        answer[8..40].try_into().expect("32 bytes")
+    }
+
+    /// The frame seals of a connection whose handshake used these nonces,
+    /// as (outgoing, incoming) for the server or the client.
+    pub fn seals(
+        key: &ClusterKey,
+        server_nonce: &[u8; 32],
+        client_nonce: &[u8; 32],
+        server: bool,
+    ) -> (super::FrameSeal, super::FrameSeal) {
+        use super::{Direction, FrameSeal};
+        let to_server = FrameSeal::new(key, Direction::ToServer, server_nonce, client_nonce);
+        let to_client = FrameSeal::new(key, Direction::ToClient, server_nonce, client_nonce);
+        if server {
+            (to_client, to_server)
+        } else {
+            (to_server, to_client)
+        }
+    }
+
+    /// Client, last: checks the server's proof; returns its node id.
+    pub fn confirm(
+        key: &ClusterKey,
+        nonce: &[u8; 32],
+        reply: &[u8; SERVER],
+    ) -> Result<NodeId, HandshakeError> {
+        let server = u64::from_be_bytes(reply[..8].try_into().expect("8 bytes"));
+        let proof: [u8; 32] = reply[8..].try_into().expect("32 bytes");
+        if !key.check_server(nonce, server, &proof) {
+            return Err(HandshakeError::ServerUnproven(server));
+        }
+        Ok(server)
+    }
+}
+
+/// Bytes of the MAC at the end of every frame after the handshake.
+pub const FRAME_MAC: usize = 32;
+
+/// The integrity of one direction of a connection's frames: a key of its
+/// own and the number of the next frame.
+pub struct FrameSeal {
+    key: [u8; 32],
+    next: u64,
+}
+
+/// Which way frames go, as the key derivation tells them apart.
+#[derive(Clone, Copy)]
+pub enum Direction {
+    ToServer,
+    ToClient,
+}
+
+impl FrameSeal {
+    /// The seal of `direction` on the connection whose handshake used these
+    /// nonces. Both ends derive the same two.
+    pub fn new(
+        key: &ClusterKey,
+        direction: Direction,
+        server_nonce: &[u8; 32],
+        client_nonce: &[u8; 32],
+    ) -> Self {
+        let mut h = blake3::Hasher::new_keyed(&key.0);
+        h.update(b"firstseen frames v1");
+        h.update(match direction {
+            Direction::ToServer => b"to server",
+            Direction::ToClient => b"to client",
+        });
+        h.update(server_nonce);
+        h.update(client_nonce);
+        Self {
+            key: *h.finalize().as_bytes(),
+            next: 0,
+        }
+    }
+
+    fn mac(&self, body: &[u8]) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&self.next.to_le_bytes());
+        h.update(body);
+        h.finalize()
+    }
+
+    /// Appends the MAC of an encoded frame ([`encode`]: length, then body)
+    /// to it, as the next frame of this direction.
+    pub fn seal(&mut self, frame: &mut Vec<u8>) {
+        let mac = self.mac(&frame[4..]);
+        frame.extend_from_slice(mac.as_bytes());
+        self.next += 1;
+    }
+
+    /// A copy that expects frame `next` (for tests).
+    #[cfg(test)]
+    fn clone_at(&self, next: u64) -> Self {
+        Self {
+            key: self.key,
+            next,
+        }
+    }
+
+    /// Whether `mac` is the MAC of `body` as the next frame of this
+    /// direction. Compared in constant time. A frame that fails closes the
+    /// connection, so the count never needs to skip one.
+    pub fn open(&mut self, body: &[u8], mac: &[u8; FRAME_MAC]) -> bool {
+        let ok = self.mac(body) == blake3::Hash::from(*mac);
+        self.next += 1;
+        ok
     }
 }
 
@@ -192,6 +388,35 @@ pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
     Ok(len as usize)
 }
 
+/// How much of which snapshot this node has received, so that a chunk can
+/// be checked before openraft writes it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SnapshotProgress {
+    /// The snapshot being received and the end of its bytes so far.
+    receiving: Option<(String, u64)>,
+}
+
+impl SnapshotProgress {
+    /// Accepts a chunk that starts a snapshot (offset 0) or continues the
+    /// one being received without leaving a hole (a resend may overlap what
+    /// arrived). Anything else is refused with the offset this node expects:
+    /// openraft would seek to any offset it is given, and a file written at
+    /// an offset far past its end is as large as that offset says.
+    pub fn accept(&mut self, id: &str, offset: u64, len: u64) -> Result<(), u64> {
+        let end = match &self.receiving {
+            Some((current, end)) if current == id => *end,
+            _ if offset == 0 => 0,
+            _ => return Err(0),
+        };
+        if offset > end {
+            return Err(end);
+        }
+        let new_end = end.max(offset.saturating_add(len));
+        self.receiving = Some((id.to_string(), new_end));
+        Ok(())
+    }
+}
+
 /// Decodes a frame body.
 pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError> {
     bincode::deserialize(body).map_err(|e| FrameError::Decode(e.to_string()))
@@ -200,6 +425,84 @@ pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handshake_passes_with_the_secret_and_fails_without_it() {
+        let key = ClusterKey::from_secret(b"the secret");
+        let other = ClusterKey::from_secret(b"another secret");
+        let (challenge, nonce) = ([1u8; 32], [2u8; 32]);
+        let hello = handshake::hello(&challenge);
+        let answer = handshake::answer(&key, &hello, 7, &nonce).unwrap();
+        let (client, reply) = handshake::accept(&key, &challenge, &answer, 3).unwrap();
+        assert_eq!(client, 7);
+        assert_eq!(handshake::confirm(&key, &nonce, &reply), Ok(3));
+        let forged = handshake::answer(&other, &hello, 7, &nonce).unwrap();
+        assert_eq!(
+            handshake::accept(&key, &challenge, &forged, 3),
+            Err(HandshakeError::ClientUnproven(7))
+        );
+        let (_, forged) = handshake::accept(&other, &challenge, &forged, 3).unwrap();
+        assert_eq!(
+            handshake::confirm(&key, &nonce, &forged),
+            Err(HandshakeError::ServerUnproven(3))
+        );
+        let mut wrong = hello;
+        wrong[7] ^= 1;
+        assert_eq!(
+            handshake::answer(&key, &wrong, 7, &nonce),
+            Err(HandshakeError::NotAPeer)
+        );
+    }
+
+    #[test]
+    fn a_frame_changed_replayed_or_from_the_other_direction_fails_its_check() {
+        let key = ClusterKey::from_secret(b"the secret");
+        let (s, c) = ([1u8; 32], [2u8; 32]);
+        let mut out = FrameSeal::new(&key, Direction::ToServer, &s, &c);
+        let mut inn = FrameSeal::new(&key, Direction::ToServer, &s, &c);
+        let mut frames = Vec::new();
+        for body in [b"first".as_slice(), b"second"] {
+            let mut f = (body.len() as u32).to_be_bytes().to_vec();
+            f.extend_from_slice(body);
+            out.seal(&mut f);
+            frames.push(f);
+        }
+        let split = |f: &Vec<u8>| {
+            let (body, mac) = f[4..].split_at(f.len() - 4 - FRAME_MAC);
+            (body.to_vec(), <[u8; FRAME_MAC]>::try_from(mac).unwrap())
+        };
+        let (b0, m0) = split(&frames[0]);
+        let (b1, m1) = split(&frames[1]);
+        assert!(inn.open(&b0, &m0));
+        assert!(!inn.clone_at(1).open(&b0, &m0), "a replayed frame");
+        let mut changed = b1.clone();
+        changed[0] ^= 1;
+        assert!(!inn.clone_at(1).open(&changed, &m1), "a changed body");
+        let back = FrameSeal::new(&key, Direction::ToClient, &s, &c);
+        assert!(
+            !back.clone_at(1).open(&b1, &m1),
+            "the other direction's key"
+        );
+        let other = ClusterKey::from_secret(b"another secret");
+        assert!(!FrameSeal::new(&other, Direction::ToServer, &s, &c)
+            .clone_at(1)
+            .open(&b1, &m1));
+        assert!(inn.open(&b1, &m1));
+    }
+
+    #[test]
+    fn a_snapshot_chunk_may_not_leave_a_hole() {
+        let mut p = SnapshotProgress::default();
+        assert_eq!(p.accept("a", 5, 10), Err(0), "a new snapshot starts at 0");
+        assert_eq!(p.accept("a", 0, 10), Ok(()));
+        assert_eq!(p.accept("a", 10, 10), Ok(()));
+        assert_eq!(p.accept("a", 10, 10), Ok(()), "a resend overlaps");
+        assert_eq!(p.accept("a", 1 << 60, 1), Err(20));
+        assert_eq!(p.accept("a", u64::MAX, 1), Err(20));
+        assert_eq!(p.accept("b", 20, 1), Err(0), "another snapshot starts at 0");
+        assert_eq!(p.accept("b", 0, 3), Ok(()));
+        assert_eq!(p.accept("a", 20, 1), Err(0), "the old one is gone");
+    }
 
     #[test]
     fn proofs_verify_only_with_the_same_secret() {

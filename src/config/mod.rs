@@ -50,6 +50,9 @@ pub struct Config {
     /// Outbox limits (G5 backpressure).
     #[serde(default)]
     pub outbox: OutboxConfig,
+    /// Bounds of the dead-letter store (G5 holds for it too).
+    #[serde(default)]
+    pub dead_letter: DeadLetterConfig,
     /// Where the deduplicated stream goes.
     pub pulsar: PulsarConfig,
     /// Upstream MQTT brokers this node subscribes to.
@@ -92,6 +95,12 @@ pub struct NodeConfig {
     /// the path could read the secret, and with it join the cluster.
     #[serde(default)]
     pub allow_plaintext_admin: bool,
+    /// The token admin requests must present. Without it they present the
+    /// cluster secret, so whoever administers the cluster holds the key its
+    /// members authenticate each other with; with it the two are apart, and
+    /// the cluster secret no longer opens the admin API.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// The HTTP listener's certificate. Clients check it against their own
@@ -258,6 +267,19 @@ pub struct OutboxConfig {
     /// upstream until the publisher has drained it.
     #[serde(default = "default_quota")]
     pub quota_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// Bytes `<data_dir>/dead-letter/` may hold; past it the oldest files
+    /// are removed. A dead letter is an inspection copy of a message that
+    /// was not forwarded: the newest are kept rather than acks held.
+    #[serde(default = "default_dead_letter_bytes")]
+    pub max_bytes: u64,
+    /// Age (by receive time) past which a dead letter is removed.
+    #[serde(default = "default_dead_letter_retention")]
+    pub retention_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -475,6 +497,12 @@ fn default_linger_ms() -> u64 {
 fn default_quota() -> u64 {
     1024 * 1024 * 1024
 }
+fn default_dead_letter_bytes() -> u64 {
+    1024 * 1024 * 1024
+}
+fn default_dead_letter_retention() -> u64 {
+    7 * 24 * 3600
+}
 fn default_operation_timeout_ms() -> u64 {
     5_000
 }
@@ -525,6 +553,15 @@ impl Default for OutboxConfig {
     }
 }
 
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: default_dead_letter_bytes(),
+            retention_secs: default_dead_letter_retention(),
+        }
+    }
+}
+
 /// Constructors with every optional key at its default, for a config
 /// built in code (the tests' nodes) rather than read from a file. Each
 /// default is the one a file that leaves the key out gets.
@@ -537,6 +574,7 @@ impl Config {
             dedup: DedupConfig::default(),
             batch: BatchConfig::default(),
             outbox: OutboxConfig::default(),
+            dead_letter: DeadLetterConfig::default(),
             pulsar,
             upstreams: Vec::new(),
             routes: Vec::new(),
@@ -560,6 +598,7 @@ impl NodeConfig {
             shutdown_timeout_secs: default_shutdown_timeout(),
             http_tls: None,
             allow_plaintext_admin: false,
+            admin_token_file: None,
         }
     }
 }
@@ -772,6 +811,20 @@ impl Config {
         }
         if self.outbox.quota_bytes == 0 {
             bad("outbox.quota_bytes", "must be at least 1".into());
+        }
+        // One message the store is asked to keep must fit, or the quota
+        // would remove every older file for each new one.
+        if self.dead_letter.max_bytes < self.dedup.max_message_bytes as u64 {
+            bad(
+                "dead_letter.max_bytes",
+                format!(
+                    "{} is below dedup.max_message_bytes ({}): the store could not hold one oversized message",
+                    self.dead_letter.max_bytes, self.dedup.max_message_bytes
+                ),
+            );
+        }
+        if self.dead_letter.retention_secs == 0 {
+            bad("dead_letter.retention_secs", "must be at least 1".into());
         }
         if self.pulsar.publish_batch == 0 {
             bad("pulsar.publish_batch", "must be at least 1".into());
@@ -1014,6 +1067,19 @@ impl Config {
                 );
             }
         }
+        if let Some(f) = &self.node.admin_token_file {
+            match std::fs::read(f) {
+                Ok(s) => {
+                    if let Err(why) = secret_strength(&s) {
+                        bad("node.admin_token_file", format!("{}: {why}", f.display()))
+                    }
+                }
+                Err(e) => bad(
+                    "node.admin_token_file",
+                    format!("cannot read {}: {e}", f.display()),
+                ),
+            }
+        }
         if !self.cluster.members.is_empty() {
             if self.cluster.listen.is_none() {
                 bad(
@@ -1027,10 +1093,11 @@ impl Config {
                     "required when cluster.members is set".into(),
                 ),
                 Some(f) => match std::fs::read(f) {
-                    Ok(s) if s.iter().all(|b| b.is_ascii_whitespace()) => {
-                        bad("cluster.secret_file", format!("{} is empty", f.display()))
+                    Ok(s) => {
+                        if let Err(why) = secret_strength(&s) {
+                            bad("cluster.secret_file", format!("{}: {why}", f.display()))
+                        }
                     }
-                    Ok(_) => {}
                     Err(e) => bad(
                         "cluster.secret_file",
                         format!("cannot read {}: {e}", f.display()),
@@ -1047,6 +1114,55 @@ impl Config {
             .client_id
             .clone()
             .unwrap_or_else(|| format!("firstseen-{}-{}", self.node.id, upstream.name))
+    }
+}
+
+/// Shortest cluster secret accepted: 32 bytes, what `head -c 32
+/// /dev/urandom | base64` makes with room to spare.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Every placeholder secret this repository has shipped in a deploy file.
+/// A cluster running on one is open to anyone who has read the repository.
+const SHIPPED_PLACEHOLDERS: &[&str] = &[
+    "replace-me-with-32-random-bytes-base64",
+    "replace-with-32-random-bytes-base64",
+    "example secret: replace with 32+ random bytes, e.g. head -c 32 /dev/urandom | base64",
+];
+
+/// Whether a cluster secret, as read from its file, is fit to guard a
+/// cluster: not empty, not shorter than [`MIN_SECRET_BYTES`], not a
+/// placeholder from the repository.
+pub fn secret_strength(raw: &[u8]) -> Result<(), String> {
+    let text = String::from_utf8_lossy(raw);
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err("is empty".into());
+    }
+    if SHIPPED_PLACEHOLDERS.contains(&secret) || secret.starts_with("replace-") {
+        return Err("holds a placeholder from the repository's examples; make a secret of your own: head -c 32 /dev/urandom | base64".into());
+    }
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "is {} bytes, shorter than {MIN_SECRET_BYTES}; make one with: head -c 32 /dev/urandom | base64",
+            secret.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn short_and_placeholder_secrets_are_refused() {
+        assert!(secret_strength(b"\n").is_err());
+        assert!(secret_strength(b"short\n").is_err());
+        for p in SHIPPED_PLACEHOLDERS {
+            let err = secret_strength(format!("{p}\n").as_bytes()).unwrap_err();
+            assert!(err.contains("placeholder"), "{p}: {err}");
+        }
+        assert!(secret_strength(b"q9Jx2vYbT0mC7rWn5uLk8dHs3eAf1gZpQiOyXwVb4Nc=\n").is_ok());
     }
 }
 

@@ -33,7 +33,8 @@ pub struct AppState {
     pub log_db: firstseen_store::disk::Db,
     pub upstreams: Vec<(String, Arc<UpstreamStatus>)>,
     pub metrics: Option<PrometheusHandle>,
-    /// Admin requests must present the cluster secret.
+    /// Admin requests must present this: the admin token when the node has
+    /// one, the cluster secret otherwise.
     pub key: ClusterKey,
     /// Admin requests over plain HTTP from other hosts are accepted.
     pub allow_plaintext_admin: bool,
@@ -445,11 +446,11 @@ fn admin_gate(app: &AppState, client: tls::Client, headers: &HeaderMap) -> Resul
     // time: the reply's timing says nothing about how much of a guess matched.
     if !token.is_some_and(|t| app.key.matches_secret(t.as_bytes())) {
         app.admin_refusals
-            .refused(client.addr, "missing or wrong cluster secret");
+            .refused(client.addr, "missing or wrong admin credential");
         return Err((
             StatusCode::UNAUTHORIZED,
             Json(
-                serde_json::json!({"error": "admin requests need `Authorization: Bearer <cluster secret>`"}),
+                serde_json::json!({"error": "admin requests need `Authorization: Bearer <admin token>` (node.admin_token_file, or the cluster secret when the node has none)"}),
             ),
         ));
     }

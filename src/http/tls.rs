@@ -38,63 +38,46 @@ const MAX_HANDSHAKES: usize = 64;
 /// Connections one client address may hold open at once; more are closed
 /// at accept. Far above what a browser, a scraper and a probe need.
 pub const MAX_PER_ADDRESS: usize = 32;
-/// A connection that sends nothing for this long is closed: a keep-alive
-/// client opens a new one, a slow-header client loses its slot.
+/// A connection that sends nothing for this long, with no request waiting
+/// for its answer, is closed: a keep-alive client opens a new one.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same while the client has sent bytes the node has not answered yet:
+/// a handler at work (adding a member waits for it to catch up) or a
+/// request still arriving. Longer, so that a slow handler is not cut off;
+/// bounded, so that a header sent a byte at a time still ends.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Counts open connections per client address.
-#[derive(Default)]
-struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-impl PerAddress {
-    /// A slot for one more connection from `ip`, or `None` at the cap.
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Slot> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = m.entry(ip).or_insert(0);
-        if *n >= MAX_PER_ADDRESS {
-            return None;
-        }
-        *n += 1;
-        Some(Slot {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-/// One connection's place in [`PerAddress`], given back when it closes.
-struct Slot {
-    table: Arc<PerAddress>,
-    ip: std::net::IpAddr,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut m = self.table.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
-            }
-        }
-    }
-}
-
-/// A connection holding its [`Slot`], whose reads fail once it has sent
-/// nothing for [`IDLE_TIMEOUT`] (hyper then closes it).
+/// A connection holding its [`crate::peraddr::Slot`], whose reads fail once
+/// it has sent nothing for [`IDLE_TIMEOUT`] (or [`REQUEST_TIMEOUT`] while
+/// a request waits for its answer); hyper then closes it. Hyper reads while
+/// a handler runs, to notice a client that went away, so the longer bound
+/// is what keeps a slow handler's connection open.
 struct Bounded {
     inner: BoxStream,
-    _slot: Slot,
+    _slot: crate::peraddr::Slot,
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Bytes came in since the node last wrote: a request is in progress.
+    awaiting_answer: bool,
 }
 
 impl Bounded {
-    fn new(inner: BoxStream, slot: Slot) -> Self {
+    fn new(inner: BoxStream, slot: crate::peraddr::Slot) -> Self {
         Self {
             inner,
             _slot: slot,
             idle: Box::pin(tokio::time::sleep(IDLE_TIMEOUT)),
+            awaiting_answer: false,
         }
+    }
+
+    fn rearm(&mut self) {
+        let bound = if self.awaiting_answer {
+            REQUEST_TIMEOUT
+        } else {
+            IDLE_TIMEOUT
+        };
+        let next = tokio::time::Instant::now() + bound;
+        self.idle.as_mut().reset(next);
     }
 }
 
@@ -108,8 +91,8 @@ impl tokio::io::AsyncRead for Bounded {
         match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
             std::task::Poll::Ready(r) => {
                 if buf.filled().len() > before {
-                    let next = tokio::time::Instant::now() + IDLE_TIMEOUT;
-                    self.idle.as_mut().reset(next);
+                    self.awaiting_answer = true;
+                    self.rearm();
                 }
                 std::task::Poll::Ready(r)
             }
@@ -134,7 +117,14 @@ impl tokio::io::AsyncWrite for Bounded {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) && self.awaiting_answer {
+            // The answer is going out: from now on the client has
+            // IDLE_TIMEOUT to send its next request.
+            self.awaiting_answer = false;
+            self.rearm();
+        }
+        written
     }
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
@@ -206,7 +196,7 @@ async fn accept_loop(
     tasks: TaskTracker,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let per_address = Arc::new(PerAddress::default());
+    let per_address = crate::peraddr::PerAddress::new(MAX_PER_ADDRESS);
     loop {
         let (stream, addr) = tokio::select! {
             a = tcp.accept() => match a {

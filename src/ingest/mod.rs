@@ -107,8 +107,8 @@ impl Upstream {
         routes: Arc<Vec<Route>>,
         disk: Arc<crate::diskspace::DiskSpace>,
         clock: SharedClock,
+        dead_letter: DeadLetter,
     ) -> Vec<Upstream> {
-        let dead_letter = DeadLetter::new(config.node.data_dir.join("dead-letter"));
         config
             .upstreams
             .iter()
@@ -355,7 +355,14 @@ impl Upstream {
             }
             match self
                 .dead_letter
-                .store(reason, &p.topic, p.qos, p.retain, &p.payload, now)
+                .store(
+                    reason,
+                    &p.topic,
+                    Some(p.qos),
+                    Some(p.retain),
+                    &p.payload,
+                    now,
+                )
                 .await
             {
                 Ok(path) => {

@@ -63,6 +63,8 @@ pub struct Parts {
     pub key: ClusterKey,
     pub tls: Option<PeerTls>,
     pub disk: Arc<DiskSpace>,
+    /// The node's dead-letter store, shared by ingest and the publisher.
+    pub dead_letter: crate::ingest::deadletter::DeadLetter,
 }
 
 /// When each task stops. The node cancels them in this order; a simulated
@@ -124,6 +126,10 @@ impl Core {
             coalescer,
             clock: ports.clock,
         };
+        // Named from the cluster secret, the same on every node.
+        let ours = crate::publish::tail::Ours::of(
+            config.cluster.secret_file.is_some().then_some(&parts.key),
+        );
         let peer_service = Arc::new(PeerService {
             node_id: id,
             raft: parts.raft.clone(),
@@ -133,6 +139,7 @@ impl Core {
             disk: parts.disk.clone(),
             liveness: parts.liveness.clone(),
             timing,
+            snapshot: Default::default(),
         });
         let elections = elect::drive(
             parts.raft.clone(),
@@ -169,6 +176,9 @@ impl Core {
             batch: config.pulsar.publish_batch,
             shutdown: stops.services,
             disk: parts.disk.clone(),
+            max_message_bytes: config.pulsar.max_message_bytes,
+            dead_letter: Some(parts.dead_letter.clone()),
+            ours,
         }
         .run();
         let batcher = batch::run(

@@ -69,8 +69,20 @@ pub async fn run(
     let proposals = CancellationToken::new();
     let clock = crate::clock::SystemClock::shared();
 
-    let upstreams =
-        Upstream::from_config(&config, Route::all(&config), disk.clone(), clock.clone());
+    let dead_letter = crate::ingest::deadletter::DeadLetter::open(
+        config.node.data_dir.join("dead-letter"),
+        crate::ingest::deadletter::Bounds {
+            max_bytes: config.dead_letter.max_bytes,
+            retention_ms: config.dead_letter.retention_secs.saturating_mul(1000),
+        },
+    );
+    let upstreams = Upstream::from_config(
+        &config,
+        Route::all(&config),
+        disk.clone(),
+        clock.clone(),
+        dead_letter.clone(),
+    );
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(
@@ -83,6 +95,7 @@ pub async fn run(
             key: cluster.key.clone(),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
+            dead_letter: dead_letter.clone(),
         },
         Ports {
             call: Arc::new(cluster.peers.clone()),
@@ -90,6 +103,9 @@ pub async fn run(
             broker: PulsarBroker {
                 config: config.pulsar.clone(),
                 state: cluster.state.clone(),
+                ours: crate::publish::tail::Ours::of(
+                    config.cluster.secret_file.is_some().then_some(&cluster.key),
+                ),
             },
             acks: Arc::new(gates),
         },
@@ -123,7 +139,7 @@ pub async fn run(
             .map(|u| (u.config.name.clone(), u.status.clone()))
             .collect(),
         metrics,
-        key: cluster.key.clone(),
+        key: crate::cluster::load_admin_key(&config, &cluster.key)?,
         allow_plaintext_admin: config.node.allow_plaintext_admin,
         admin_refusals: crate::telemetry::RefusalLog::new(
             "firstseen_admin_refused_total",
@@ -160,6 +176,7 @@ pub async fn run(
         crate::cluster::log_leadership(cluster.raft.clone(), services.clone()),
     );
     let disk_task = tasks.spawn("disk space", disk.clone().watch(services.clone()));
+    let sweep_task = tasks.spawn("dead-letter retention", dead_letter.sweep(services.clone()));
     let watchdog_task = tasks.spawn(
         "storage watchdog",
         crate::watchdog::watch(
@@ -226,6 +243,7 @@ pub async fn run(
         http_task,
         accept_task,
         disk_task,
+        sweep_task,
         watchdog_task,
         heartbeat_task,
         elect_task,

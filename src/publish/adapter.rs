@@ -30,6 +30,8 @@ pub struct PulsarBroker {
     pub config: PulsarConfig,
     /// The topics whose broker-side deduplication is checked at connect.
     pub state: StateStore,
+    /// Which producers' messages the tail read counts as this cluster's.
+    pub ours: tail::Ours,
 }
 
 impl Broker for PulsarBroker {
@@ -41,6 +43,7 @@ impl Broker for PulsarBroker {
         Ok(PulsarSession {
             client,
             wait: Duration::from_millis(self.config.operation_timeout_ms),
+            ours: self.ours.clone(),
         })
     }
 }
@@ -81,6 +84,7 @@ pub struct PulsarSession {
     client: Pulsar<TokioExecutor>,
     /// Longest wait for the tail's last message.
     wait: Duration,
+    ours: tail::Ours,
 }
 
 impl Session for PulsarSession {
@@ -102,7 +106,7 @@ impl Session for PulsarSession {
     }
 
     async fn last_seq(&self, topic: &str, assigned: u64) -> Result<tail::Tail, Error> {
-        tail::last_seq(&self.client, topic, assigned, self.wait).await
+        tail::last_seq(&self.client, topic, assigned, &self.ours, self.wait).await
     }
 
     async fn send(
@@ -110,8 +114,9 @@ impl Session for PulsarSession {
         producer: &mut Self::Producer,
         seq: u64,
         message: OutboxMessage,
+        set_aside: Option<String>,
     ) -> Result<Receipt, Error> {
-        let receipt = send(producer, seq, message).await?;
+        let receipt = send(producer, seq, message, set_aside).await?;
         Ok(Box::pin(async move {
             receipt.await.map(|_| ()).map_err(Error::from)
         }))
@@ -122,11 +127,17 @@ async fn send(
     producer: &mut Producer<TokioExecutor>,
     seq: u64,
     m: OutboxMessage,
+    set_aside: Option<String>,
 ) -> Result<pulsar::producer::SendFuture, Error> {
     let key = hex::encode(m.key);
+    let payload = if set_aside.is_some() {
+        Vec::new()
+    } else {
+        m.payload
+    };
     let mut message = producer
         .create_message()
-        .with_content(m.payload)
+        .with_content(payload)
         .with_key(key.clone())
         .with_property(props::SEQ, seq.to_string())
         .with_property(props::KEY, key)
@@ -134,9 +145,16 @@ async fn send(
         .with_property(props::NODE, m.node.to_string())
         .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
         .event_time(m.first_seen_ms);
-    if let Some(p) = &m.properties {
-        for (k, v) in props::mqtt5(p) {
-            message = message.with_property(k, v);
+    match set_aside {
+        // The marker carries no MQTT 5 properties: they may be what made
+        // the message too large.
+        Some(reason) => message = message.with_property(props::SET_ASIDE, reason),
+        None => {
+            if let Some(p) = &m.properties {
+                for (k, v) in props::mqtt5(p) {
+                    message = message.with_property(k, v);
+                }
+            }
         }
     }
     Ok(message.send_non_blocking().await?)

@@ -4,7 +4,8 @@
 //! fetches a token and renews it before it expires). The publisher, the
 //! tail reader, `firstseen verify` and the admin-API check all use these.
 
-use pulsar::authentication::oauth2::{OAuth2Authentication, OAuth2Params};
+use std::time::{Duration, Instant};
+
 use pulsar::error::AuthenticationError;
 use pulsar::Authentication as Credentials;
 
@@ -51,6 +52,205 @@ impl pulsar::authentication::Authentication for TokenFile {
     }
 }
 
+/// How long one request to the OAuth2 issuer may take.
+const OAUTH2_TIMEOUT: Duration = Duration::from_secs(10);
+/// A token this close to its expiry is renewed before it is presented.
+const RENEW_BEFORE: Duration = Duration::from_secs(60);
+
+/// A string that never prints: the client secret.
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// OAuth2 client credentials (RFC 6749 section 4.4) with the token endpoint
+/// found by OpenID discovery, as Pulsar's own clients do it. Written here
+/// rather than taken from the pulsar crate because the crate logs its
+/// parameters, the client secret among them, at debug level; this client
+/// names only the issuer, the client id and the issuer's error code.
+struct OAuth2Client {
+    issuer_url: String,
+    client_id: String,
+    secret: Secret,
+    audience: Option<String>,
+    scope: Option<String>,
+    http: reqwest::Client,
+    token_endpoint: Option<String>,
+    /// The access token and when it stops being valid, if the issuer said.
+    token: Option<(Vec<u8>, Option<Instant>)>,
+}
+
+#[derive(serde::Deserialize)]
+struct Discovery {
+    token_endpoint: String,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenReply {
+    access_token: String,
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenRefusal {
+    error: String,
+    #[serde(default)]
+    error_description: Option<String>,
+}
+
+impl OAuth2Client {
+    /// The issuer's token endpoint, discovered once.
+    async fn token_endpoint(&mut self) -> Result<String, AuthenticationError> {
+        if let Some(e) = &self.token_endpoint {
+            return Ok(e.clone());
+        }
+        let url = format!(
+            "{}/.well-known/openid-configuration",
+            self.issuer_url.trim_end_matches('/')
+        );
+        let reply = self.http.get(&url).send().await.map_err(|e| {
+            AuthenticationError::Retriable(format!(
+                "OAuth2 discovery at {url}: {}",
+                reqwest_reason(&e)
+            ))
+        })?;
+        if !reply.status().is_success() {
+            return Err(AuthenticationError::Custom(format!(
+                "OAuth2 discovery at {url} answered {}",
+                reply.status()
+            )));
+        }
+        let found: Discovery = reply.json().await.map_err(|e| {
+            AuthenticationError::Custom(format!(
+                "OAuth2 discovery at {url} gave no token_endpoint: {}",
+                reqwest_reason(&e)
+            ))
+        })?;
+        self.token_endpoint = Some(found.token_endpoint.clone());
+        Ok(found.token_endpoint)
+    }
+
+    /// A new access token from the issuer.
+    async fn fetch(&mut self) -> Result<(Vec<u8>, Option<Instant>), AuthenticationError> {
+        let endpoint = self.token_endpoint().await?;
+        let mut form = vec![
+            ("grant_type", "client_credentials"),
+            ("client_id", self.client_id.as_str()),
+            ("client_secret", self.secret.0.as_str()),
+        ];
+        if let Some(a) = &self.audience {
+            form.push(("audience", a.as_str()));
+        }
+        if let Some(s) = &self.scope {
+            form.push(("scope", s.as_str()));
+        }
+        let asked = Instant::now();
+        let reply = self
+            .http
+            .post(&endpoint)
+            .form(&form)
+            .send()
+            .await
+            .map_err(|e| {
+                AuthenticationError::Retriable(format!(
+                    "OAuth2 token request to {endpoint}: {}",
+                    reqwest_reason(&e)
+                ))
+            })?;
+        let status = reply.status();
+        if !status.is_success() {
+            // RFC 6749 5.2: the issuer names what it refused; that code
+            // (`invalid_client` for a wrong secret) is what the operator
+            // needs, and it carries no credential.
+            let why = match reply.json::<TokenRefusal>().await {
+                Ok(r) => match r.error_description {
+                    Some(d) => format!("{} ({d})", r.error),
+                    None => r.error,
+                },
+                Err(_) => "no error code".into(),
+            };
+            let text = format!(
+                "OAuth2 issuer {} refused client {:?}: HTTP {status}, {why}",
+                self.issuer_url, self.client_id
+            );
+            return Err(if status.is_server_error() {
+                AuthenticationError::Retriable(text)
+            } else {
+                AuthenticationError::Custom(text)
+            });
+        }
+        let token: TokenReply = reply.json().await.map_err(|e| {
+            AuthenticationError::Custom(format!(
+                "OAuth2 issuer {} sent no access token: {}",
+                self.issuer_url,
+                reqwest_reason(&e)
+            ))
+        })?;
+        let expires = token.expires_in.map(|s| asked + Duration::from_secs(s));
+        tracing::debug!(issuer = %self.issuer_url, client_id = %self.client_id, expires_in = ?token.expires_in, "new OAuth2 access token");
+        Ok((token.access_token.into_bytes(), expires))
+    }
+}
+
+/// What went wrong with a request, with its causes. The URLs it names are
+/// the issuer's, which carry no credential (the secret goes in the body).
+fn reqwest_reason(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[async_trait::async_trait]
+impl pulsar::authentication::Authentication for OAuth2Client {
+    fn auth_method_name(&self) -> String {
+        "token".into()
+    }
+
+    async fn initialize(&mut self) -> Result<(), AuthenticationError> {
+        self.token_endpoint().await.map(|_| ())
+    }
+
+    async fn auth_data(&mut self) -> Result<Vec<u8>, AuthenticationError> {
+        let now = Instant::now();
+        let fresh = |t: &(Vec<u8>, Option<Instant>), margin: Duration| match t.1 {
+            Some(at) => now + margin < at,
+            None => true,
+        };
+        match &self.token {
+            Some(t) if fresh(t, RENEW_BEFORE) => return Ok(t.0.clone()),
+            _ => {}
+        }
+        match self.fetch().await {
+            Ok(t) => {
+                let data = t.0.clone();
+                self.token = Some(t);
+                Ok(data)
+            }
+            // A renewal that fails while the old token is still valid
+            // keeps the old one: the issuer may be back before it expires.
+            Err(e) => match &self.token {
+                Some(t) if fresh(t, Duration::ZERO) => {
+                    tracing::warn!(error = %e, "cannot renew the OAuth2 token; using the current one until it expires");
+                    Ok(t.0.clone())
+                }
+                _ => {
+                    self.token = None;
+                    Err(e)
+                }
+            },
+        }
+    }
+}
+
 /// The credentials `config` names, or `None` for an unauthenticated broker.
 pub fn provider(
     config: &PulsarConfig,
@@ -72,26 +272,19 @@ pub fn provider(
                 source,
             }
         })?;
-        // The crate takes the client id and secret as a JSON document behind
-        // a URL; a data: URL keeps the secret out of any file but the
-        // operator's own.
-        let json = serde_json::json!({
-            "type": "client_credentials",
-            "client_id": o.client_id,
-            "client_secret": secret.trim(),
-        });
-        let credentials_url = format!(
-            "data:application/json;base64,{}",
-            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, json.to_string())
-        );
-        return Ok(Some(OAuth2Authentication::client_credentials(
-            OAuth2Params {
-                issuer_url: o.issuer_url.clone(),
-                credentials_url,
-                audience: o.audience.clone(),
-                scope: o.scope.clone(),
-            },
-        )));
+        return Ok(Some(Box::new(OAuth2Client {
+            issuer_url: o.issuer_url.clone(),
+            client_id: o.client_id.clone(),
+            secret: Secret(secret.trim().to_string()),
+            audience: o.audience.clone(),
+            scope: o.scope.clone(),
+            http: reqwest::Client::builder()
+                .timeout(OAUTH2_TIMEOUT)
+                .build()
+                .map_err(|e| Error::setting("pulsar.oauth2", e.to_string()))?,
+            token_endpoint: None,
+            token: None,
+        })));
     }
     Ok(None)
 }

@@ -73,6 +73,14 @@ pub struct Publisher<B: Broker, G: Group, O: Outbox> {
     /// A leader whose disk is low stops publishing, so that it stops
     /// confirming its lease and the others elect one with room.
     pub disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+    /// What the broker accepts (`pulsar.max_message_bytes`); a larger
+    /// message goes as a marker ([`policy::set_aside_reason`]).
+    pub max_message_bytes: usize,
+    /// Where a message sent as a marker is kept, before the marker is sent.
+    /// `None` in the models, which keep nothing on disk.
+    pub dead_letter: Option<crate::ingest::deadletter::DeadLetter>,
+    /// How this cluster names its producers.
+    pub ours: tail::Ours,
 }
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
@@ -401,6 +409,37 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         }
     }
 
+    /// Keeps a message that goes to Pulsar as a marker in this node's
+    /// dead-letter store (fsynced) before the marker is sent: nothing acked
+    /// is lost, and the marker says where to look. A failed write fails the
+    /// batch, which is retried like any other error.
+    async fn keep_set_aside(
+        &self,
+        topic: &str,
+        seq: u64,
+        m: &firstseen_store::OutboxMessage,
+        reason: &str,
+    ) -> Result<(), Error> {
+        metrics::counter!("firstseen_set_aside_total").increment(1);
+        let path = match &self.dead_letter {
+            Some(store) => Some(
+                store
+                    .store(
+                        "pulsar-limit",
+                        &m.mqtt_topic,
+                        None,
+                        None,
+                        &m.payload,
+                        m.first_seen_ms,
+                    )
+                    .await?,
+            ),
+            None => None,
+        };
+        tracing::warn!(topic, seq, key = %hex::encode(m.key), reason, file = ?path, "message the broker would refuse sent as a marker; kept in the dead-letter store");
+        Ok(())
+    }
+
     /// Sends the next batch of one topic without awaiting its receipts.
     /// Returns whether there was anything to send.
     async fn send_batch(
@@ -410,13 +449,12 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         term: u64,
     ) -> Result<bool, Error> {
         if tp.producer.is_none() {
-            let name = format!(
-                "{}{}-t{}-{}",
-                tail::PRODUCER_PREFIX,
+            let name = self.ours.producer_name(&format!(
+                "{}-t{}-{}",
                 self.node_id,
                 term,
                 tail::scratch_subscription("p")
-            );
+            ));
             let producer = session.exclusive(&tp.topic, &name).await?;
             // Every entry committed before now applied: a sequence beyond
             // what the outbox has assigned is then surely not ours.
@@ -463,7 +501,11 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let mut receipts = VecDeque::with_capacity(batch.len());
         let mut last = tp.next_seq;
         for (seq, m) in batch {
-            receipts.push_back(session.send(producer, seq, m).await?);
+            let set_aside = policy::set_aside_reason(&m, self.max_message_bytes);
+            if let Some(reason) = &set_aside {
+                self.keep_set_aside(&tp.topic, seq, &m, reason).await?;
+            }
+            receipts.push_back(session.send(producer, seq, m, set_aside).await?);
             last = seq;
         }
         tp.in_flight.push_back(InFlight {

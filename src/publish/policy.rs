@@ -43,6 +43,25 @@ pub fn watermark_due(
     confirmed > proposed && (flush || since_last.is_none_or(|d| d >= WATERMARK_EVERY))
 }
 
+/// Why a message goes to Pulsar as a marker instead of itself, or `None`
+/// when it goes as it is. A message larger than the broker accepts
+/// (`pulsar.max_message_bytes`) is refused for good: the broker closes the
+/// connection on the oversized frame, and the publisher would send it again
+/// after every reconnect while every later message waited behind it.
+/// Ingest keeps messages below that bound, so this catches only what ingest
+/// let through under other settings: a node whose `dedup.max_message_bytes`
+/// was larger, or a `pulsar.max_message_bytes` lowered since.
+pub fn set_aside_reason(m: &firstseen_store::OutboxMessage, limit: usize) -> Option<String> {
+    let bytes =
+        firstseen_store::window::message_bytes(&m.mqtt_topic, &m.payload, m.properties.as_deref())
+            .saturating_add(super::props::OWN_BYTES as u64);
+    (bytes > limit as u64).then(|| {
+        format!(
+            "{bytes} bytes with firstseen's properties, over pulsar.max_message_bytes ({limit})"
+        )
+    })
+}
+
 /// Whether a producer error means another producer still holds the topic:
 /// a predecessor that was paused or cut off keeps its exclusive producer
 /// until the broker drops its connection (keepalive), and this node takes
@@ -91,6 +110,24 @@ pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Durat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_over_the_broker_limit_is_set_aside() {
+        let m = |payload: usize| firstseen_store::OutboxMessage {
+            key: [0; 32],
+            mqtt_topic: "t".into(),
+            payload: vec![0; payload],
+            node: 1,
+            first_seen_ms: 0,
+            properties: None,
+        };
+        let limit = 10_000;
+        assert_eq!(set_aside_reason(&m(100), limit), None);
+        let room = limit - super::super::props::OWN_BYTES - 1;
+        assert_eq!(set_aside_reason(&m(room), limit), None);
+        let why = set_aside_reason(&m(room + 1), limit).unwrap();
+        assert!(why.contains("pulsar.max_message_bytes (10000)"), "{why}");
+    }
 
     #[test]
     fn a_new_producer_resumes_after_whichever_of_tail_and_watermark_is_further() {

@@ -54,12 +54,16 @@ pub trait Session: Send + Sync {
     ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send;
 
     /// Queues message `seq` on `producer`. Messages are persisted in the
-    /// order they are queued; the receipt says when this one is.
+    /// order they are queued; the receipt says when this one is. With
+    /// `set_aside`, a marker goes in the message's place: its sequence,
+    /// key, MQTT topic, node and time, an empty payload, and the reason
+    /// (`firstseen-set-aside`).
     fn send(
         &self,
         producer: &mut Self::Producer,
         seq: u64,
         message: OutboxMessage,
+        set_aside: Option<String>,
     ) -> impl Future<Output = Result<Receipt, Error>> + Send;
 }
 

@@ -11,6 +11,11 @@ pub const MQTT_TOPIC: &str = "mqtt-topic";
 pub const NODE: &str = "firstseen-node";
 /// Leader-stamped first-seen time, ms since epoch (also the event time).
 pub const FIRST_SEEN_MS: &str = "firstseen-first-seen-ms";
+/// On a marker only: why the message itself is not in the topic (the broker
+/// would refuse it for good). The marker keeps the message's sequence, key,
+/// MQTT topic, node and time, with an empty payload; the message is in the
+/// dead-letter store of the node that published the marker.
+pub const SET_ASIDE: &str = "firstseen-set-aside";
 
 /// The most bytes firstseen's own properties and Pulsar's message metadata
 /// add to a message beyond what `dedup.max_message_bytes` counts (the MQTT

@@ -87,9 +87,56 @@ pub async fn reader(
         .await?)
 }
 
-/// Every firstseen producer's name starts with this: the publisher's, named
-/// per node and term, and the dead-letter publisher's.
+/// Every firstseen producer's name starts with this. `verify`, which knows
+/// no cluster, tells firstseen's messages from others' by it alone.
 pub const PRODUCER_PREFIX: &str = "firstseen-";
+
+/// Which producer names are this cluster's: `firstseen-c<cluster id>-…`,
+/// with the id derived from the cluster secret
+/// ([`crate::cluster::wire::ClusterKey::cluster_id`]). A second firstseen
+/// cluster writing to the same topic (another environment pointed at it by
+/// mistake) names its producers with another id, and its messages are
+/// foreign to this one: taking its sequence numbers for ours would skip or
+/// repeat ours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ours {
+    prefix: String,
+}
+
+impl Ours {
+    /// The names of a cluster with this secret's key; `None` for a group of
+    /// one without a secret file, whose key is drawn at every start and so
+    /// cannot name anything that must outlive a restart: it gets the fixed
+    /// id `local`.
+    pub fn of(key: Option<&crate::cluster::wire::ClusterKey>) -> Self {
+        match key {
+            Some(k) => Self::cluster(&k.cluster_id()),
+            None => Self::cluster("local"),
+        }
+    }
+
+    pub fn cluster(id: &str) -> Self {
+        Self {
+            prefix: format!("{PRODUCER_PREFIX}c{id}-"),
+        }
+    }
+
+    /// The name of a producer of this cluster, `rest` telling them apart.
+    pub fn producer_name(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// Whether a producer of this cluster wrote the message. Names without a
+    /// cluster id (`firstseen-<node>-t<term>-…`, from releases before it)
+    /// count as ours, so that an upgrade does not take its own tail for
+    /// foreign and publish it again.
+    pub fn wrote(&self, producer_name: &str) -> bool {
+        producer_name.starts_with(&self.prefix)
+            || producer_name
+                .strip_prefix(PRODUCER_PREFIX)
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+    }
+}
 
 /// Entries read back from the end at first; the read goes back sixteen
 /// times further each time it finds nothing of ours.
@@ -109,8 +156,8 @@ pub struct Tail {
 impl Tail {
     /// Counts one message read from the topic, with the last sequence the
     /// group has assigned on it (`assigned`).
-    pub fn classify(&mut self, meta: &pulsar::proto::MessageMetadata, assigned: u64) {
-        match our_seq(meta, assigned) {
+    pub fn classify(&mut self, meta: &pulsar::proto::MessageMetadata, assigned: u64, ours: &Ours) {
+        match our_seq(meta, assigned, ours) {
             Some(seq) => self.seq = self.seq.max(Some(seq)),
             None => self.foreign += 1,
         }
@@ -121,8 +168,8 @@ impl Tail {
 /// not: written by a producer not named as ours, without a parseable
 /// `firstseen-seq`, or with one beyond `assigned` (no firstseen producer
 /// can have written a sequence the group never assigned).
-pub fn our_seq(meta: &pulsar::proto::MessageMetadata, assigned: u64) -> Option<u64> {
-    if !meta.producer_name.starts_with(PRODUCER_PREFIX) {
+pub fn our_seq(meta: &pulsar::proto::MessageMetadata, assigned: u64, ours: &Ours) -> Option<u64> {
+    if !ours.wrote(&meta.producer_name) {
         return None;
     }
     props::get(meta, props::SEQ)?
@@ -139,6 +186,7 @@ pub async fn last_seq(
     pulsar: &Pulsar<TokioExecutor>,
     topic: &str,
     assigned: u64,
+    ours: &Ours,
     wait: Duration,
 ) -> Result<Tail, Error> {
     let mut probe = reader(pulsar, topic, None, "tail").await?;
@@ -167,6 +215,7 @@ pub async fn last_seq(
             Some(just_before(&start)),
             &last,
             assigned,
+            ours,
             wait,
         )
         .await?;
@@ -174,7 +223,7 @@ pub async fn last_seq(
             return Ok(tail);
         }
         if whole_ledger {
-            return read_to(pulsar, topic, None, &last, assigned, wait).await;
+            return read_to(pulsar, topic, None, &last, assigned, ours, wait).await;
         }
         lookback = lookback.saturating_mul(16);
     }
@@ -188,6 +237,7 @@ async fn read_to(
     start: Option<MessageIdData>,
     last: &MessageIdData,
     assigned: u64,
+    ours: &Ours,
     wait: Duration,
 ) -> Result<Tail, Error> {
     let mut consumer = reader(pulsar, topic, start, "tail").await?;
@@ -201,7 +251,7 @@ async fn read_to(
             if at > end {
                 return Ok(tail);
             }
-            tail.classify(msg.metadata(), assigned);
+            tail.classify(msg.metadata(), assigned, ours);
             // The last entry may be a batch: its last message holds the
             // highest sequence, and every message of it was persisted
             // with it.
@@ -257,6 +307,31 @@ mod tests {
         }
     }
 
+    fn ours() -> Ours {
+        Ours::cluster("00aa11bb22cc33dd")
+    }
+
+    fn our_seq(meta: &MessageMetadata, assigned: u64) -> Option<u64> {
+        super::our_seq(meta, assigned, &ours())
+    }
+
+    #[test]
+    fn another_cluster_s_producers_are_not_ours_and_names_from_before_ids_are() {
+        let name = ours().producer_name("1-t3-p");
+        assert_eq!(name, "firstseen-c00aa11bb22cc33dd-1-t3-p");
+        assert_eq!(our_seq(&written(&name, Some("7")), 10), Some(7));
+        let other = Ours::cluster("ffffffffffffffff").producer_name("1-t3-p");
+        assert_eq!(our_seq(&written(&other, Some("7")), 10), None);
+        // Before cluster ids: still ours, so an upgrade keeps its tail.
+        assert_eq!(
+            our_seq(&written("firstseen-2-t9-p", Some("7")), 10),
+            Some(7)
+        );
+        // Neither: a name that only starts like ours.
+        assert_eq!(our_seq(&written("firstseen-x", Some("7")), 10), None);
+        assert_eq!(our_seq(&written("firstseen-c", Some("7")), 10), None);
+    }
+
     #[test]
     fn only_numbered_messages_of_our_producers_within_the_assigned_count_are_ours() {
         assert_eq!(
@@ -291,7 +366,7 @@ mod tests {
             written("intruder", Some("1009")),
             written("firstseen-2-t4-p", Some(&u64::MAX.to_string())),
         ] {
-            t.classify(&m, 9);
+            t.classify(&m, 9, &ours());
         }
         assert_eq!(
             t,

@@ -18,6 +18,9 @@ pub struct Seen {
     /// Written by a producer that is not firstseen's: counted apart and
     /// left out of the audit, which is of what firstseen wrote.
     pub foreign: bool,
+    /// A marker in place of a message the broker would refuse: it holds
+    /// the message's key and sequence, so it is audited like one.
+    pub set_aside: bool,
 }
 
 /// What the audit found. Lists are capped so a badly broken topic still
@@ -44,6 +47,10 @@ pub struct Report {
     /// otherwise): another writer on the topic. Not audited, and not a
     /// fault of the bridge's, but an operator wants to know.
     pub foreign: u64,
+    /// Markers in place of messages the broker would refuse
+    /// (`firstseen-set-aside`); their messages are in a node's dead-letter
+    /// store. Counted in the audit as the messages they stand for.
+    pub set_aside: u64,
 }
 
 impl Report {
@@ -89,6 +96,9 @@ impl Audit {
             r.unlabelled += 1;
             return;
         };
+        if m.set_aside {
+            r.set_aside += 1;
+        }
         let count = self.keys.entry(key.clone()).or_insert(0);
         *count += 1;
         if *count == 2 && r.duplicate_keys.len() < LIST_CAP {
@@ -156,6 +166,13 @@ impl std::fmt::Display for Report {
                 self.foreign
             )?;
         }
+        if self.set_aside > 0 {
+            writeln!(
+                f,
+                "set aside       {} (markers for messages the broker would refuse; the messages are in a node's dead-letter store)",
+                self.set_aside
+            )?;
+        }
         for k in &self.duplicate_keys {
             writeln!(f, "  duplicate key {k}")?;
         }
@@ -186,6 +203,7 @@ mod tests {
             key: Some(key.into()),
             seq: Some(seq),
             foreign: false,
+            set_aside: false,
         }
     }
 
@@ -214,6 +232,7 @@ mod tests {
             key: None,
             seq: Some(6),
             foreign: false,
+            set_aside: false,
         });
         let r = a.finish();
         assert!(!r.is_clean());
@@ -235,6 +254,7 @@ mod tests {
             key: Some("a".into()),
             seq: Some(1_001),
             foreign: true,
+            set_aside: false,
         });
         a.push(seen("b", 2));
         let r = a.finish();

@@ -61,7 +61,7 @@ impl TestCluster {
         let secret = TempDir::new().unwrap();
         std::fs::write(
             secret.path().join("cluster.secret"),
-            "test-cluster-secret\n",
+            "test-cluster-secret-of-more-than-32-bytes\n",
         )
         .unwrap();
         let faults = Faults::new();

@@ -208,12 +208,12 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
         progress_kind = "publish times in Pulsar"
     start = load["start"]
     load_end = start + load["seconds"]
-    per_fault = []
-    for f in faults:
-        a, b = start + f["start"], start + max(f["end"], f["start"])
-        stall, at = gaps(progress, a, min(b + 10, load_end))
-        per_fault.append({**f, "stall_s": round(stall, 2),
-                          "steady_after_s": steady_after(progress, b, rate, load_end)})
+    # New messages in Pulsar, as a second measure when progress is the
+    # bridges' acks (otherwise it is the same one).
+    arrivals_sorted = None
+    if arrived is not None and first_ack is not None:
+        arrivals_sorted = sorted(x for x in arrived if not math.isnan(x))
+    per_fault = fault_stalls(faults, progress, arrivals_sorted, start, load_end, rate)
     stalls = sorted(p["stall_s"] for p in per_fault)
 
     def pct(xs, q):
@@ -260,26 +260,99 @@ def analyze(t_pub, t_ack, pulsar_msgs, faults, load, rate, first_ack=None, bridg
     }
 
 
+def fault_stalls(faults, progress, arrivals, start, load_end, rate):
+    """Per fault: the longest time without progress (bridge acks, or
+    arrivals without the broker's log) while it ran plus 10 s after it
+    healed; the same for new messages in Pulsar when `arrivals` are known;
+    and the time from its end until progress is steady again."""
+    out = []
+    for f in faults:
+        a, b = start + f["start"], start + max(f["end"], f["start"])
+        until = min(b + 10, load_end)
+        stall, _ = gaps(progress, a, until)
+        row = {**f, "stall_s": round(stall, 2),
+               "steady_after_s": steady_after(progress, b, rate, load_end)}
+        if arrivals is not None:
+            row["publish_stall_s"] = round(gaps(arrivals, a, until)[0], 2)
+        out.append(row)
+    return out
+
+
 def stall_by_kind(per_fault):
-    """For each fault kind: how many ran, and the median and longest stall
-    of progress while one ran (plus 10 s after it healed). A stall is
-    charged to every fault that overlapped it, so these overlap too."""
+    """For each fault kind: how many ran; the median, 99th percentile and
+    longest stall of upstream acks while one ran (plus 10 s after it
+    healed); the same of new messages in Pulsar; and the median and longest
+    time back to steady progress after it ended. A stall is charged to every
+    fault that overlapped it, so these overlap too."""
+    def pct(xs, q):
+        return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else None
     by = {}
     for p in per_fault:
-        by.setdefault(p["kind"], []).append(p["stall_s"])
+        by.setdefault(p["kind"], []).append(p)
     out = {}
-    for kind, xs in sorted(by.items()):
-        xs.sort()
-        out[kind] = {"count": len(xs), "p50": xs[len(xs) // 2], "max": xs[-1]}
+    for kind, ps in sorted(by.items()):
+        acks = sorted(p["stall_s"] for p in ps)
+        pub = sorted(p["publish_stall_s"] for p in ps if p.get("publish_stall_s") is not None)
+        steady = sorted(p["steady_after_s"] for p in ps if p.get("steady_after_s") is not None)
+        out[kind] = {"count": len(ps), "p50": pct(acks, 0.5), "p99": pct(acks, 0.99), "max": acks[-1],
+                     "publish_p50": pct(pub, 0.5), "publish_p99": pct(pub, 0.99),
+                     "publish_max": pub[-1] if pub else None,
+                     "steady_p50": pct(steady, 0.5), "steady_max": steady[-1] if steady else None,
+                     "never_steady": sum(1 for p in ps if p.get("steady_after_s") is None)}
     return out
 
 
 def stall_table(v):
-    """The per-kind stall table as Markdown, for docs/reliability.md."""
-    rows = ["| fault kind | times | median stall, s | longest stall, s |", "|---|---|---|---|"]
-    for kind, r in v.get("stall_by_kind_s", {}).items():
-        rows.append(f"| {kind} | {r['count']} | {r['p50']} | {r['max']} |")
+    """The per-kind stall table as Markdown, for docs/reliability.md. The
+    first stall column is of the run's measure of progress (bridge acks
+    read from the broker's log, or new messages in Pulsar when the run did
+    not read that log); the second, of new messages in Pulsar, only when the
+    first was acks."""
+    first = {"bridge acks": "upstream ack stall"}.get(v.get("progress_measured_by"), "Pulsar stall")
+    kinds = v.get("stall_by_kind_s", {})
+    both = any(r.get("publish_max") is not None for r in kinds.values())
+    second = " Pulsar stall p50 / p99 / max, s |" if both else ""
+    rows = [f"| fault kind | times | {first} p50 / p99 / max, s |{second} back to steady p50 / max, s |",
+            "|---|---|---|" + ("---|" if both else "") + "---|"]
+
+    def f(x):
+        return "–" if x is None else f"{x:g}"
+    for kind, r in kinds.items():
+        steady = f"{f(r.get('steady_p50'))} / {f(r.get('steady_max'))}"
+        if r.get("never_steady"):
+            steady += f" ({r['never_steady']} not before the load ended)"
+        pub = (f" {f(r.get('publish_p50'))} / {f(r.get('publish_p99'))} / {f(r.get('publish_max'))} |"
+               if both else "")
+        rows.append(f"| {kind} | {r['count']} | {f(r['p50'])} / {f(r.get('p99'))} / {f(r['max'])} |"
+                    f"{pub} {steady} |")
     return "\n".join(rows)
+
+
+def table_from_run(out_dir):
+    """The per-kind table of a finished run, rebuilt from its history
+    (history.jsonl.gz) and its summary (summary.json): for runs made before
+    the table had every column."""
+    import gzip
+    import os
+    v = json.load(open(os.path.join(out_dir, "summary.json")))
+    acks, arrivals = [], []
+    with gzip.open(os.path.join(out_dir, "history.jsonl.gz"), "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("bridge_acked") is not None:
+                acks.append(r["bridge_acked"])
+            if r.get("arrived") is not None:
+                arrivals.append(r["arrived"])
+    acks.sort()
+    arrivals.sort()
+    progress = acks or arrivals
+    start = v["load"]["start"]
+    faults = [{k: p[k] for k in p if k not in ("stall_s", "steady_after_s", "publish_stall_s")}
+              for p in v["faults"]]
+    per_fault = fault_stalls(faults, progress, arrivals if acks else None, start,
+                             start + v["load"]["seconds"], v["rate"])
+    return stall_table({"stall_by_kind_s": stall_by_kind(per_fault),
+                        "progress_measured_by": "bridge acks" if acks else "arrivals in Pulsar"})
 
 
 def summary_line(v):
@@ -292,4 +365,8 @@ def summary_line(v):
 
 if __name__ == "__main__":
     import sys
-    print(json.dumps(analyze(*load_history(sys.argv[1]), [], [], {"start": 0, "seconds": 0}, 1)))
+    if sys.argv[1:2] == ["table"]:
+        # check.py table OUT_DIR: the per-kind table of a finished run.
+        print(table_from_run(sys.argv[2]))
+    else:
+        print(json.dumps(analyze(*load_history(sys.argv[1]), [], [], {"start": 0, "seconds": 0}, 1)))

@@ -254,6 +254,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         producer: &mut SimProducer<W>,
         seq: u64,
         message: OutboxMessage,
+        _set_aside: Option<String>,
     ) -> Result<Receipt, Error> {
         let (tx, rx) = oneshot::channel();
         {

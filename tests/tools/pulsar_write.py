@@ -5,6 +5,7 @@ a topic with known defects."""
 import argparse
 import logging
 import os
+import time
 
 import pulsar
 
@@ -14,18 +15,42 @@ ap.add_argument("--topic", required=True)
 ap.add_argument("--producer-name", help="name the producer (firstseen-… to write as if "
                 "firstseen had; by default the client picks one, and firstseen counts the "
                 "messages as a foreign writer's)")
+ap.add_argument("--retry-for", type=float, default=0.0,
+                help="keep trying for this many seconds while the topic is held by an "
+                "exclusive producer, one label per producer, and print how many got in")
 ap.add_argument("labels", nargs="+")
 args = ap.parse_args()
 log = logging.getLogger("pulsar-write")
 log.setLevel(logging.ERROR)
-client = pulsar.Client(args.url, logger=log)
+client = pulsar.Client(args.url, logger=log, operation_timeout_seconds=5)
 options = {"producer_name": args.producer_name} if args.producer_name else {}
-producer = client.create_producer(args.topic, **options)
-for label in args.labels:
-    key, seq = label.split(":")
-    producer.send(b"x", properties={"firstseen-key": key, "firstseen-seq": seq})
-producer.flush()
-producer.close()
+
+
+def write(labels):
+    producer = client.create_producer(args.topic, **options)
+    for label in labels:
+        key, seq = label.split(":")
+        producer.send(b"x", properties={"firstseen-key": key, "firstseen-seq": seq})
+    producer.flush()
+    producer.close()
+
+
+if args.retry_for <= 0:
+    write(args.labels)
+else:
+    # A producer is refused while firstseen's exclusive one holds the topic;
+    # each label goes in the moment nobody does (a leader change).
+    deadline = time.time() + args.retry_for
+    written = 0
+    for label in args.labels:
+        while time.time() < deadline:
+            try:
+                write([label])
+                written += 1
+                break
+            except Exception:
+                time.sleep(0.02)
+    print(f"written {written}", flush=True)
 # Skip the client's C++ teardown, which sometimes aborts after the work is
 # done; the producer is flushed and closed.
 os._exit(0)
