@@ -164,7 +164,8 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     publish(mqtt.port, big_topic, &big);
     let after = replay(
         mqtt.port,
-        &["--skip", "300", "--limit", "100", "--pace", "max"],
+        // --limit counts from the file's start, before --skip.
+        &["--skip", "300", "--limit", "400", "--pace", "max"],
     )
     .published;
     wait_until(Duration::from_secs(60), "every message acked", || {
