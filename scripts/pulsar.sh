@@ -163,9 +163,12 @@ LOG
   for attempt in 1 2 3 4 5 6; do
     # This start's failure must not be judged by an earlier start's log lines.
     log_from=$(stat -c %s "$dir/pulsar.log" 2>/dev/null || echo 0)
+    # A 1.5 GB heap ceiling (the heap grows only as used): the shared test
+    # broker, serving the whole suite, ran out of a 768 MB heap once
+    # (OutOfMemoryError in the bookie's write path) late in a run.
     (
       cd "$dir"
-      LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}" exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
+      LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}" exec java ${PULSAR_JAVA_OPTS:--Xms256m -Xmx1536m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC} \
         $cds ${PULSAR_EXTRA_JAVA_OPTS:-} \
         -Dlog4j2.configurationFile="$dir/conf/log4j2.xml" \
         -Dpulsar.log.dir="$dir/logs" \
