@@ -133,30 +133,27 @@ pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
 /// random key: it has no peers to authenticate.
 pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
     match &config.cluster.secret_file {
-        Some(f) => {
-            let raw = std::fs::read(f).map_err(|source| Error::SettingFile {
-                key: "cluster.secret_file".into(),
-                path: f.clone(),
-                source,
-            })?;
-            Ok(ClusterKey::from_secret(&raw))
-        }
+        Some(f) => key_from_file("cluster.secret_file", f),
         None => Ok(ClusterKey::from_secret(&wire::nonce())),
     }
+}
+
+/// The key of the secret in file `path`, named by its setting `key` in
+/// the error.
+fn key_from_file(key: &str, path: &std::path::Path) -> Result<ClusterKey, Error> {
+    let raw = std::fs::read(path).map_err(|source| Error::SettingFile {
+        key: key.into(),
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(ClusterKey::from_secret(&raw))
 }
 
 /// The key admin requests are checked against: the admin token's when
 /// `node.admin_token_file` is set, the cluster secret's otherwise.
 pub fn load_admin_key(config: &Config, cluster: &ClusterKey) -> Result<ClusterKey, Error> {
     match &config.node.admin_token_file {
-        Some(f) => {
-            let raw = std::fs::read(f).map_err(|source| Error::SettingFile {
-                key: "node.admin_token_file".into(),
-                path: f.clone(),
-                source,
-            })?;
-            Ok(ClusterKey::from_secret(&raw))
-        }
+        Some(f) => key_from_file("node.admin_token_file", f),
         None => Ok(cluster.clone()),
     }
 }
