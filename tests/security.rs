@@ -525,8 +525,10 @@ fn plain_http_admin_requests_are_accepted_only_from_loopback() {
 /// after the 5 s handshake limit, every refusal is counted, the log says so
 /// at a bounded rate, and the members still reach each other. A node
 /// restarted during the flood rejoins, and messages are published once.
-/// Before the per-address cap the flood held all 64 handshake slots and the
-/// restarted node could not get back in.
+/// With the per-address cap lifted this test still passed except for the
+/// per-address log line: the member got in through slots freed by the 5 s
+/// handshake timeout. It shows the cluster carries on under such a flood,
+/// not yet the harm the cap prevents.
 #[test]
 fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
     let Some(pulsar) =

@@ -54,8 +54,9 @@ where
 /// socket and a TLS state for the handshake timeout.
 const MAX_HANDSHAKES: usize = 64;
 /// Of those, what one address may hold. Without it a single host opening
-/// connections faster than they time out held all 64 and kept members out:
-/// a node restarted during such a flood could not rejoin (G8).
+/// connections faster than they time out holds all 64, and a member's
+/// connection gets in only when one times out (G8: a host that is not a
+/// member cannot keep members from reaching each other).
 const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
 /// Commits batches that followers forward to this node while it leads.
 /// The proposer implements it (`crate::propose`); the network only carries

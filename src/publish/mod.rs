@@ -410,8 +410,9 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
     }
 
     /// Keeps a message that goes to Pulsar as a marker in this node's
-    /// dead-letter store (fsynced) before the marker is sent: nothing acked
-    /// is lost, and the marker says where to look. A failed write fails the
+    /// dead-letter store (fsynced) before the marker is sent, so the marker
+    /// says where to look. The store's quota and retention apply to it as to
+    /// every dead letter (docs/configuration.md). A failed write fails the
     /// batch, which is retried like any other error.
     async fn keep_set_aside(
         &self,
