@@ -44,6 +44,16 @@ if [ ! -s "$secret" ]; then
   (umask 077; head -c 32 /dev/urandom | base64 > "$secret")
   log "made a new cluster secret in $secret"
 fi
+# Compose mounts a file secret as it is on the host, and the node reads it as
+# uid 10001 (deploy/Dockerfile): a file only its maker may read stops every
+# node at start ("Permission denied"). So the file goes to that uid, still
+# readable by nobody else: as root, 10001 is the container's own uid; rootless,
+# `podman unshare` maps it.
+if [ "$(id -u)" = 0 ]; then
+  chown 10001:10001 "$secret"
+else
+  podman unshare chown 10001:10001 "$secret"
+fi
 
 MQTT_PORT=$(free_port); PULSAR_PORT=$(free_port); PULSAR_WEB_PORT=$(free_port)
 NODE1_PORT=$(free_port); NODE2_PORT=$(free_port); NODE3_PORT=$(free_port)
