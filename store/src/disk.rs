@@ -261,6 +261,49 @@ pub fn create_dir_durable(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Removes the snapshot files sled began and never finished in `dir`.
+///
+/// sled 0.34 writes its page-table snapshot to `snap.<lsn>.generating`, syncs
+/// it and only then renames it to `snap.<lsn>`; but at open it takes the
+/// newest file whose name starts with `snap.`, `.generating` included, and
+/// calls the database corrupt when that one is short or fails its checksum.
+/// A write that failed halfway (a full disk: the soak's node 2 was started
+/// again while its disk was still full) leaves such a file behind, and from
+/// then on every start was refused as "sled reports corruption" although no
+/// byte sled had finished was damaged. An unfinished snapshot holds nothing
+/// that is not also in the log sled replays from the last finished one (or
+/// from its start), so removing it loses nothing; a finished snapshot is
+/// never touched, nor is any other file.
+pub fn discard_unfinished_snapshots(dir: &Path) -> Result<usize, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_at(dir, e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_at(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("snap.") && name.ends_with(".generating")) {
+            continue;
+        }
+        let path = entry.path();
+        let len = entry.metadata().map(|m| m.len()).unwrap_or_default();
+        std::fs::remove_file(&path).map_err(|e| io_at(&path, e))?;
+        tracing::warn!(
+            file = %path.display(),
+            bytes = len,
+            "removed a snapshot file sled began and never finished (a write that failed, such as on a full disk); sled would otherwise refuse the database as corrupt"
+        );
+        removed += 1;
+    }
+    if removed > 0 {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
 impl Db {
     /// Opens (or creates) the sled database in `dir`.
     ///
@@ -270,6 +313,7 @@ impl Db {
     /// instead of a backtrace.
     pub fn open(name: &'static str, dir: &Path, options: Options) -> Result<Self, StoreError> {
         create_dir_durable(dir)?;
+        discard_unfinished_snapshots(dir)?;
         let config = sled::Config::new()
             .path(dir)
             .cache_capacity(options.cache_bytes)
@@ -509,6 +553,38 @@ impl Disk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a failed snapshot write leaves (the soak's disk-full finding):
+    /// sled alone refuses the database, `Db::open` removes the unfinished
+    /// file and opens it with every entry.
+    #[test]
+    fn an_unfinished_sled_snapshot_does_not_make_the_database_unreadable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("log");
+        let options = || Options {
+            cache_bytes: 1 << 20,
+            flush_every_ms: None,
+        };
+        {
+            let db = Db::open("log", &dir, options()).unwrap();
+            for i in 0u32..500 {
+                db.sled().insert(i.to_be_bytes(), vec![3u8; 100]).unwrap();
+            }
+            db.sync().unwrap();
+        }
+        // Newer than any finished snapshot, and cut short by ENOSPC.
+        let unfinished = dir.join("snap.FFFFFFFFFFFFFFF0.generating");
+        std::fs::write(&unfinished, b"torn").unwrap();
+        let raw = sled::Config::new().path(&dir).open();
+        assert!(
+            matches!(raw, Err(sled::Error::Corruption { .. })),
+            "sled 0.34 reads the unfinished file; if this fails, sled changed and the workaround may go: {raw:?}"
+        );
+        drop(raw);
+        let db = Db::open("log", &dir, options()).unwrap();
+        assert!(!unfinished.exists());
+        assert_eq!(db.sled().len(), 500);
+    }
 
     #[test]
     fn a_sync_covers_blobs_and_new_names() {
