@@ -3,25 +3,35 @@
 //! A message's way through a node, module by module:
 //!
 //! 1. [`ingest`]: one task per upstream broker; persistent session, manual
-//!    acks. Each PUBLISH is routed ([`ingest::route`]) and keyed ([`key`]).
+//!    acks. Each PUBLISH is bounded ([`ingest::bound`]), routed
+//!    ([`ingest::route`]) and keyed ([`key`]).
 //! 2. [`batch`]: observations are grouped by size, bytes and linger time.
-//! 3. [`cluster`]: each batch is one Raft entry (openraft, sled log; see the
-//!    `firstseen-raft` crate). Commit applies it to the state machine
-//!    (`firstseen-store`): first copies get a per-topic sequence and go to
-//!    the outbox, later copies are counted as duplicates.
-//! 4. [`ack`]: once the entry is committed the batcher acks the batch's
+//! 3. [`propose`]: the one door to the Raft log. A follower forwards its
+//!    batch to the leader; the leader's coalescer merges waiting batches
+//!    into one entry and stamps it.
+//! 4. [`cluster`]: the Raft group (openraft, sled log; see the
+//!    `firstseen-raft` crate) and its authenticated peer links. Commit
+//!    applies an entry to the state machine (`firstseen-store`): first
+//!    copies get a per-topic sequence and go to the outbox, later copies are
+//!    counted as duplicates.
+//! 5. [`ack`]: once the entry is committed the batcher acks the batch's
 //!    messages upstream, in receive order (G4).
-//! 5. [`publish`]: the leader moves the outbox into Pulsar with an exclusive
+//! 6. [`publish`]: the leader moves the outbox into Pulsar with an exclusive
 //!    producer and commits a `Published` watermark to trim it.
-//! 6. [`verify`]: reads a topic back and audits duplicates and gaps.
+//! 7. [`verify`]: reads a topic back and audits duplicates and gaps.
 //!
-//! [`node`] wires these together and stops them in that order; [`http`] is
-//! the status page and API; [`telemetry`] the metrics and recent-errors log;
-//! [`config`] is the validated configuration; [`diskspace`] holds writes
-//! while the data directory's filesystem is nearly full.
+//! Around them: [`node`] wires the stages together and stops them in
+//! reverse order under [`supervise`]; [`http`] is the status page and API;
+//! [`cli`] the binary's commands; [`config`] the validated configuration;
+//! [`tls`] every TLS setting; [`telemetry`] the metrics and recent-errors
+//! log; [`clock`] the wall clock the window reads; [`diskspace`] holds
+//! writes while the data directory's filesystem is nearly full;
+//! [`watchdog`] ends a node whose storage can no longer be trusted;
+//! [`peraddr`] bounds what one address may hold open.
 
 pub mod ack;
 pub mod batch;
+pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -30,12 +40,12 @@ pub mod http;
 pub mod ingest;
 pub mod key;
 pub mod node;
-pub mod pem;
 pub mod peraddr;
 pub mod propose;
 pub mod publish;
 pub mod supervise;
 pub mod telemetry;
+pub mod tls;
 pub mod verify;
 pub mod watchdog;
 
@@ -64,13 +74,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// rustls refused the certificates or keys a setting names.
-    #[error("configuration: {key}: {source}")]
-    Tls {
-        key: &'static str,
-        #[source]
-        source: rustls::Error,
-    },
+    /// A TLS setting that cannot be used; its key is whole
+    /// (`cluster.tls.ca_file`).
+    #[error("configuration: {0}")]
+    Tls(#[from] tls::TlsSettingError),
     #[error(transparent)]
     Store(#[from] firstseen_store::StoreError),
     #[error(transparent)]

@@ -7,6 +7,11 @@
 //!   that looked alive.
 //! - The peer network does not know how proposing works: it carries a
 //!   forwarded batch to `crate::propose` through the `Forwarded` trait.
+//! - Errors are typed between stages: no product function returns
+//!   `Result<_, String>`, and no decision is taken by matching an error's
+//!   text (a policy that matched "refused" in a message broke the day a
+//!   library reworded it). Detail from another crate may travel as text
+//!   inside a variant; the variant is what callers match.
 
 use std::path::{Path, PathBuf};
 
@@ -80,5 +85,124 @@ fn the_peer_network_does_not_import_the_proposer() {
     assert!(
         offenders.is_empty(),
         "network code that knows the proposer: {offenders:?}"
+    );
+}
+
+/// Files that only tests compile (`#[cfg(test)] mod x;`), by file name.
+fn test_only(file: &Path) -> bool {
+    let Some(stem) = file.file_stem().and_then(|s| s.to_str()) else {
+        return false;
+    };
+    let Some(dir) = file.parent() else {
+        return false;
+    };
+    ["mod.rs", "lib.rs"].iter().any(|m| {
+        std::fs::read_to_string(dir.join(m))
+            .is_ok_and(|t| t.contains(&format!("#[cfg(test)]\nmod {stem};")))
+    })
+}
+
+#[test]
+fn no_product_function_returns_a_string_error() {
+    let mut found = Vec::new();
+    for file in crate_sources() {
+        if test_only(&file) {
+            continue;
+        }
+        // Declarations may span lines: look at the code as one line.
+        let code = product_code(&file)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (at, _) in code.match_indices("Result<") {
+            // The type up to its closing `>`, nested generics included.
+            let mut depth = 0;
+            let mut end = at;
+            for (i, c) in code[at..].char_indices() {
+                match c {
+                    '<' => depth += 1,
+                    '>' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = at + i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let ty = &code[at..=end];
+            if ty.ends_with(", String>") || ty.ends_with(",String>") {
+                found.push(format!("{}: {ty}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "functions with a String for an error (give them an error enum):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn no_decision_matches_error_text() {
+    // What a policy that reads an error's text looks like: the message,
+    // possibly lower-cased, searched for a word.
+    let patterns = [
+        "to_string().contains(",
+        "to_lowercase().contains(",
+        "to_string().starts_with(",
+        "e.contains(\"",
+        "err.contains(\"",
+        "error.contains(\"",
+        "why.contains(\"",
+        "reason.contains(\"",
+        "message.contains(\"",
+    ];
+    let mut found = Vec::new();
+    for file in crate_sources() {
+        if test_only(&file) {
+            continue;
+        }
+        for (n, line) in product_code(&file).lines().enumerate() {
+            if patterns.iter().any(|p| line.contains(p)) {
+                found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "decisions taken on an error's text (match a variant instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn each_crate_tour_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for lib in ["src/lib.rs", "store/src/lib.rs", "raft/src/lib.rs"] {
+        let text = std::fs::read_to_string(root.join(lib)).unwrap();
+        let tour: String = text
+            .lines()
+            .filter(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for line in text.lines() {
+            let Some(name) = line
+                .strip_prefix("pub mod ")
+                .and_then(|r| r.strip_suffix(';'))
+            else {
+                continue;
+            };
+            if !tour.contains(&format!("[`{name}`]")) {
+                missing.push(format!("{lib}: {name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "modules the crate's //! tour does not name:\n{}",
+        missing.join("\n")
     );
 }

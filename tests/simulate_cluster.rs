@@ -71,7 +71,9 @@ use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
 use firstseen::cluster::Group;
 use firstseen::config::Config;
 use firstseen::diskspace::DiskSpace;
-use firstseen::ingest::port::{Event, Message, QueueFull, UpstreamClient, UpstreamSession};
+use firstseen::ingest::port::{
+    Event, Message, QueueFull, SessionError, UpstreamClient, UpstreamSession,
+};
 use firstseen::ingest::route::Route;
 use firstseen::ingest::{Received, Upstream};
 use firstseen::key::{byte_key, ByteKey};
@@ -584,13 +586,13 @@ struct SimSession {
 impl SimSession {
     /// One step of the connection: `Some` is the event to report, `None`
     /// means wait for the broker's next wake-up.
-    fn step(&mut self, w: &mut World) -> Option<Result<Event, String>> {
+    fn step(&mut self, w: &mut World) -> Option<Result<Event, SessionError>> {
         let node = self.node;
         let refused = w.broker_down || w.mqtt_cut.contains(&node);
         let s = w.sessions.get_mut(&node).expect("a session per node");
         let Some(c) = self.connected else {
             if refused {
-                return Some(Err("connection refused (simulated)".into()));
+                return Some(Err(SessionError::Refused));
             }
             // A new connection: every message in flight goes again first,
             // in the order it was published, with its packet id.
@@ -608,7 +610,9 @@ impl SimSession {
             return Some(Ok(Event::Connected { session_present }));
         };
         if !s.open || s.connection != c || refused {
-            return Some(Err("connection lost (simulated)".into()));
+            return Some(Err(SessionError::Lost {
+                detail: "connection lost (simulated)".into(),
+            }));
         }
         let acks = std::mem::take(&mut s.queued);
         if !acks.is_empty() {
@@ -644,7 +648,7 @@ impl SimSession {
 }
 
 impl UpstreamSession for SimSession {
-    fn poll(&mut self) -> BoxFuture<'_, Result<Event, String>> {
+    fn poll(&mut self) -> BoxFuture<'_, Result<Event, SessionError>> {
         Box::pin(async move {
             loop {
                 let world = self.world.clone();

@@ -18,6 +18,11 @@
 //!
 //! - [`guard`]: lower bounds of what the log made durable, kept beside it,
 //!   so a log that a damaged file shortened is refused at start-up.
+//! - [`cover`]: what the snapshot on disk covers; the log's purge point
+//!   never passes it, so a state rebuilt from that snapshot finds the rest
+//!   in the log.
+//! - [`runtime`]: the runtime openraft's tasks run on (tokio; in the
+//!   whole-cluster simulation, under the gate that pauses a node).
 //!
 //! [`open`] wires these to the node's two sled databases
 //! ([`firstseen_store::disk::Disk`]).

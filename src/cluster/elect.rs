@@ -48,30 +48,41 @@ pub struct Mine {
     pub uptime: Duration,
 }
 
+/// Why a pre-vote is refused. Its text travels back to the candidate,
+/// which logs it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("I lead and a quorum confirmed it")]
+    Leading,
+    #[error("I heard from the leader {} ms ago", .0.as_millis())]
+    LeaderHeard(Duration),
+    #[error("term {asked} is not above mine ({mine})")]
+    StaleTerm { asked: u64, mine: u64 },
+    #[error("your log is behind mine")]
+    LogBehind,
+}
+
 /// Whether to grant `req`: the pure rule of the pre-vote. `Err` says why not.
-pub fn grant(req: &PreVote, mine: &Mine, timing: &Timing) -> Result<(), String> {
+pub fn grant(req: &PreVote, mine: &Mine, timing: &Timing) -> Result<(), Refusal> {
     let lease = timing.lease();
     // A leader that confirmed its leadership recently is alive.
     if mine.is_leader && mine.lease_age.is_some_and(|a| a < lease) {
-        return Err("I lead and a quorum confirmed it".into());
+        return Err(Refusal::Leading);
     }
     // A follower that hears from its leader keeps it; a node that just
     // started has not had the time to hear from one yet.
     let heard = mine.leader_contact_age.unwrap_or(mine.uptime);
     if !mine.is_leader && heard < lease {
-        return Err(format!(
-            "I heard from the leader {} ms ago",
-            heard.as_millis()
-        ));
+        return Err(Refusal::LeaderHeard(heard));
     }
     if req.term <= mine.term {
-        return Err(format!(
-            "term {} is not above mine ({})",
-            req.term, mine.term
-        ));
+        return Err(Refusal::StaleTerm {
+            asked: req.term,
+            mine: mine.term,
+        });
     }
     if req.last_log < mine.last_log {
-        return Err("your log is behind mine".into());
+        return Err(Refusal::LogBehind);
     }
     Ok(())
 }
@@ -111,9 +122,9 @@ pub fn answer(raft: &Raft, liveness: &Liveness, timing: &Timing, req: &PreVote) 
             granted: true,
             reason: String::new(),
         },
-        Err(reason) => PreVoteReply {
+        Err(refusal) => PreVoteReply {
             granted: false,
-            reason,
+            reason: refusal.to_string(),
         },
     }
 }
@@ -276,7 +287,10 @@ mod tests {
     #[test]
     fn a_voter_that_hears_its_leader_refuses() {
         let t = timing();
-        assert!(grant(&req(4, log(3, 50)), &follower(Some(100)), &t).is_err());
+        assert!(matches!(
+            grant(&req(4, log(3, 50)), &follower(Some(100)), &t),
+            Err(Refusal::LeaderHeard(_))
+        ));
         assert!(grant(&req(4, log(3, 50)), &follower(Some(900)), &t).is_ok());
         // Just started and never heard from anyone: give a leader the lease
         // to show up first.
@@ -300,7 +314,10 @@ mod tests {
     fn a_candidate_behind_in_log_or_term_is_refused() {
         let t = timing();
         let quiet = follower(Some(5_000));
-        assert!(grant(&req(4, log(3, 49)), &quiet, &t).is_err());
+        assert_eq!(
+            grant(&req(4, log(3, 49)), &quiet, &t),
+            Err(Refusal::LogBehind)
+        );
         assert!(grant(&req(4, log(2, 80)), &quiet, &t).is_err());
         assert!(grant(&req(3, log(3, 50)), &quiet, &t).is_err());
         assert!(grant(&req(4, log(3, 51)), &quiet, &t).is_ok());

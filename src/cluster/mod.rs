@@ -8,7 +8,7 @@ pub mod elect;
 pub mod liveness;
 pub mod peers;
 pub mod server;
-pub mod tls;
+
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,7 +38,7 @@ pub struct Cluster {
     pub node_id: NodeId,
     pub peers: Peers,
     pub key: ClusterKey,
-    pub tls: Option<tls::PeerTls>,
+    pub tls: Option<crate::tls::PeerTls>,
     /// Evidence of who is alive, for elections, readiness and status.
     pub liveness: Arc<liveness::Liveness>,
     pub timing: liveness::Timing,
@@ -229,7 +229,7 @@ impl Cluster {
             .cluster
             .tls
             .as_ref()
-            .map(tls::PeerTls::load)
+            .map(crate::tls::PeerTls::load)
             .transpose()?;
         let liveness = Arc::new(liveness::Liveness::new());
         let peers = Peers::new(

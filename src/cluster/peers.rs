@@ -49,8 +49,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::liveness::Liveness;
-use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, Envelope, Reply, Request};
+use crate::tls::{BoxStream, PeerTls};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Frames queued for a connection's writer before callers wait.

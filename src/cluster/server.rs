@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::liveness::{Liveness, Timing};
-use super::tls::{BoxStream, PeerTls};
 use super::wire::{self, ClusterKey, Envelope, ForwardError, Reply, Request};
 use crate::telemetry::RefusalLog;
+use crate::tls::{BoxStream, PeerTls};
 
 /// How long a connecting peer has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -127,7 +127,7 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
             tokio::select! {
                 r = connection(stream, peer, &service, &stop, permit) => {
                     if let Err(reason) = r {
-                        refusals.refused(peer, &reason);
+                        refusals.refused(peer, &reason.to_string());
                     }
                 }
                 _ = stop.cancelled() => {}
@@ -138,30 +138,67 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
     tracker.wait().await;
 }
 
-/// Serves one connection. Returns `Err(reason)` when the peer is refused; a
-/// clean close by the peer is `Ok`.
+/// Why a peer connection was refused or ended other than cleanly.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("TLS handshake failed: {0}")]
+    Tls(#[source] std::io::Error),
+    #[error("handshake timed out")]
+    HandshakeTimeout,
+    #[error("write failed: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("no handshake from peer: {0}")]
+    NoHandshake(#[source] std::io::Error),
+    #[error(transparent)]
+    Handshake(#[from] wire::HandshakeError),
+    #[error("node {node}: read failed: {source}")]
+    Read {
+        node: NodeId,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node {node}: {source}")]
+    Frame {
+        node: NodeId,
+        #[source]
+        source: wire::FrameError,
+    },
+    #[error("node {node}: frame body timed out")]
+    BodyTimeout { node: NodeId },
+    #[error("node {node}: frame failed its integrity check (changed on the way, or not from the peer that authenticated)")]
+    Integrity { node: NodeId },
+    #[error("node {node}: garbled frame: {source}")]
+    Garbled {
+        node: NodeId,
+        #[source]
+        source: wire::FrameError,
+    },
+}
+
+/// Serves one connection. Returns `Err` when the peer is refused; a clean
+/// close by the peer is `Ok`.
 async fn connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     svc: &Arc<PeerService>,
     stop: &CancellationToken,
     handshake_slot: (tokio::sync::OwnedSemaphorePermit, crate::peraddr::Slot),
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     let s = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut s: BoxStream = match &svc.tls {
             Some(tls) => Box::new(
                 tls.acceptor
                     .accept(tcp)
                     .await
-                    .map_err(|e| format!("TLS handshake failed: {e}"))?,
+                    .map_err(ConnectionError::Tls)?,
             ),
             None => Box::new(tcp),
         };
         let (node, out, inn) = handshake(&mut s, svc).await?;
-        Ok::<_, String>((s, node, out, inn))
+        Ok::<_, ConnectionError>((s, node, out, inn))
     })
     .await
-    .map_err(|_| "handshake timed out".to_string())??;
+    .map_err(|_| ConnectionError::HandshakeTimeout)??;
     let (s, node, mut seal, mut check) = (s.0, s.1, s.2, s.3);
     drop(handshake_slot);
     tracing::debug!(peer = %peer, node, "peer authenticated");
@@ -196,11 +233,11 @@ async fn connection(
         match read {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(e) => break Err(format!("node {node}: read failed: {e}")),
+            Err(source) => break Err(ConnectionError::Read { node, source }),
         }
         let len = match wire::frame_len(header) {
             Ok(l) => l,
-            Err(e) => break Err(format!("node {node}: {e}")),
+            Err(source) => break Err(ConnectionError::Frame { node, source }),
         };
         let read = async {
             let body = read_body(&mut rd, len).await?;
@@ -210,17 +247,15 @@ async fn connection(
         };
         let (body, mac) = match tokio::time::timeout(BODY_TIMEOUT, read).await {
             Ok(Ok(b)) => b,
-            Ok(Err(e)) => break Err(format!("node {node}: read failed: {e}")),
-            Err(_) => break Err(format!("node {node}: frame body timed out")),
+            Ok(Err(source)) => break Err(ConnectionError::Read { node, source }),
+            Err(_) => break Err(ConnectionError::BodyTimeout { node }),
         };
         if !check.open(&body, &mac) {
-            break Err(format!(
-                "node {node}: frame failed its integrity check (changed on the way, or not from the peer that authenticated)"
-            ));
+            break Err(ConnectionError::Integrity { node });
         }
         let env: Envelope<Request> = match wire::decode(&body) {
             Ok(e) => e,
-            Err(e) => break Err(format!("node {node}: garbled frame: {e}")),
+            Err(source) => break Err(ConnectionError::Garbled { node, source }),
         };
         svc.liveness.peer_seen(node);
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -253,7 +288,10 @@ async fn connection(
     done.cancel();
     handlers.close();
     drop(replies);
-    let _ = writer.await;
+    // The writer's end is its own: a panic in it is reported, not lost.
+    if let Err(e) = writer.await {
+        tracing::error!(error = %e, node, "peer connection writer failed");
+    }
     handlers.wait().await;
     result
 }
@@ -263,20 +301,17 @@ async fn connection(
 async fn handshake(
     s: &mut BoxStream,
     svc: &PeerService,
-) -> Result<(NodeId, wire::FrameSeal, wire::FrameSeal), String> {
+) -> Result<(NodeId, wire::FrameSeal, wire::FrameSeal), ConnectionError> {
     let challenge = wire::nonce();
     s.write_all(&wire::handshake::hello(&challenge))
         .await
-        .map_err(|e| format!("write failed: {e}"))?;
+        .map_err(ConnectionError::Write)?;
     let mut answer = [0u8; wire::handshake::CLIENT];
     s.read_exact(&mut answer)
         .await
-        .map_err(|e| format!("no handshake from peer: {e}"))?;
-    let (node, reply) = wire::handshake::accept(&svc.key, &challenge, &answer, svc.node_id)
-        .map_err(|e| e.to_string())?;
-    s.write_all(&reply)
-        .await
-        .map_err(|e| format!("write failed: {e}"))?;
+        .map_err(ConnectionError::NoHandshake)?;
+    let (node, reply) = wire::handshake::accept(&svc.key, &challenge, &answer, svc.node_id)?;
+    s.write_all(&reply).await.map_err(ConnectionError::Write)?;
     let (out, inn) = wire::handshake::seals(
         &svc.key,
         &challenge,
@@ -368,12 +403,6 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             &svc.timing,
             &req,
         )),
-    }
-}
-
-impl From<crate::Error> for ForwardError {
-    fn from(e: crate::Error) -> Self {
-        ForwardError::Failed(e.to_string())
     }
 }
 

@@ -332,13 +332,25 @@ pub enum Request {
     PreVote(PreVote),
 }
 
-/// Why a forwarded batch was not committed.
+/// Why a forwarded batch was not committed. It crosses the peer link, so
+/// the detail of an error from another crate travels as its text; the
+/// variant is what a caller decides on.
 #[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
 pub enum ForwardError {
     #[error("node is not the leader (leader: {leader:?})")]
     NotLeader { leader: Option<NodeId> },
-    #[error("{0}")]
-    Failed(String),
+    /// The leader's disk is below its reserve: it commits nothing until
+    /// space returns (G4: nothing is acked that could not be stored).
+    #[error("leader cannot commit: {reason}")]
+    DiskLow { reason: String },
+    #[error("node is shutting down")]
+    ShuttingDown,
+    /// Raft did not commit the entry (a storage or group error).
+    #[error("not committed: {detail}")]
+    NotCommitted { detail: String },
+    /// The group's answer did not match the batch: sent again whole.
+    #[error("inconsistent answer: {detail}")]
+    Inconsistent { detail: String },
 }
 
 /// The answer to a [`Request`], same variant.

@@ -21,9 +21,9 @@ pub fn apply_overrides(
             .split("__")
             .map(|s| s.to_ascii_lowercase())
             .collect();
-        set(root, &path, scalar(&raw)).map_err(|message| Problem {
+        set(root, &path, scalar(&raw)).map_err(|e| Problem {
             key: format!("${name}"),
-            message,
+            message: e.to_string(),
         })?;
     }
     Ok(())
@@ -43,12 +43,27 @@ fn scalar(raw: &str) -> toml::Value {
     }
 }
 
-fn set(node: &mut toml::Value, path: &[String], value: toml::Value) -> Result<(), String> {
+/// Why an override names no place in the config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum BadOverride {
+    #[error("empty key")]
+    EmptyKey,
+    #[error("empty path segment")]
+    EmptySegment,
+    #[error("`{0}` is not an array index")]
+    NotAnIndex(String),
+    #[error("index {index} is past the {len} elements")]
+    PastTheEnd { index: usize, len: usize },
+    #[error("`{0}` is below a value that is not a table")]
+    BelowAValue(String),
+}
+
+fn set(node: &mut toml::Value, path: &[String], value: toml::Value) -> Result<(), BadOverride> {
     let Some((head, rest)) = path.split_first() else {
-        return Err("empty key".into());
+        return Err(BadOverride::EmptyKey);
     };
     if head.is_empty() {
-        return Err("empty path segment".into());
+        return Err(BadOverride::EmptySegment);
     }
     let child = match node {
         toml::Value::Table(t) => {
@@ -62,18 +77,18 @@ fn set(node: &mut toml::Value, path: &[String], value: toml::Value) -> Result<()
         toml::Value::Array(a) => {
             let i: usize = head
                 .parse()
-                .map_err(|_| format!("`{head}` is not an array index"))?;
+                .map_err(|_| BadOverride::NotAnIndex(head.clone()))?;
             let len = a.len();
             let slot = a
                 .get_mut(i)
-                .ok_or_else(|| format!("index {i} is past the {len} elements"))?;
+                .ok_or(BadOverride::PastTheEnd { index: i, len })?;
             if rest.is_empty() {
                 *slot = value;
                 return Ok(());
             }
             slot
         }
-        _ => return Err(format!("`{head}` is below a value that is not a table")),
+        _ => return Err(BadOverride::BelowAValue(head.clone())),
     };
     set(child, rest, value)
 }

@@ -892,13 +892,13 @@ impl Config {
                         self.pulsar.url
                     ),
                 );
-            } else if let Err(e) = crate::pem::certs(ca) {
-                bad("pulsar.ca_file", e);
+            } else if let Err(e) = crate::tls::certs(ca) {
+                bad("pulsar.ca_file", e.to_string());
             }
         }
         if let Some(tls) = &self.node.http_tls {
-            if let Err((key, why)) = crate::http::tls::server_config(tls) {
-                bad(&format!("node.http_tls.{key}"), why);
+            if let Err(e) = crate::tls::http::server_config(tls) {
+                bad(&format!("node.http_tls.{}", e.key), e.problem.to_string());
             }
         }
         if let Some(admin) = &self.pulsar.admin_url {
@@ -922,7 +922,7 @@ impl Config {
                 );
             }
             if let Err(e) = crate::ingest::UpstreamAddr::parse(&u.url) {
-                bad(&at("url"), e);
+                bad(&at("url"), e.to_string());
             }
             if u.password.is_some() && u.password_file.is_some() {
                 bad(
@@ -952,8 +952,8 @@ impl Config {
             } else if tls_files {
                 // Read now, so that check-config names a bad file before a
                 // node ever dials the broker with it.
-                if let Err((key, why)) = crate::ingest::tls::client_config(u) {
-                    bad(&at(key), why);
+                if let Err(e) = crate::tls::upstream::client_config(u) {
+                    bad(&at(e.key), e.problem.to_string());
                 }
             }
             if u.keepalive_secs < 5 {
@@ -1129,23 +1129,31 @@ const SHIPPED_PLACEHOLDERS: &[&str] = &[
     "example secret: replace with 32+ random bytes, e.g. head -c 32 /dev/urandom | base64",
 ];
 
+/// Why a secret is not fit to guard a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WeakSecret {
+    #[error("is empty")]
+    Empty,
+    #[error("holds a placeholder from the repository's examples; make a secret of your own: head -c 32 /dev/urandom | base64")]
+    Placeholder,
+    #[error("is {len} bytes, shorter than {MIN_SECRET_BYTES}; make one with: head -c 32 /dev/urandom | base64")]
+    Short { len: usize },
+}
+
 /// Whether a cluster secret, as read from its file, is fit to guard a
 /// cluster: not empty, not shorter than [`MIN_SECRET_BYTES`], not a
 /// placeholder from the repository.
-pub fn secret_strength(raw: &[u8]) -> Result<(), String> {
+pub fn secret_strength(raw: &[u8]) -> Result<(), WeakSecret> {
     let text = String::from_utf8_lossy(raw);
     let secret = text.trim();
     if secret.is_empty() {
-        return Err("is empty".into());
+        return Err(WeakSecret::Empty);
     }
     if SHIPPED_PLACEHOLDERS.contains(&secret) || secret.starts_with("replace-") {
-        return Err("holds a placeholder from the repository's examples; make a secret of your own: head -c 32 /dev/urandom | base64".into());
+        return Err(WeakSecret::Placeholder);
     }
     if secret.len() < MIN_SECRET_BYTES {
-        return Err(format!(
-            "is {} bytes, shorter than {MIN_SECRET_BYTES}; make one with: head -c 32 /dev/urandom | base64",
-            secret.len()
-        ));
+        return Err(WeakSecret::Short { len: secret.len() });
     }
     Ok(())
 }
@@ -1156,11 +1164,14 @@ mod secret_tests {
 
     #[test]
     fn short_and_placeholder_secrets_are_refused() {
-        assert!(secret_strength(b"\n").is_err());
-        assert!(secret_strength(b"short\n").is_err());
+        assert_eq!(secret_strength(b"\n"), Err(WeakSecret::Empty));
+        assert_eq!(
+            secret_strength(b"short\n"),
+            Err(WeakSecret::Short { len: 5 })
+        );
         for p in SHIPPED_PLACEHOLDERS {
-            let err = secret_strength(format!("{p}\n").as_bytes()).unwrap_err();
-            assert!(err.contains("placeholder"), "{p}: {err}");
+            let err = secret_strength(format!("{p}\n").as_bytes());
+            assert_eq!(err, Err(WeakSecret::Placeholder), "{p}");
         }
         assert!(secret_strength(b"q9Jx2vYbT0mC7rWn5uLk8dHs3eAf1gZpQiOyXwVb4Nc=\n").is_ok());
     }

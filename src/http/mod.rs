@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::wire::ClusterKey;
 use crate::ingest::UpstreamStatus;
 
-pub mod tls;
+pub mod listener;
 
 /// What the handlers read.
 pub struct AppState {
@@ -286,7 +286,7 @@ impl AppState {
                 low: self.disk.is_low(),
             },
             ready: ready.is_ok(),
-            not_ready_reason: ready.err(),
+            not_ready_reason: ready.err().map(|e| e.to_string()),
             recent_errors: crate::telemetry::recent_events(),
         })
         .map(|mut s: Status| {
@@ -331,55 +331,72 @@ impl AppState {
             .stalled(tokio::time::Instant::now())
     }
 
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         let m = self.raft.metrics().borrow().clone();
         if m.current_leader.is_none() {
-            return Err("no Raft leader known".into());
+            return Err(NotReady::NoLeader);
         }
         match self.role(&m) {
             ("leader_unconfirmed", _) => {
-                return Err(format!(
-                    "leader of term {} in its own eyes, but no quorum confirmed it for {} ms",
-                    m.current_term,
-                    self.liveness.lease_age().map_or(0, |d| d.as_millis())
-                ))
+                return Err(NotReady::LeaderUnconfirmed {
+                    term: m.current_term,
+                    for_ms: self.liveness.lease_age().map_or(0, |d| d.as_millis()),
+                })
             }
             ("follower_without_leader", _) | ("candidate", _) => {
-                return Err(format!(
-                    "no contact with a leader for {} ms",
-                    self.liveness
+                return Err(NotReady::NoLeaderContact {
+                    for_ms: self
+                        .liveness
                         .leader_contact_age()
                         .unwrap_or_else(|| self.liveness.uptime())
-                        .as_millis()
-                ))
+                        .as_millis(),
+                })
             }
             _ => {}
         }
         if let Some(reason) = self.disk.reason() {
-            return Err(reason);
+            return Err(NotReady::DiskLow(reason));
         }
         if let ("leader", _) = self.role(&m) {
             if let Some(stalled) = self
                 .publishing_stalled()
                 .filter(|d| *d >= crate::publish::stall::STALL_AFTER)
             {
-                return Err(format!(
-                    "publishing has made no progress for {} s with messages waiting in the outbox",
-                    stalled.as_secs()
-                ));
+                return Err(NotReady::PublishingStalled {
+                    secs: stalled.as_secs(),
+                });
             }
         }
         for (name, s) in &self.upstreams {
             if !s.connected.load(Ordering::Relaxed) {
-                return Err(format!("upstream {name} is not connected"));
+                return Err(NotReady::UpstreamDown(name.clone()));
             }
         }
         Ok(())
     }
 }
 
+/// Why a node answers `/readyz` with 503 (also `not_ready_reason` in
+/// `/status`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    #[error("no Raft leader known")]
+    NoLeader,
+    #[error("leader of term {term} in its own eyes, but no quorum confirmed it for {for_ms} ms")]
+    LeaderUnconfirmed { term: u64, for_ms: u128 },
+    #[error("no contact with a leader for {for_ms} ms")]
+    NoLeaderContact { for_ms: u128 },
+    /// Free space below `node.disk_reserve_bytes`; the text says how much.
+    #[error("{0}")]
+    DiskLow(String),
+    #[error("publishing has made no progress for {secs} s with messages waiting in the outbox")]
+    PublishingStalled { secs: u64 },
+    #[error("upstream {0} is not connected")]
+    UpstreamDown(String),
+}
+
 /// Serves the API on `listener` until `shutdown`.
-pub async fn serve(listener: tls::Listener, app: Arc<AppState>, shutdown: CancellationToken) {
+pub async fn serve(listener: listener::Listener, app: Arc<AppState>, shutdown: CancellationToken) {
     let router = Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .route("/cluster", get(cluster))
@@ -393,7 +410,7 @@ pub async fn serve(listener: tls::Listener, app: Arc<AppState>, shutdown: Cancel
         .with_state(app);
     if let Err(e) = axum::serve(
         listener,
-        router.into_make_service_with_connect_info::<tls::Client>(),
+        router.into_make_service_with_connect_info::<listener::Client>(),
     )
     .with_graceful_shutdown(async move { shutdown.cancelled().await })
     .await
@@ -417,13 +434,17 @@ type AdminReply = (StatusCode, Json<serde_json::Value>);
 /// Whether an admin request may present the secret over this connection:
 /// over TLS, from a loopback client, or where the operator allowed plain
 /// HTTP. Pure, for the unit test.
-pub fn secret_may_travel(client: tls::Client, allow_plaintext_admin: bool) -> bool {
+pub fn secret_may_travel(client: listener::Client, allow_plaintext_admin: bool) -> bool {
     client.tls || client.addr.ip().to_canonical().is_loopback() || allow_plaintext_admin
 }
 
 /// Checks the transport, the bearer secret and that this node leads;
 /// otherwise says who does.
-fn admin_gate(app: &AppState, client: tls::Client, headers: &HeaderMap) -> Result<(), AdminReply> {
+fn admin_gate(
+    app: &AppState,
+    client: listener::Client,
+    headers: &HeaderMap,
+) -> Result<(), AdminReply> {
     if !secret_may_travel(client, app.allow_plaintext_admin) {
         // Refused before the secret is even looked at; it has crossed the
         // network in the clear already, which the message says.
@@ -474,7 +495,7 @@ fn admin_gate(app: &AppState, client: tls::Client, headers: &HeaderMap) -> Resul
 
 async fn add_member(
     State(app): State<Arc<AppState>>,
-    ConnectInfo(client): ConnectInfo<tls::Client>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
     headers: HeaderMap,
     Json(m): Json<NewMember>,
 ) -> AdminReply {
@@ -498,7 +519,7 @@ async fn add_member(
 
 async fn remove_member(
     State(app): State<Arc<AppState>>,
-    ConnectInfo(client): ConnectInfo<tls::Client>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> AdminReply {
@@ -683,7 +704,7 @@ mod tests {
 
     #[test]
     fn the_secret_travels_over_tls_from_loopback_or_where_allowed() {
-        let at = |a: &str, tls| tls::Client {
+        let at = |a: &str, tls| listener::Client {
             addr: a.parse().unwrap(),
             tls,
         };

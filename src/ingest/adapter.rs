@@ -20,8 +20,8 @@ use firstseen_store::Properties;
 use futures::future::BoxFuture;
 use rumqttc::Transport;
 
-use super::port::{Event, Message, QueueFull, UpstreamClient, UpstreamSession};
-use super::{tls, Upstream, UpstreamAddr};
+use super::port::{Event, Message, QueueFull, SessionError, UpstreamClient, UpstreamSession};
+use super::{Upstream, UpstreamAddr};
 
 /// The largest MQTT packet rumqttc will read. Set to the protocol maximum so
 /// that an oversized payload reaches our documented policy instead of
@@ -147,16 +147,16 @@ pub fn options(u: &Upstream) -> Result<Options, crate::Error> {
         port: addr.port,
         keepalive: Duration::from_secs(u.config.keepalive_secs),
         credentials,
-        transport: match (addr.tls, tls::client_config(&u.config)) {
+        transport: match (addr.tls, crate::tls::upstream::client_config(&u.config)) {
             (false, _) => None,
             (true, Ok(None)) => Some(Transport::tls_with_default_config()),
             (true, Ok(Some(c))) => Some(Transport::tls_with_config(
                 rumqttc::TlsConfiguration::Rustls(c),
             )),
-            (true, Err((key, why))) => {
+            (true, Err(e)) => {
                 return Err(crate::Error::setting(
-                    format!("upstreams[{}].{key}", u.index),
-                    why,
+                    format!("upstreams[{}].{}", u.index, e.key),
+                    e.problem,
                 ))
             }
         },
@@ -287,7 +287,7 @@ impl Session {
     /// The next event; `Err` with an operator-readable reason when the
     /// connection failed (rumqttc has then reset its state; the port's
     /// `clean` comes before the next poll).
-    async fn next_event(&mut self) -> Result<Event, String> {
+    async fn next_event(&mut self) -> Result<Event, SessionError> {
         match self {
             Session::V4 { eventloop, .. } => {
                 use rumqttc::{Event as E, Packet};
@@ -315,7 +315,23 @@ impl Session {
                         }))
                     }
                     Ok(_) => Ok(Event::Other),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => {
+                        use rumqttc::ConnectionError as C;
+                        let (host, port) = eventloop.mqtt_options.broker_address();
+                        Err(match e {
+                            C::Io(io) => classify_io(io, &host, port).await,
+                            C::NetworkTimeout | C::FlushTimeout => SessionError::Timeout,
+                            C::Tls(t) => SessionError::Tls {
+                                detail: t.to_string(),
+                            },
+                            C::ConnectionRefused(code) => SessionError::RefusedByBroker {
+                                code: format!("{code:?}"),
+                            },
+                            other => SessionError::Lost {
+                                detail: other.to_string(),
+                            },
+                        })
+                    }
                 }
             }
             Session::V5 { eventloop, .. } => {
@@ -324,7 +340,9 @@ impl Session {
                 match eventloop.poll().await {
                     Ok(E::Incoming(Packet::ConnAck(a))) => {
                         if a.code != ConnectReturnCode::Success {
-                            return Err(format!("connection refused by the broker: {:?}", a.code));
+                            return Err(SessionError::RefusedByBroker {
+                                code: format!("{:?}", a.code),
+                            });
                         }
                         Ok(Event::Connected {
                             session_present: a.session_present,
@@ -366,10 +384,23 @@ impl Session {
                         }))
                     }
                     Ok(_) => Ok(Event::Other),
-                    Err(rumqttc::v5::ConnectionError::ConnectionRefused(code)) => {
-                        Err(format!("connection refused by the broker: {code:?}"))
+                    Err(e) => {
+                        use rumqttc::v5::ConnectionError as C;
+                        let (host, port) = eventloop.options.broker_address();
+                        Err(match e {
+                            C::Io(io) => classify_io(io, &host, port).await,
+                            C::Timeout(_) => SessionError::Timeout,
+                            C::Tls(t) => SessionError::Tls {
+                                detail: t.to_string(),
+                            },
+                            C::ConnectionRefused(code) => SessionError::RefusedByBroker {
+                                code: format!("{code:?}"),
+                            },
+                            other => SessionError::Lost {
+                                detail: other.to_string(),
+                            },
+                        })
                     }
-                    Err(e) => Err(e.to_string()),
                 }
             }
         }
@@ -400,8 +431,36 @@ impl Session {
     }
 }
 
+/// What an I/O failure of the connection means. The standard library has
+/// no error kind for a name that does not resolve, so a failure of a kind
+/// that a live connection would not give is checked by resolving the host
+/// again: only on a failed connect, which then waits out a backoff anyway.
+async fn classify_io(e: std::io::Error, host: &str, port: u16) -> SessionError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => SessionError::Refused,
+        K::TimedOut => SessionError::Timeout,
+        K::ConnectionReset
+        | K::ConnectionAborted
+        | K::BrokenPipe
+        | K::UnexpectedEof
+        | K::NotConnected => SessionError::Lost {
+            detail: e.to_string(),
+        },
+        _ => match tokio::net::lookup_host((host, port)).await {
+            Err(dns) => SessionError::Unresolved {
+                host: host.to_string(),
+                detail: dns.to_string(),
+            },
+            Ok(_) => SessionError::Lost {
+                detail: e.to_string(),
+            },
+        },
+    }
+}
+
 impl UpstreamSession for Session {
-    fn poll(&mut self) -> BoxFuture<'_, Result<Event, String>> {
+    fn poll(&mut self) -> BoxFuture<'_, Result<Event, SessionError>> {
         Box::pin(self.next_event())
     }
 

@@ -11,7 +11,6 @@ pub mod bound;
 pub mod deadletter;
 pub mod port;
 pub mod route;
-pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,7 +24,7 @@ use crate::ack::{AckGate, AckToken};
 use crate::clock::SharedClock;
 use crate::config::{Config, OversizePolicy, UpstreamConfig};
 use deadletter::DeadLetter;
-use port::{Event, Message, UpstreamClient, UpstreamSession};
+use port::{Event, Message, SessionError, UpstreamClient, UpstreamSession};
 use route::Route;
 
 /// One message on its way to the batcher.
@@ -48,23 +47,33 @@ pub struct UpstreamAddr {
     pub tls: bool,
 }
 
+/// Why an upstream URL cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadUpstreamUrl {
+    #[error("`{url}` is not a URL: {detail}")]
+    NotAUrl { url: String, detail: String },
+    #[error("scheme `{0}` is not mqtt://, tcp:// or mqtts://")]
+    Scheme(String),
+    #[error("`{0}` has no host")]
+    NoHost(String),
+}
+
 impl UpstreamAddr {
     /// Parses `mqtt://host:port`, `tcp://host:port` or `mqtts://host:port`.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let url = url::Url::parse(raw).map_err(|e| format!("`{raw}` is not a URL: {e}"))?;
+    pub fn parse(raw: &str) -> Result<Self, BadUpstreamUrl> {
+        let url = url::Url::parse(raw).map_err(|e| BadUpstreamUrl::NotAUrl {
+            url: raw.to_string(),
+            detail: e.to_string(),
+        })?;
         let (tls, default_port) = match url.scheme() {
             "mqtt" | "tcp" => (false, 1883),
             "mqtts" | "ssl" => (true, 8883),
-            other => {
-                return Err(format!(
-                    "scheme `{other}` is not mqtt://, tcp:// or mqtts://"
-                ))
-            }
+            other => return Err(BadUpstreamUrl::Scheme(other.to_string())),
         };
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())
-            .ok_or_else(|| format!("`{raw}` has no host"))?;
+            .ok_or_else(|| BadUpstreamUrl::NoHost(raw.to_string()))?;
         Ok(Self {
             host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
             port: url.port().unwrap_or(default_port),
@@ -380,20 +389,13 @@ impl Upstream {
     }
 }
 
-/// An operator-readable reason for a connection failure; a name that does not
-/// resolve says so and names the host.
-fn describe(text: &str, url: &str) -> String {
-    let text = text.to_string();
-    let lower = text.to_lowercase();
-    if lower.contains("failed to lookup")
-        || lower.contains("name or service not known")
-        || lower.contains("dns")
-    {
-        format!("cannot resolve the host of {url}: {text}")
-    } else if lower.contains("refused") {
-        format!("connection to {url} refused: {text}")
-    } else {
-        format!("{url}: {text}")
+/// An operator-readable reason for a connection failure, naming the
+/// upstream's URL.
+fn describe(e: &SessionError, url: &str) -> String {
+    match e {
+        SessionError::Unresolved { .. } => format!("{url}: {e}"),
+        SessionError::Refused => format!("connection to {url} refused"),
+        other => format!("{url}: {other}"),
     }
 }
 
@@ -412,7 +414,10 @@ mod tests {
             }
         );
         assert_eq!(UpstreamAddr::parse("mqtts://b").unwrap().port, 8883);
-        assert!(UpstreamAddr::parse("http://b").is_err());
+        assert_eq!(
+            UpstreamAddr::parse("http://b"),
+            Err(BadUpstreamUrl::Scheme("http".into()))
+        );
         assert!(UpstreamAddr::parse("nonsense").is_err());
     }
 }

@@ -64,12 +64,36 @@ pub trait UpstreamClient: Send + Sync {
     fn try_disconnect(&self);
 }
 
+/// Why an upstream connection failed, as ingest decides on it: what it
+/// tells the operator, and (later) how it backs off. Details from the MQTT
+/// client travel as text inside the variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// The broker's host name does not resolve.
+    #[error("cannot resolve the host {host}: {detail}")]
+    Unresolved { host: String, detail: String },
+    /// Nothing listens there (TCP refused).
+    #[error("connection refused")]
+    Refused,
+    /// The broker answered CONNECT with a refusal (bad credentials, not
+    /// authorised, a client id it rejects).
+    #[error("the broker refused the connection: {code}")]
+    RefusedByBroker { code: String },
+    #[error("timed out")]
+    Timeout,
+    #[error("TLS: {detail}")]
+    Tls { detail: String },
+    /// Any other failure of an established or half-made connection.
+    #[error("{detail}")]
+    Lost { detail: String },
+}
+
 /// The reading half of an upstream session.
 pub trait UpstreamSession: Send {
-    /// The next event. Connects first when not connected. `Err` carries an
-    /// operator-readable reason when the connection failed; the caller then
-    /// calls [`UpstreamSession::clean`] before polling again.
-    fn poll(&mut self) -> BoxFuture<'_, Result<Event, String>>;
+    /// The next event. Connects first when not connected. `Err` says why
+    /// the connection failed; the caller then calls
+    /// [`UpstreamSession::clean`] before polling again.
+    fn poll(&mut self) -> BoxFuture<'_, Result<Event, SessionError>>;
 
     /// Forgets the failed connection and every ack still queued for it: a
     /// packet id means nothing on the next connection.

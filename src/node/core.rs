@@ -25,7 +25,6 @@ use crate::clock::SharedClock;
 use crate::cluster::liveness::{Liveness, Timing};
 use crate::cluster::peers::Call;
 use crate::cluster::server::PeerService;
-use crate::cluster::tls::PeerTls;
 use crate::cluster::wire::ClusterKey;
 use crate::cluster::{self, elect};
 use crate::config::Config;
@@ -36,6 +35,7 @@ use crate::propose::Proposer;
 use crate::publish::adapter::{RaftGroup, StateOutbox};
 use crate::publish::port::Broker;
 use crate::publish::Publisher;
+use crate::tls::PeerTls;
 
 /// A task of the core, to run until its stop token (or forever, in a
 /// simulated crash).

@@ -161,13 +161,13 @@ pub async fn run(
     });
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
-            http::tls::server_config(t)
-                .map_err(|(key, why)| Error::setting(format!("node.http_tls.{key}"), why))?,
+            crate::tls::http::server_config(t)
+                .map_err(|e| Error::setting(format!("node.http_tls.{}", e.key), e.problem))?,
         ),
         None => None,
     };
     let (listener, accepting) =
-        http::tls::Listener::start(listener, http_tls, services.clone(), tasks.tracker())?;
+        http::listener::Listener::start(listener, http_tls, services.clone(), tasks.tracker())?;
     let accept_task = tasks.spawn("http accept", accepting);
     let http_task = tasks.spawn("http", http::serve(listener, app.clone(), services.clone()));
     let gauge_task = tasks.spawn("gauges", http::gauges(app.clone(), services.clone()));

@@ -108,17 +108,13 @@ impl Coalescer {
     /// returns its outcomes, in order, once the entry is committed.
     pub async fn commit(&self, batch: Batch) -> Result<Vec<Outcome>, ForwardError> {
         if let Some(reason) = self.disk.reason() {
-            return Err(ForwardError::Failed(format!(
-                "leader cannot commit: {reason}"
-            )));
+            return Err(ForwardError::DiskLow { reason });
         }
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Work::Batch(batch, reply))
-            .map_err(|_| ForwardError::Failed("node is shutting down".into()))?;
-        answer
-            .await
-            .map_err(|_| ForwardError::Failed("node is shutting down".into()))?
+            .map_err(|_| ForwardError::ShuttingDown)?;
+        answer.await.map_err(|_| ForwardError::ShuttingDown)?
     }
 
     /// Appends the receipt `Published{topic, seq}` without waiting for it.
@@ -265,9 +261,9 @@ async fn commit_slim(
     // A whole copy is never Missing; were one to reach a batcher it would be
     // acked without being stored, so the batch is failed and sent again.
     if outcomes.iter().any(|o| matches!(o, Outcome::Missing)) {
-        return Err(ForwardError::Failed(
-            "a copy came back missing after it was sent whole".into(),
-        ));
+        return Err(ForwardError::Inconsistent {
+            detail: "a copy came back missing after it was sent whole".into(),
+        });
     }
     Ok(outcomes)
 }
@@ -300,20 +296,21 @@ async fn propose(raft: &Raft, cmd: Command, total: usize) -> Result<Vec<Outcome>
     match written {
         Ok(resp) => match resp.data {
             Response::Observed(outcomes) if outcomes.len() == total => Ok(outcomes),
-            Response::Observed(outcomes) => Err(ForwardError::Failed(format!(
-                "{} outcomes for {total} observations",
-                outcomes.len()
-            ))),
-            other => Err(ForwardError::Failed(format!(
-                "unexpected response to a batch: {other:?}"
-            ))),
+            Response::Observed(outcomes) => Err(ForwardError::Inconsistent {
+                detail: format!("{} outcomes for {total} observations", outcomes.len()),
+            }),
+            other => Err(ForwardError::Inconsistent {
+                detail: format!("unexpected response to a batch: {other:?}"),
+            }),
         },
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
             Err(ForwardError::NotLeader {
                 leader: f.leader_id,
             })
         }
-        Err(e) => Err(ForwardError::Failed(e.to_string())),
+        Err(e) => Err(ForwardError::NotCommitted {
+            detail: e.to_string(),
+        }),
     }
 }
 

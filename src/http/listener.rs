@@ -26,8 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::tls::BoxStream;
-use crate::config::HttpTlsConfig;
+use crate::tls::BoxStream;
 
 /// Longest a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -146,23 +145,6 @@ pub struct Client {
     pub addr: SocketAddr,
     /// True when the request came over TLS.
     pub tls: bool,
-}
-
-/// rustls settings for the HTTP listener, or the key (inside
-/// `node.http_tls`) at fault and why. check-config and the node both call it.
-pub fn server_config(c: &HttpTlsConfig) -> Result<Arc<ServerConfig>, (&'static str, String)> {
-    let chain = crate::pem::certs(&c.cert_file).map_err(|e| ("cert_file", e))?;
-    let key = crate::pem::key(&c.key_file).map_err(|e| ("key_file", e))?;
-    let mut config = ServerConfig::builder_with_provider(crate::pem::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ("cert_file", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| ("key_file", format!("does not match cert_file: {e}")))?;
-    // axum serves HTTP/1.1 here; offering h2 would make clients that prefer
-    // it fail the ALPN match.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
 }
 
 /// The listener axum serves: connections whose handshake finished.
