@@ -14,7 +14,7 @@
 //!    applies an entry to the state machine (`firstseen-store`): first
 //!    copies get a per-topic sequence and go to the outbox, later copies are
 //!    counted as duplicates.
-//! 5. [`ack`]: once the entry is committed the batcher acks the batch's
+//! 5. [`ingest::ack`]: once the entry is committed the batcher acks the batch's
 //!    messages upstream, in receive order (G4).
 //! 6. [`publish`]: the leader moves the outbox into Pulsar with an exclusive
 //!    producer and commits a `Published` watermark to trim it.
@@ -29,7 +29,6 @@
 //! [`watchdog`] ends a node whose storage can no longer be trusted;
 //! [`peraddr`] bounds what one address may hold open.
 
-pub mod ack;
 pub mod batch;
 pub mod cli;
 pub mod clock;

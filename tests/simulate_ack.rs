@@ -30,10 +30,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firstseen::ack::{AckStats, AckToken};
 use firstseen::batch::port::{Acks, Commit};
 use firstseen::batch::{BatchPolicy, Batcher};
 use firstseen::diskspace::DiskSpace;
+use firstseen::ingest::ack::{AckStats, AckToken};
 use firstseen::ingest::Received;
 use firstseen::propose::ProposeError;
 use firstseen_store::{Batch, NodeId, Observation, Outcome, StateStore};

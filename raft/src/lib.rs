@@ -49,6 +49,9 @@ pub use log_store::LogStore;
 pub use outbox::Outbox;
 pub use state_machine::StateMachine;
 
+/// What every storage call returns to openraft.
+pub type StorageResult<T> = Result<T, openraft::StorageError<NodeId>>;
+
 /// Where a cluster member lives. Stored in the membership config.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {

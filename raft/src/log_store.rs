@@ -15,9 +15,7 @@ use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::EntryPayload;
-use openraft::{
-    AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
-};
+use openraft::{AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use tokio::sync::{mpsc, watch};
 
 use firstseen_store::disk::Db;
@@ -25,13 +23,11 @@ use firstseen_store::{Command, StateStore, StoreError};
 
 use crate::cover::SnapshotCover;
 use crate::guard::{Guard, Marks};
-use crate::{NodeId, RaftError, TypeConfig};
+use crate::{NodeId, RaftError, StorageResult, TypeConfig};
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
-
-type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
 /// Log entries keyed by big-endian index, plus a small metadata tree.
 #[derive(Clone)]

@@ -23,9 +23,8 @@ use openraft::{
 use tokio::io::AsyncSeekExt;
 
 use crate::cover::SnapshotCover;
-use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, TypeConfig};
+use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, StorageResult, TypeConfig};
 
-type StorageResult<T> = Result<T, StorageError<NodeId>>;
 type Meta = SnapshotMeta<NodeId, Member>;
 
 pub(crate) const CURRENT_META: &str = "current.meta";

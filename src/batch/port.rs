@@ -13,7 +13,7 @@ use firstseen_raft::NodeId;
 use firstseen_store::{Batch, Outcome};
 use futures::future::BoxFuture;
 
-use crate::ack::{AckGate, AckStats, AckToken};
+use crate::ingest::ack::{AckGate, AckStats, AckToken};
 use crate::propose::{ProposeError, Proposer};
 
 /// The group, as the batcher sees it.

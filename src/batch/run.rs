@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::port::{Acks, Commit};
 use super::{BatchPolicy, Pending};
-use crate::ack::AckToken;
+use crate::ingest::ack::AckToken;
 use crate::ingest::Received;
 use crate::propose::ProposeError;
 use firstseen_store::{Outcome, StateStore};

@@ -6,6 +6,7 @@
 //! never acks anything itself: the batcher does, through the [`AckGate`],
 //! after commit (G4).
 
+pub mod ack;
 pub mod adapter;
 pub mod bound;
 pub mod deadletter;
@@ -20,9 +21,9 @@ use firstseen_store::{NodeId, Observation};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::ack::{AckGate, AckToken};
 use crate::clock::SharedClock;
 use crate::config::{Config, OversizePolicy, UpstreamConfig};
+use ack::{AckGate, AckToken};
 use deadletter::DeadLetter;
 use port::{Event, Message, SessionError, UpstreamClient, UpstreamSession};
 use route::Route;

@@ -2,7 +2,7 @@
 //! upstream, split in two halves as MQTT clients split it.
 //!
 //! - [`UpstreamClient`] is the half that sends: acks, the subscribe, the
-//!   disconnect. It is shared with the [`crate::ack::AckGate`], which acks
+//!   disconnect. It is shared with the [`crate::ingest::ack::AckGate`], which acks
 //!   after commit from the batcher's task.
 //! - [`UpstreamSession`] is the half that reads: it connects, reconnects
 //!   when polled after a failure, and reports [`Event`]s.

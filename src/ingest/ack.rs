@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::ingest::port::{UpstreamClient, UpstreamSession};
+use super::port::{UpstreamClient, UpstreamSession};
 
 /// What the batcher needs to ack one upstream message later.
 #[derive(Debug, Clone, Copy)]
