@@ -37,22 +37,25 @@ for image in "$MOSQUITTO_IMAGE" "$PULSAR_IMAGE" localhost/firstseen:latest; do
   podman image exists "$image" || { log "image $image is missing: run scripts/images.sh first"; exit 2; }
 done
 "$here/setup.sh" >/dev/null
-# The cluster secret is made here, once, never shipped: a secret every
-# clone shares is no secret (firstseen refuses the old placeholders).
-secret="$root/deploy/compose/cluster.secret"
-if [ ! -s "$secret" ]; then
-  (umask 077; head -c 32 /dev/urandom | base64 > "$secret")
-  log "made a new cluster secret in $secret"
+# The cluster secret and the peers' TLS material are made here, once, never
+# shipped: a secret every clone shares is no secret (firstseen refuses the
+# old placeholders), and a CA whose key is public vouches for anyone.
+secrets="$root/deploy/compose/secrets"
+if [ ! -s "$secrets/node-3.key" ] || [ ! -s "$secrets/cluster.secret" ]; then
+  # Made by this user, so that make-secrets can read what it already made.
+  if [ -d "$secrets" ] && [ "$(id -u)" != 0 ]; then podman unshare chown -R 0:0 "$secrets"; fi
+  "$root/deploy/make-secrets.sh" "$secrets" 3 >/dev/null
+  log "made a new cluster secret and TLS material in $secrets"
 fi
 # Compose mounts a file secret as it is on the host, and the node reads it as
-# uid 10001 (deploy/Dockerfile): a file only its maker may read stops every
-# node at start ("Permission denied"). So the file goes to that uid, still
-# readable by nobody else: as root, 10001 is the container's own uid; rootless,
-# `podman unshare` maps it.
+# uid 10001 (deploy/Dockerfile): a key only its maker may read stops every
+# node at start ("Permission denied"). So the files go to that uid, still
+# readable by nobody else: as root, 10001 is the container's own uid;
+# rootless, `podman unshare` maps it.
 if [ "$(id -u)" = 0 ]; then
-  chown 10001:10001 "$secret"
+  chown -R 10001:10001 "$secrets"
 else
-  podman unshare chown 10001:10001 "$secret"
+  podman unshare chown -R 10001:10001 "$secrets"
 fi
 
 MQTT_PORT=$(free_port); PULSAR_PORT=$(free_port); PULSAR_WEB_PORT=$(free_port)

@@ -71,8 +71,70 @@ fn metrics_in(expr: &str) -> Vec<String> {
     out
 }
 
-/// A secret check-config accepts: long enough, and no placeholder.
-const TEST_SECRET: &str = "deploy-test-secret-0123456789abcdef0123456789\n";
+/// What deploy/make-secrets.sh makes at install, made for a test.
+fn made_secrets() -> tempfile::TempDir {
+    let dir = tempfile::TempDir::new().unwrap();
+    let out = std::process::Command::new(repo().join("deploy/make-secrets.sh"))
+        .arg(dir.path())
+        .arg("3")
+        .output()
+        .expect("deploy/make-secrets.sh runs");
+    assert!(
+        out.status.success(),
+        "make-secrets: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// The overrides that point a shipped config at `made`'s files for node
+/// `id`, as an install puts them where the config names them.
+fn installed(made: &Path, id: u64) -> Vec<(&'static str, String)> {
+    let at = |f: &str| made.join(f).display().to_string();
+    vec![
+        ("FIRSTSEEN__CLUSTER__SECRET_FILE", at("cluster.secret")),
+        ("FIRSTSEEN__CLUSTER__TLS__CA_FILE", at("ca.crt")),
+        (
+            "FIRSTSEEN__CLUSTER__TLS__CERT_FILE",
+            at(&format!("node-{id}.crt")),
+        ),
+        (
+            "FIRSTSEEN__CLUSTER__TLS__KEY_FILE",
+            at(&format!("node-{id}.key")),
+        ),
+    ]
+}
+
+/// Every file the project ships for a cluster runs its peers on mutual TLS.
+#[test]
+fn no_shipped_cluster_config_speaks_in_the_clear() {
+    let mut files = vec![
+        "deploy/k8s/configmap.yaml".to_string(),
+        "deploy/reference.toml".to_string(),
+    ];
+    for dir in ["deploy/config", "deploy/compose"] {
+        for e in std::fs::read_dir(repo().join(dir)).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "toml") {
+                files.push(format!("{dir}/{}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    for f in files {
+        let text = std::fs::read_to_string(repo().join(&f)).unwrap();
+        let code: String = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default().trim())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !code.contains("allow_plaintext = true"),
+            "{f} lets peers talk in the clear"
+        );
+        if code.contains("[[cluster.members]]") {
+            assert!(code.contains("[cluster.tls]"), "{f}: a cluster without TLS");
+        }
+    }
+}
 
 #[test]
 fn example_configs_are_valid() {
@@ -89,8 +151,7 @@ fn example_configs_are_valid() {
             let text = std::fs::read_to_string(&path).unwrap();
             let token = tempfile::NamedTempFile::new().unwrap();
             std::fs::write(token.path(), "a-token\n").unwrap();
-            let secret = tempfile::NamedTempFile::new().unwrap();
-            std::fs::write(secret.path(), TEST_SECRET).unwrap();
+            let made = made_secrets();
             let mut env: Vec<(&str, String)> = Vec::new();
             if text.contains("auth_token_file") {
                 env.push((
@@ -98,12 +159,14 @@ fn example_configs_are_valid() {
                     token.path().display().to_string(),
                 ));
             }
-            // The examples name the operator's secret file, which the
-            // repository does not ship.
-            if text.contains("secret_file") {
+            // The examples name the operator's secret and certificates,
+            // which the repository does not ship: made as at install.
+            if text.contains("[cluster.tls]") {
+                env.extend(installed(made.path(), 1));
+            } else if text.contains("secret_file") {
                 env.push((
                     "FIRSTSEEN__CLUSTER__SECRET_FILE",
-                    secret.path().display().to_string(),
+                    made.path().join("cluster.secret").display().to_string(),
                 ));
             }
             check_config(&path, &env);
@@ -147,16 +210,17 @@ fn compose_runs_three_zones_with_mosquitto_and_pulsar() {
             svc["volumes"].to_string().contains("/var/lib/firstseen"),
             "firstseen-{i} keeps state on a volume"
         );
-        // The node configs are valid once a secret is where Compose mounts
-        // it (scripts/compose.sh makes one; the repository ships none).
-        let secret = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(secret.path(), TEST_SECRET).unwrap();
+        // The node configs are valid once the secret and certificates are
+        // where Compose mounts them (scripts/compose.sh makes them with
+        // deploy/make-secrets.sh; the repository ships none).
+        let made = made_secrets();
         check_config(
             &repo().join(format!("deploy/compose/node-{i}.toml")),
-            &[(
-                "FIRSTSEEN__CLUSTER__SECRET_FILE",
-                secret.path().display().to_string(),
-            )],
+            &installed(made.path(), i),
+        );
+        assert!(
+            svc["secrets"].to_string().contains(&format!("node{i}_key")),
+            "firstseen-{i} gets its own key"
         );
     }
 }
@@ -232,23 +296,18 @@ fn kubernetes_manifests_have_what_a_raft_statefulset_needs() {
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join("firstseen.toml");
     std::fs::write(&path, cm["data"]["firstseen.toml"].as_str().unwrap()).unwrap();
-    std::fs::write(dir.path().join("cluster.secret"), TEST_SECRET).unwrap();
     std::fs::write(dir.path().join("pulsar.jwt"), "a-token\n").unwrap();
-    check_config(
-        &path,
-        &[
-            ("FIRSTSEEN__NODE__ID", "1".into()),
-            ("FIRSTSEEN__NODE__ZONE", "eu-north-1a".into()),
-            (
-                "FIRSTSEEN__CLUSTER__SECRET_FILE",
-                dir.path().join("cluster.secret").display().to_string(),
-            ),
-            (
-                "FIRSTSEEN__PULSAR__AUTH_TOKEN_FILE",
-                dir.path().join("pulsar.jwt").display().to_string(),
-            ),
-        ],
-    );
+    let made = made_secrets();
+    let mut env = installed(made.path(), 1);
+    env.extend([
+        ("FIRSTSEEN__NODE__ID", "1".into()),
+        ("FIRSTSEEN__NODE__ZONE", "eu-north-1a".into()),
+        (
+            "FIRSTSEEN__PULSAR__AUTH_TOKEN_FILE",
+            dir.path().join("pulsar.jwt").display().to_string(),
+        ),
+    ]);
+    check_config(&path, &env);
 }
 
 #[test]
