@@ -56,6 +56,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Times the publisher dropped its producer after an error",
     ),
     (
+        "firstseen_publish_refusals_total",
+        "counter",
+        "Times the broker answered one message's send with an error instead of a receipt; the same message refused twice in a row goes as a marker",
+    ),
+    (
+        "firstseen_published_late_total",
+        "counter",
+        "Messages the broker refused after later ones had landed, sent again (or as a marker) after them",
+    ),
+    (
         "firstseen_foreign_messages_total",
         "counter",
         "Messages at the end of a topic that firstseen did not write, skipped by the tail read",

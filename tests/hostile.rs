@@ -271,3 +271,144 @@ fn a_foreign_write_during_a_leader_change_is_skipped_and_nothing_is_lost() {
         "{report}"
     );
 }
+
+/// The Pulsar admin API, by curl: `method` on `path` with a JSON `body`.
+fn admin(pulsar: &Pulsar, method: &str, path: &str, body: Option<&str>) -> String {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "-X", method, &format!("{}{path}", pulsar.admin_url)]);
+    if let Some(b) = body {
+        c.args(["-H", "Content-Type: application/json", "-d", b]);
+    }
+    let out = c.output().expect("curl runs");
+    assert!(out.status.success(), "{method} {path}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Creates `topic` with its own `maxMessageSize` policy, and waits until
+/// the broker reports it (topic policies travel through a system topic).
+fn topic_with_max_message_size(pulsar: &Pulsar, topic: &str, bytes: usize) {
+    let path = topic.strip_prefix("persistent://").unwrap();
+    admin(pulsar, "PUT", &format!("/admin/v2/persistent/{path}"), None);
+    let policy = format!("/admin/v2/persistent/{path}/maxMessageSize");
+    wait_until(Duration::from_secs(60), "the topic's policy", || {
+        admin(pulsar, "POST", &policy, Some(&bytes.to_string()));
+        admin(pulsar, "GET", &policy, None).trim() == bytes.to_string()
+    });
+}
+
+/// Replays 300 lines of the capture, one message of `big` bytes, then 400
+/// more, into a node that cannot reach Pulsar yet, and waits until it has
+/// acked them all: everything waits in the outbox, the big message in the
+/// middle of a publish batch.
+fn queue_with_a_big_message(mqtt: &Mosquitto, node: &Node, big: &[u8]) -> &'static str {
+    let sent = replay(mqtt.port, &["--limit", "300", "--pace", "max"]).published;
+    let big_topic = "/hfp/v2/journey/ongoing/vp/bus/big/1";
+    publish(mqtt.port, big_topic, big);
+    let after = replay(
+        mqtt.port,
+        &["--skip", "300", "--limit", "400", "--pace", "max"],
+    )
+    .published;
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= (sent + 1 + after) as f64
+    });
+    big_topic
+}
+
+/// The topic itself takes at most 64 KiB (a topic policy, below the
+/// broker's and firstseen's own bounds). The node reads the policy through
+/// the admin API when it takes the producer, and sends a larger message as
+/// a marker in its place: nothing refused, nothing late, the topic whole.
+#[test]
+fn a_topic_that_takes_smaller_messages_gets_a_marker_in_place() {
+    let Some(pulsar) = shared_pulsar("a_topic_that_takes_smaller_messages_gets_a_marker_in_place")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("topic-limit");
+    topic_with_max_message_size(&pulsar, &topic, 64 * 1024);
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    let mut node = Node::start(spec);
+    let big = vec![b'y'; 200 * 1024];
+    let big_topic = queue_with_a_big_message(&mqtt, &node, &big);
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    let mut want = hfp_pairs(Some(400));
+    want.insert((big_topic.to_string(), String::new()));
+    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    assert!(node.metric("firstseen_set_aside_total") >= 1.0);
+    assert_eq!(node.metric("firstseen_publish_refusals_total"), 0.0);
+    assert_exactly_once(&read_back(&pulsar, &topic), &want);
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("set aside       1"), "{report}");
+    assert!(!report.contains("late"), "{report}");
+}
+
+/// The same topic policy, but the node has no admin API to read it: the
+/// broker itself refuses the large message, while the messages after it
+/// in the batch land. The publisher must not skip it (the tail is already
+/// past it) nor send it for ever: it sends it again after them, and once
+/// refused twice, a marker goes instead, marked late. Nothing lost, nothing
+/// twice, and verify accounts for it. Before, the publisher resumed after
+/// the tail and the refused message was never in the topic.
+#[test]
+fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
+    let Some(pulsar) =
+        shared_pulsar("a_message_the_broker_refuses_is_sent_late_and_then_set_aside")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("broker-refuses");
+    topic_with_max_message_size(&pulsar, &topic, 64 * 1024);
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    spec.config.pulsar.admin_url = None;
+    let mut node = Node::start(spec);
+    let big = vec![b'z'; 200 * 1024];
+    let big_topic = queue_with_a_big_message(&mqtt, &node, &big);
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    let mut want = hfp_pairs(Some(400));
+    want.insert((big_topic.to_string(), String::new()));
+    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    let refusals = node.metric("firstseen_publish_refusals_total");
+    assert!(refusals >= 2.0, "refused {refusals} times");
+    assert!(node.metric("firstseen_set_aside_total") >= 1.0);
+    assert_eq!(node.metric("firstseen_published_late_total"), 1.0);
+    // The big message is the 301st of the replay's distinct ones at most:
+    // whichever sequence it got, it is the one that came late.
+    let read = read_back(&pulsar, &topic);
+    let late: Vec<u64> = read
+        .seqs
+        .windows(2)
+        .filter_map(|w| match (w[0], w[1]) {
+            (Some(a), Some(b)) if b < a => Some(b),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(late.len(), 1, "one message came late: {:?}", read.seqs);
+    assert_exactly_once_with_late(&read, &want, &late);
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("set aside       1"), "{report}");
+    assert!(report.contains("late            1"), "{report}");
+    eprintln!("{report}");
+    let kept: Vec<String> = std::fs::read_dir(node.data_dir().join("dead-letter"))
+        .unwrap()
+        .map(|e| String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap()).into_owned())
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert!(
+        kept[0].starts_with("{\"reason\":\"pulsar-refused\""),
+        "{}",
+        &kept[0][..200]
+    );
+}

@@ -336,6 +336,7 @@ async fn probe(
             foreign: false,
             set_aside: firstseen::publish::props::get(meta, firstseen::publish::props::SET_ASIDE)
                 .is_some(),
+            late: firstseen::publish::props::get(meta, firstseen::publish::props::LATE).is_some(),
         });
         if seen.insert(id.to_string()) {
             let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;

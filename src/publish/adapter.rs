@@ -13,7 +13,7 @@ use pulsar::producer::ProducerOptions;
 use pulsar::{Producer, Pulsar, TokioExecutor};
 use tokio::sync::watch;
 
-use super::port::{Broker, Group, Outbox, Receipt, Session};
+use super::port::{Broker, Group, Outbox, Receipt, Sending, Session};
 use super::{connect, props, tail, Admin};
 use crate::cluster::liveness::Liveness;
 use crate::config::PulsarConfig;
@@ -39,31 +39,58 @@ impl Broker for PulsarBroker {
 
     async fn connect(&self) -> Result<PulsarSession, Error> {
         let client = connect(&self.config).await?;
-        self.check_broker_dedup().await;
+        let admin = self.admin().await;
+        let limit = match &admin {
+            Some(admin) => self.check_broker(admin).await,
+            None => None,
+        };
         Ok(PulsarSession {
             client,
             wait: Duration::from_millis(self.config.operation_timeout_ms),
             ours: self.ours.clone(),
+            admin,
+            limit,
         })
     }
 }
 
 impl PulsarBroker {
-    /// Warns once per term when the namespace does not deduplicate: without
-    /// it, a resend by the crate after a reconnect can duplicate a message.
-    async fn check_broker_dedup(&self) {
-        if self.config.admin_url.is_none() {
-            return;
-        }
-        // One client and one token for every topic: with OAuth2 each token
-        // is a request to the issuer.
-        let admin = match Admin::new(&self.config).await {
-            Ok(a) => a,
+    /// The admin API for this term, when it is configured: one client and
+    /// one token for every call (with OAuth2 each token is a request to the
+    /// issuer).
+    async fn admin(&self) -> Option<Admin> {
+        self.config.admin_url.as_ref()?;
+        match Admin::new(&self.config).await {
+            Ok(a) => Some(a),
             Err(e) => {
-                tracing::warn!(error = %e, "could not check broker deduplication");
-                return;
+                tracing::warn!(error = %e, "could not reach the admin API to check the broker");
+                None
+            }
+        }
+    }
+
+    /// Once per term, through the admin API: warns
+    /// when the namespace does not deduplicate (without it, a resend by the
+    /// crate after a reconnect can duplicate a message), and returns the
+    /// broker's `maxMessageSize`. A broker that takes less than
+    /// `pulsar.max_message_bytes` closes the connection on a larger message,
+    /// which the publisher would send again after every reconnect; knowing
+    /// the broker's bound, it sends such a message as a marker instead.
+    async fn check_broker(&self, admin: &Admin) -> Option<usize> {
+        let limit = match admin.max_message_size().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the broker's maxMessageSize");
+                None
             }
         };
+        if let Some(l) = limit.filter(|l| *l < self.config.max_message_bytes) {
+            tracing::warn!(
+                broker_max_message_size = l,
+                configured = self.config.max_message_bytes,
+                "the broker takes smaller messages than pulsar.max_message_bytes; larger ones go as markers"
+            );
+        }
         let topics = self.state.topics().unwrap_or_default();
         for (topic, _) in topics.iter().take(8) {
             match admin.dedup_enabled(topic).await {
@@ -76,6 +103,7 @@ impl PulsarBroker {
                 }
             }
         }
+        limit
     }
 }
 
@@ -85,6 +113,10 @@ pub struct PulsarSession {
     /// Longest wait for the tail's last message.
     wait: Duration,
     ours: tail::Ours,
+    /// The admin API, when configured.
+    admin: Option<Admin>,
+    /// The broker's `maxMessageSize`, when the admin API said.
+    limit: Option<usize>,
 }
 
 impl Session for PulsarSession {
@@ -105,6 +137,30 @@ impl Session for PulsarSession {
             .await?)
     }
 
+    async fn message_limit(&self, topic: &str) -> Option<usize> {
+        let own = match &self.admin {
+            Some(admin) => match admin.topic_max_message_size(topic).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(topic, error = %e, "could not read the topic's maxMessageSize policy");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some(l) = own {
+            tracing::info!(
+                topic,
+                max_message_size = l,
+                "the topic sets its own maxMessageSize; larger messages go as markers"
+            );
+        }
+        match (own, self.limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     async fn last_seq(&self, topic: &str, assigned: u64) -> Result<tail::Tail, Error> {
         tail::last_seq(&self.client, topic, assigned, &self.ours, self.wait).await
     }
@@ -114,9 +170,9 @@ impl Session for PulsarSession {
         producer: &mut Self::Producer,
         seq: u64,
         message: OutboxMessage,
-        set_aside: Option<String>,
+        how: Sending,
     ) -> Result<Receipt, Error> {
-        let receipt = send(producer, seq, message, set_aside).await?;
+        let receipt = send(producer, seq, message, how).await?;
         Ok(Box::pin(async move {
             receipt.await.map(|_| ()).map_err(Error::from)
         }))
@@ -127,10 +183,10 @@ async fn send(
     producer: &mut Producer<TokioExecutor>,
     seq: u64,
     m: OutboxMessage,
-    set_aside: Option<String>,
+    how: Sending,
 ) -> Result<pulsar::producer::SendFuture, Error> {
     let key = hex::encode(m.key);
-    let payload = if set_aside.is_some() {
+    let payload = if how.set_aside.is_some() {
         Vec::new()
     } else {
         m.payload
@@ -145,7 +201,10 @@ async fn send(
         .with_property(props::NODE, m.node.to_string())
         .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
         .event_time(m.first_seen_ms);
-    match set_aside {
+    if how.late {
+        message = message.with_property(props::LATE, "true");
+    }
+    match how.set_aside {
         // The marker carries no MQTT 5 properties: they may be what made
         // the message too large.
         Some(reason) => message = message.with_property(props::SET_ASIDE, reason),

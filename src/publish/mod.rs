@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PulsarConfig;
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
-use port::{Broker, Group, Outbox, Receipt, Session};
+use port::{Broker, Group, Outbox, Receipt, Sending, Session};
 
 /// Batches sent per topic before the oldest one's receipts are awaited. With
 /// one, every batch waited out a broker round trip (and a bookie fsync)
@@ -53,6 +53,10 @@ const MAX_IN_FLIGHT: usize = 4;
 struct InFlight {
     /// Receipts not yet come back, oldest first.
     receipts: VecDeque<Receipt>,
+    /// The sequence of the oldest receipt not yet come back.
+    front: u64,
+    /// The sequence whose receipt came back with an error.
+    failed: Option<u64>,
     /// Last sequence in the batch.
     last: u64,
     messages: u64,
@@ -162,6 +166,12 @@ struct TopicPublisher<P> {
     confirmed: u64,
     proposed: u64,
     proposed_at: Option<Instant>,
+    /// The broker's refusals of one message in a row.
+    refusals: policy::Refusals,
+    /// The largest message the broker takes on this topic, when it said.
+    limit: Option<usize>,
+    /// The late message whose send failed, for [`TopicPublisher::fail`].
+    late_failed: Option<u64>,
 }
 
 impl<P> TopicPublisher<P> {
@@ -176,6 +186,9 @@ impl<P> TopicPublisher<P> {
             confirmed: 0,
             proposed: 0,
             proposed_at: None,
+            refusals: policy::Refusals::default(),
+            limit: None,
+            late_failed: None,
         }
     }
 
@@ -196,8 +209,18 @@ impl<P> TopicPublisher<P> {
     /// Drops the producer and its pending queue; the next attempt re-reads the tail.
     fn fail(&mut self, error: &Error) {
         metrics::counter!("firstseen_publish_errors_total").increment(1);
+        let failed = self
+            .in_flight
+            .iter()
+            .find_map(|b| b.failed)
+            .or(self.late_failed.take());
+        let refused = policy::refused_by_broker(error);
+        self.refusals.record(failed, refused);
+        if refused {
+            metrics::counter!("firstseen_publish_refusals_total").increment(1);
+        }
         let (delay, next) = retry_policy(self.backoff, held_elsewhere(error));
-        tracing::warn!(topic = %self.topic, %error, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
+        tracing::warn!(topic = %self.topic, %error, seq = ?failed, refused_by_broker = refused, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
         self.in_flight.clear();
         self.retry_at = Some(Instant::now() + delay);
@@ -214,6 +237,10 @@ impl InFlight {
         while let Some(r) = self.receipts.front_mut() {
             let result = r.await;
             self.receipts.pop_front();
+            if result.is_err() {
+                self.failed = Some(self.front);
+            }
+            self.front += 1;
             result?;
         }
         Ok(())
@@ -419,26 +446,87 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         topic: &str,
         seq: u64,
         m: &firstseen_store::OutboxMessage,
+        kind: &'static str,
         reason: &str,
     ) -> Result<(), Error> {
         metrics::counter!("firstseen_set_aside_total").increment(1);
         let path = match &self.dead_letter {
             Some(store) => Some(
                 store
-                    .store(
-                        "pulsar-limit",
-                        &m.mqtt_topic,
-                        None,
-                        None,
-                        &m.payload,
-                        m.first_seen_ms,
-                    )
+                    .store(kind, &m.mqtt_topic, None, None, &m.payload, m.first_seen_ms)
                     .await?,
             ),
             None => None,
         };
         tracing::warn!(topic, seq, key = %hex::encode(m.key), reason, file = ?path, "message the broker would refuse sent as a marker; kept in the dead-letter store");
         Ok(())
+    }
+
+    /// The largest message `tp`'s topic takes: the configured bound, or the
+    /// broker's when it is smaller.
+    fn limit(&self, broker: Option<usize>) -> usize {
+        broker.map_or(self.max_message_bytes, |b| b.min(self.max_message_bytes))
+    }
+
+    /// Whether message `seq` goes as a marker, and why; one that does is
+    /// kept in the dead-letter store first.
+    async fn set_aside(
+        &self,
+        topic: &str,
+        seq: u64,
+        m: &firstseen_store::OutboxMessage,
+        limit: usize,
+        refusals: &policy::Refusals,
+    ) -> Result<Option<String>, Error> {
+        let (reason, kind) = match policy::set_aside_reason(m, limit) {
+            Some(r) => (Some(r), "pulsar-limit"),
+            None => (refusals.set_aside(seq), "pulsar-refused"),
+        };
+        if let Some(reason) = &reason {
+            self.keep_set_aside(topic, seq, m, kind, reason).await?;
+        }
+        Ok(reason)
+    }
+
+    /// Sends message `n`, which the broker refused after later messages had
+    /// been queued, and waits for its receipt: the watermark proposed next
+    /// covers it. A refusal again counts, and the retry after it sends a
+    /// marker in its place.
+    async fn send_late(
+        &self,
+        session: &B::Session,
+        producer: &mut <B::Session as Session>::Producer,
+        tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
+        n: u64,
+    ) -> Result<(), Error> {
+        let Some((seq, m)) = self.outbox.read(&tp.topic, n, 1)?.into_iter().next() else {
+            return Ok(());
+        };
+        if seq != n {
+            return Ok(());
+        }
+        let limit = self.limit(tp.limit);
+        let set_aside = self
+            .set_aside(&tp.topic, n, &m, limit, &tp.refusals)
+            .await?;
+        let marker = set_aside.is_some();
+        let how = Sending {
+            set_aside,
+            late: true,
+        };
+        let receipt = session.send(producer, n, m, how).await?;
+        match receipt.await {
+            Ok(()) => {
+                metrics::counter!("firstseen_published_late_total").increment(1);
+                tracing::warn!(topic = %tp.topic, seq = n, marker, "a message the broker refused after later ones landed was sent again, after them");
+                tp.refusals = policy::Refusals::default();
+                Ok(())
+            }
+            Err(e) => {
+                tp.late_failed = Some(n);
+                Err(e)
+            }
+        }
     }
 
     /// Sends the next batch of one topic without awaiting its receipts.
@@ -456,7 +544,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 term,
                 tail::scratch_subscription("p")
             ));
-            let producer = session.exclusive(&tp.topic, &name).await?;
+            let mut producer = session.exclusive(&tp.topic, &name).await?;
             // Every entry committed before now applied: a sequence beyond
             // what the outbox has assigned is then surely not ours.
             if !self.group.read_barrier().await {
@@ -471,6 +559,19 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             }
             let tail_seq = tail.seq;
             let watermark = assigned.published_seq;
+            tp.limit = session.message_limit(&tp.topic).await;
+            // A message the broker refused while later ones were already on
+            // their way: they landed and it did not, so the tail has passed
+            // it. It goes now, late, before anything else (as itself, or as a
+            // marker once refused twice); resuming after the tail would leave
+            // it out for good.
+            if let Some(n) = tp
+                .refusals
+                .pending()
+                .filter(|n| *n > watermark && tail_seq.is_some_and(|t| *n <= t))
+            {
+                self.send_late(session, &mut producer, tp, n).await?;
+            }
             tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
             tp.producer = Some(producer);
@@ -501,16 +602,22 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let started = Instant::now();
         let mut receipts = VecDeque::with_capacity(batch.len());
         let mut last = tp.next_seq;
+        let limit = self.limit(tp.limit);
         for (seq, m) in batch {
-            let set_aside = policy::set_aside_reason(&m, self.max_message_bytes);
-            if let Some(reason) = &set_aside {
-                self.keep_set_aside(&tp.topic, seq, &m, reason).await?;
-            }
-            receipts.push_back(session.send(producer, seq, m, set_aside).await?);
+            let set_aside = self
+                .set_aside(&tp.topic, seq, &m, limit, &tp.refusals)
+                .await?;
+            let how = Sending {
+                set_aside,
+                late: false,
+            };
+            receipts.push_back(session.send(producer, seq, m, how).await?);
             last = seq;
         }
         tp.in_flight.push_back(InFlight {
             receipts,
+            front: tp.next_seq,
+            failed: None,
             last,
             messages: last + 1 - tp.next_seq,
             started,
@@ -541,6 +648,51 @@ impl Admin {
             client: admin_client(config)?,
             token: auth::admin_token(config).await?,
         })
+    }
+
+    /// The broker's `maxMessageSize`, from its runtime configuration.
+    pub async fn max_message_size(&self) -> Result<Option<usize>, Error> {
+        let url = format!("{}/admin/v2/brokers/configuration/runtime", self.url);
+        let mut request = self.client.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let config: std::collections::HashMap<String, String> = request
+            .send()
+            .await
+            .map_err(Error::Admin)?
+            .error_for_status()
+            .map_err(Error::Admin)?
+            .json()
+            .await
+            .map_err(Error::Admin)?;
+        Ok(config
+            .get("maxMessageSize")
+            .and_then(|v| v.trim().parse().ok()))
+    }
+
+    /// The topic's own `maxMessageSize` policy, if it sets one.
+    pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, Error> {
+        let path = topic
+            .strip_prefix("persistent://")
+            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))?;
+        let url = format!("{}/admin/v2/persistent/{path}/maxMessageSize", self.url);
+        let mut request = self.client.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(Error::Admin)?;
+        // A topic the broker does not know yet has no policy of its own.
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let body = response
+            .error_for_status()
+            .map_err(Error::Admin)?
+            .text()
+            .await
+            .map_err(Error::Admin)?;
+        Ok(body.trim().parse().ok().filter(|l: &usize| *l > 0))
     }
 
     /// Whether deduplication applies to `topic`.

@@ -95,6 +95,58 @@ pub fn server_error(error: &pulsar::Error) -> Option<ServerError> {
     }
 }
 
+/// How many times in a row the broker may refuse the same message before it
+/// goes as a marker. Once could be a broker in trouble; the same sequence
+/// refused again on a fresh producer is a refusal of that message.
+pub const REFUSALS_BEFORE_SET_ASIDE: u32 = 2;
+
+/// Whether a receipt error is the broker's refusal of that one message: it
+/// answered the send with an error instead of a receipt (a topic's
+/// `maxMessageSize` policy, say), while the producer and its connection
+/// stayed up. The client reports it as an unexpected response, carrying the
+/// broker's code only in text; the variant is what is decided on. A lost
+/// connection or a closed producer is not a refusal: the message was never
+/// judged.
+pub fn refused_by_broker(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
+            ConnectionError::UnexpectedResponse(_)
+        )))
+    )
+}
+
+/// Counts the broker's refusals of one sequence in a row, and says when it
+/// goes as a marker ([`REFUSALS_BEFORE_SET_ASIDE`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Refusals {
+    seq: u64,
+    times: u32,
+}
+
+impl Refusals {
+    /// Records a failure of sequence `seq`: a refusal counts, anything else
+    /// starts the count again.
+    pub fn record(&mut self, seq: Option<u64>, refused: bool) {
+        match seq.filter(|_| refused) {
+            Some(s) if s == self.seq && self.times > 0 => self.times += 1,
+            Some(s) => *self = Self { seq: s, times: 1 },
+            None => *self = Self::default(),
+        }
+    }
+
+    /// The sequence the broker refused last, if its last failure was one.
+    pub fn pending(&self) -> Option<u64> {
+        (self.times > 0).then_some(self.seq)
+    }
+
+    /// Why `seq` goes as a marker, if the broker refused it often enough.
+    pub fn set_aside(&self, seq: u64) -> Option<String> {
+        (self.times >= REFUSALS_BEFORE_SET_ASIDE && self.seq == seq)
+            .then(|| format!("refused by the broker {} times in a row", self.times))
+    }
+}
+
 /// The retry after a producer error, and the backoff after it: a topic held
 /// by another producer is tried again every 250 ms, so a successor does not
 /// sit out a long backoff after the old holder lets go; other errors back
@@ -110,6 +162,40 @@ pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Durat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_refused_twice_in_a_row_goes_as_a_marker() {
+        let mut r = Refusals::default();
+        r.record(Some(7), true);
+        assert_eq!(r.set_aside(7), None, "once could be the broker's trouble");
+        r.record(Some(7), true);
+        assert!(r.set_aside(7).is_some());
+        assert_eq!(r.set_aside(8), None, "only that message");
+        // A connection lost in between starts the count again.
+        let mut r = Refusals::default();
+        r.record(Some(7), true);
+        r.record(Some(7), false);
+        r.record(Some(7), true);
+        assert_eq!(r.set_aside(7), None);
+        // So does a refusal of another message.
+        let mut r = Refusals::default();
+        r.record(Some(7), true);
+        r.record(Some(9), true);
+        assert_eq!(r.set_aside(9), None);
+    }
+
+    #[test]
+    fn only_an_answer_to_the_send_is_a_refusal() {
+        let refused = Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
+            ConnectionError::UnexpectedResponse("send_error".into()),
+        )));
+        assert!(refused_by_broker(&refused));
+        let lost = Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
+            ConnectionError::Disconnected,
+        )));
+        assert!(!refused_by_broker(&lost));
+        assert!(!refused_by_broker(&Error::LeaseLost));
+    }
 
     #[test]
     fn a_message_over_the_broker_limit_is_set_aside() {

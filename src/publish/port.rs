@@ -20,6 +20,19 @@ use crate::Error;
 /// may or may not be in the topic).
 pub type Receipt = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 
+/// How a message goes to the broker, besides as itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sending {
+    /// A marker goes in the message's place: its sequence, key, MQTT topic,
+    /// node and time, an empty payload, and this reason
+    /// (`firstseen-set-aside`).
+    pub set_aside: Option<String>,
+    /// It follows higher sequences: the broker refused it while they were
+    /// on their way (`firstseen-late`), so that an audit tells it from a
+    /// reordering.
+    pub late: bool,
+}
+
 /// The broker (Pulsar).
 pub trait Broker: Send + Sync {
     /// One connection to the broker, held for a leadership term.
@@ -53,17 +66,24 @@ pub trait Session: Send + Sync {
         assigned: u64,
     ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send;
 
+    /// The largest message the broker takes on `topic`, when the broker
+    /// says (its `maxMessageSize`, or the topic's own policy); the
+    /// publisher keeps the smaller of this and `pulsar.max_message_bytes`.
+    /// `None`: only the configured bound holds. Asked when a producer is
+    /// acquired.
+    fn message_limit(&self, _topic: &str) -> impl Future<Output = Option<usize>> + Send {
+        async { None }
+    }
+
     /// Queues message `seq` on `producer`. Messages are persisted in the
-    /// order they are queued; the receipt says when this one is. With
-    /// `set_aside`, a marker goes in the message's place: its sequence,
-    /// key, MQTT topic, node and time, an empty payload, and the reason
-    /// (`firstseen-set-aside`).
+    /// order they are queued; the receipt says when this one is. `how`
+    /// says whether a marker goes in its place, and whether it is late.
     fn send(
         &self,
         producer: &mut Self::Producer,
         seq: u64,
         message: OutboxMessage,
-        set_aside: Option<String>,
+        how: Sending,
     ) -> impl Future<Output = Result<Receipt, Error>> + Send;
 }
 

@@ -16,6 +16,9 @@ pub const FIRST_SEEN_MS: &str = "firstseen-first-seen-ms";
 /// MQTT topic, node and time, with an empty payload; the message is in the
 /// dead-letter store of the node that published the marker.
 pub const SET_ASIDE: &str = "firstseen-set-aside";
+/// On a message sent after higher sequences, because the broker refused it
+/// while they were on their way (`Publisher::send_late`).
+pub const LATE: &str = "firstseen-late";
 
 /// The most bytes firstseen's own properties and Pulsar's message metadata
 /// add to a message beyond what `dedup.max_message_bytes` counts (the MQTT

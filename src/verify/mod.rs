@@ -6,7 +6,7 @@
 
 pub mod read;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -21,6 +21,9 @@ pub struct Seen {
     /// A marker in place of a message the broker would refuse: it holds
     /// the message's key and sequence, so it is audited like one.
     pub set_aside: bool,
+    /// Sent after higher sequences because the broker refused it while they
+    /// were on their way (`firstseen-late`).
+    pub late: bool,
 }
 
 /// What the audit found. Lists are capped so a badly broken topic still
@@ -37,6 +40,11 @@ pub struct Report {
     pub duplicate_keys: Vec<String>,
     /// Sequence numbers missing between the first and the last.
     pub missing_seqs: u64,
+    /// Messages that came after higher sequences but filled a gap: the
+    /// broker refused them while later ones were on their way, and the
+    /// publisher sent them again after those. Nothing is missing or doubled;
+    /// a consumer that needs strict order sees them late.
+    pub late: u64,
     pub gaps: Vec<(u64, u64)>,
     /// Messages whose sequence was not above the previous one.
     pub out_of_order: u64,
@@ -65,12 +73,33 @@ impl Report {
 
 const LIST_CAP: usize = 50;
 
+/// Takes `seq` out of the open gap that holds it, if one does.
+fn fill(gaps: &mut BTreeMap<u64, u64>, seq: u64) -> bool {
+    let Some((&start, &end)) = gaps.range(..=seq).next_back() else {
+        return false;
+    };
+    if seq > end {
+        return false;
+    }
+    gaps.remove(&start);
+    if start < seq {
+        gaps.insert(start, seq - 1);
+    }
+    if seq < end {
+        gaps.insert(seq + 1, end);
+    }
+    true
+}
+
 /// Streaming audit of one topic.
 #[derive(Debug, Default)]
 pub struct Audit {
     report: Report,
     keys: HashMap<String, u32>,
     prev_seq: Option<u64>,
+    /// Every gap still open, first sequence to last: a late message that
+    /// falls in one fills it.
+    open_gaps: BTreeMap<u64, u64>,
 }
 
 impl Audit {
@@ -110,17 +139,20 @@ impl Audit {
         r.first_seq.get_or_insert(seq);
         match self.prev_seq {
             Some(prev) if seq <= prev => {
-                r.out_of_order += 1;
-                if r.repeats.len() < LIST_CAP {
-                    r.repeats.push(seq);
+                if m.late && *count == 1 && fill(&mut self.open_gaps, seq) {
+                    r.missing_seqs -= 1;
+                    r.late += 1;
+                } else {
+                    r.out_of_order += 1;
+                    if r.repeats.len() < LIST_CAP {
+                        r.repeats.push(seq);
+                    }
                 }
             }
             Some(prev) => {
                 if seq > prev + 1 {
                     r.missing_seqs += seq - prev - 1;
-                    if r.gaps.len() < LIST_CAP {
-                        r.gaps.push((prev + 1, seq - 1));
-                    }
+                    self.open_gaps.insert(prev + 1, seq - 1);
                 }
                 self.prev_seq = Some(seq);
             }
@@ -131,6 +163,12 @@ impl Audit {
 
     pub fn finish(mut self) -> Report {
         self.report.distinct_keys = self.keys.len() as u64;
+        self.report.gaps = self
+            .open_gaps
+            .iter()
+            .take(LIST_CAP)
+            .map(|(a, b)| (*a, *b))
+            .collect();
         self.report
     }
 }
@@ -158,6 +196,13 @@ impl std::fmt::Display for Report {
             self.gaps.len()
         )?;
         writeln!(f, "out of order    {}", self.out_of_order)?;
+        if self.late > 0 {
+            writeln!(
+                f,
+                "late            {} (refused by the broker after later messages, sent again after them; each filled its gap)",
+                self.late
+            )?;
+        }
         writeln!(f, "unlabelled      {}", self.unlabelled)?;
         if self.foreign > 0 {
             writeln!(
@@ -204,6 +249,7 @@ mod tests {
             seq: Some(seq),
             foreign: false,
             set_aside: false,
+            late: false,
         }
     }
 
@@ -233,6 +279,7 @@ mod tests {
             seq: Some(6),
             foreign: false,
             set_aside: false,
+            late: false,
         });
         let r = a.finish();
         assert!(!r.is_clean());
@@ -242,6 +289,33 @@ mod tests {
         assert_eq!(r.missing_seqs, 2);
         assert_eq!(r.out_of_order, 1);
         assert_eq!(r.unlabelled, 1);
+    }
+
+    /// A message the broker refused while later ones landed, sent again
+    /// after them and marked late: it fills its gap, and the topic is whole.
+    /// The same order without the mark is a reordering.
+    #[test]
+    fn a_late_message_fills_its_gap_and_only_when_marked() {
+        let run = |late: bool| {
+            let mut a = Audit::new("t");
+            for (k, s) in [("a", 1), ("c", 3), ("d", 4)] {
+                a.push(seen(k, s));
+            }
+            a.push(Seen {
+                late,
+                ..seen("b", 2)
+            });
+            a.push(seen("e", 5));
+            a.finish()
+        };
+        let r = run(true);
+        assert!(r.is_clean(), "{r}");
+        assert_eq!((r.late, r.missing_seqs, r.out_of_order), (1, 0, 0));
+        assert!(r.gaps.is_empty());
+        assert!(r.to_string().contains("late            1"), "{r}");
+        let r = run(false);
+        assert!(!r.is_clean());
+        assert_eq!((r.late, r.missing_seqs, r.out_of_order), (0, 1, 1));
     }
 
     /// Another producer's messages in the topic, numbered to look like
@@ -255,6 +329,7 @@ mod tests {
             seq: Some(1_001),
             foreign: true,
             set_aside: false,
+            late: false,
         });
         a.push(seen("b", 2));
         let r = a.finish();

@@ -58,6 +58,7 @@ pub async fn verify_topic(
             seq: props::get(meta, props::SEQ).and_then(|s| s.parse().ok()),
             foreign: !meta.producer_name.starts_with(tail::PRODUCER_PREFIX),
             set_aside: props::get(meta, props::SET_ASIDE).is_some(),
+            late: props::get(meta, props::LATE).is_some(),
         });
         count += 1;
         if last_progress.elapsed() > Duration::from_secs(1) {

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firstseen::publish::port::{Broker, Receipt, Session};
+use firstseen::publish::port::{Broker, Receipt, Sending, Session};
 use firstseen::Error;
 use firstseen_store::OutboxMessage;
 use tokio::sync::oneshot;
@@ -254,7 +254,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         producer: &mut SimProducer<W>,
         seq: u64,
         message: OutboxMessage,
-        _set_aside: Option<String>,
+        _how: Sending,
     ) -> Result<Receipt, Error> {
         let (tx, rx) = oneshot::channel();
         {
