@@ -835,10 +835,7 @@ pub fn assert_exactly_once_with_late(
         .filter(|s| !s.is_some_and(|s| late.contains(&s)))
         .copied()
         .collect();
-    let want: Vec<Option<u64>> = (1..=n)
-        .filter(|s| !late.contains(s))
-        .map(Some)
-        .collect();
+    let want: Vec<Option<u64>> = (1..=n).filter(|s| !late.contains(s)).map(Some).collect();
     assert!(
         in_place == want,
         "firstseen-seq is not 1..={n} in order (late: {late:?})"
