@@ -156,7 +156,17 @@ import json, sys
 s = json.load(sys.stdin)["totals"]
 sys.exit(0 if s["window_keys"] >= int(sys.argv[1]) and s["outbox_messages"] == 0 else 1)' "$distinct"
 }
-wait_for 180 published || log "the leader's outbox did not drain in 180 s; auditing what is there"
+if ! wait_for 180 published; then
+  log "the leader's outbox did not drain in 180 s; auditing what is there"
+  # Say why, so that a failed run names its cause: the leader's own reason,
+  # and what Pulsar last complained of (a bookie that went read-only on a
+  # nearly full disk, for one, stops every write).
+  curl -fsS "http://127.0.0.1:${node_ports[$((leader - 1))]}/status" | python3 -c '
+import json, sys
+print("leader not ready:", json.load(sys.stdin).get("not_ready_reason"))' >&2 || true
+  pc=$(container pulsar)
+  [ -n "$pc" ] && podman logs "$pc" 2>&1 | grep -E " ERROR " | tail -3 >&2 || true
+fi
 log "replay published and drained $(since) after start"
 
 python3 "$root/tests/tools/pulsar_read.py" --url "pulsar://127.0.0.1:$PULSAR_PORT" --listener external \

@@ -296,14 +296,29 @@ fn topic_with_max_message_size(pulsar: &Pulsar, topic: &str, bytes: usize) {
     });
 }
 
-/// Replays 300 lines of the capture, one message of `big` bytes, then 400
-/// more, into a node that cannot reach Pulsar yet, and waits until it has
-/// acked them all: everything waits in the outbox, the big message in the
-/// middle of a publish batch.
-fn queue_with_a_big_message(mqtt: &Mosquitto, node: &Node, big: &[u8]) -> &'static str {
+/// A node whose topic takes at most 64 KiB (a topic policy, below the
+/// broker's and firstseen's own bounds), with `admin` or without the admin
+/// API to read it. While it cannot reach Pulsar, 300 lines of the capture,
+/// one 200 KiB message and 400 more lines are acked into its outbox, the big
+/// message in the middle of a publish batch; then it reaches Pulsar and
+/// publishes them all. Returns the node and what the topic must hold.
+fn publish_a_big_message_to_a_small_topic(
+    pulsar: &Pulsar,
+    mqtt: &Mosquitto,
+    topic: &str,
+    admin: bool,
+) -> (Node, std::collections::BTreeSet<(String, String)>) {
+    topic_with_max_message_size(pulsar, topic, 64 * 1024);
+    let mut spec = NodeSpec::new(mqtt, pulsar, topic);
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    if !admin {
+        spec.config.pulsar.admin_url = None;
+    }
+    let mut node = Node::start(spec);
     let sent = replay(mqtt.port, &["--limit", "300", "--pace", "max"]).published;
     let big_topic = "/hfp/v2/journey/ongoing/vp/bus/big/1";
-    publish(mqtt.port, big_topic, big);
+    publish(mqtt.port, big_topic, &vec![b'y'; 200 * 1024]);
     let after = replay(
         mqtt.port,
         &["--skip", "300", "--limit", "400", "--pace", "max"],
@@ -312,7 +327,13 @@ fn queue_with_a_big_message(mqtt: &Mosquitto, node: &Node, big: &[u8]) -> &'stat
     wait_until(Duration::from_secs(60), "every message acked", || {
         node.metric("firstseen_acks_total") >= (sent + 1 + after) as f64
     });
-    big_topic
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    let mut want = hfp_pairs(Some(400));
+    want.insert((big_topic.to_string(), String::new()));
+    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    (node, want)
 }
 
 /// The topic itself takes at most 64 KiB (a topic policy, below the
@@ -327,19 +348,7 @@ fn a_topic_that_takes_smaller_messages_gets_a_marker_in_place() {
     };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("topic-limit");
-    topic_with_max_message_size(&pulsar, &topic, 64 * 1024);
-    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    let real_url = spec.config.pulsar.url.clone();
-    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
-    let mut node = Node::start(spec);
-    let big = vec![b'y'; 200 * 1024];
-    let big_topic = queue_with_a_big_message(&mqtt, &node, &big);
-    node.terminate(Duration::from_secs(20)).expect("stops");
-    node.spec.config.pulsar.url = real_url;
-    node.restart();
-    let mut want = hfp_pairs(Some(400));
-    want.insert((big_topic.to_string(), String::new()));
-    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    let (node, want) = publish_a_big_message_to_a_small_topic(&pulsar, &mqtt, &topic, true);
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     assert_eq!(node.metric("firstseen_publish_refusals_total"), 0.0);
     assert_exactly_once(&read_back(&pulsar, &topic), &want);
@@ -365,20 +374,7 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
     };
     let mqtt = Mosquitto::start();
     let topic = unique_topic("broker-refuses");
-    topic_with_max_message_size(&pulsar, &topic, 64 * 1024);
-    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
-    let real_url = spec.config.pulsar.url.clone();
-    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
-    spec.config.pulsar.admin_url = None;
-    let mut node = Node::start(spec);
-    let big = vec![b'z'; 200 * 1024];
-    let big_topic = queue_with_a_big_message(&mqtt, &node, &big);
-    node.terminate(Duration::from_secs(20)).expect("stops");
-    node.spec.config.pulsar.url = real_url;
-    node.restart();
-    let mut want = hfp_pairs(Some(400));
-    want.insert((big_topic.to_string(), String::new()));
-    node.wait_published(want.len() as u64, Duration::from_secs(120));
+    let (node, want) = publish_a_big_message_to_a_small_topic(&pulsar, &mqtt, &topic, false);
     let refusals = node.metric("firstseen_publish_refusals_total");
     assert!(refusals >= 2.0, "refused {refusals} times");
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);

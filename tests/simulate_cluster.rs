@@ -65,7 +65,8 @@ use std::time::Duration;
 
 use firstseen::clock::Clock;
 use firstseen::cluster::liveness::Liveness;
-use firstseen::cluster::peers::{Call, CallError, Network, SILENT_DEAD};
+use firstseen::cluster::network::Network;
+use firstseen::cluster::peers::{Call, CallError, SILENT_DEAD};
 use firstseen::cluster::server::{dispatch, PeerService};
 use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
 use firstseen::cluster::Group;
@@ -836,18 +837,25 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         life,
     });
     // The crashed life's last handles (a call it was serving) may still
-    // hold the databases' locks for a moment.
+    // hold the databases' locks for a moment of simulated time, and sled's
+    // own threads for a moment of real time: on a loaded machine (a soak
+    // beside the tests) 100 tries 10 simulated ms apart passed in no real
+    // time at all, and the open failed on "could not acquire lock".
     let mut attempt = 0;
+    let started = std::time::Instant::now();
     let group = loop {
         // Inside the node's gate, so that a pause stops openraft's tasks
         // too: they are spawned as the group opens.
         let opened = Gate(pause_of(world, id)).scope(Group::open(config, Network(call.clone())));
         match opened.await {
             Ok(g) => break g,
-            Err(e) if attempt < 100 => {
+            Err(e) if attempt < 100 || started.elapsed() < Duration::from_secs(10) => {
                 attempt += 1;
                 if attempt == 1 {
                     lock(world).log(format!("node {id} cannot open its storage yet: {e}"));
+                }
+                if attempt > 100 {
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }

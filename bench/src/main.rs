@@ -233,7 +233,7 @@ async fn load(
         while unique < due {
             let (topic, payload) = &templates[(unique as usize) % templates.len()];
             let body = stamp(payload, &run, unique);
-            let copies = if dup_every > 0 && unique % dup_every == 0 {
+            let copies = if dup_every > 0 && unique.is_multiple_of(dup_every) {
                 2
             } else {
                 1

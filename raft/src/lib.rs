@@ -49,6 +49,14 @@ pub use log_store::LogStore;
 pub use outbox::Outbox;
 pub use state_machine::StateMachine;
 
+/// Locks `m`, recovering the data if a thread panicked while holding it.
+/// The one mutex-poisoning policy of this crate: a panic in a storage task
+/// is reported by whoever awaited that task; the data a lock guards here
+/// (a queue, a guard's marks) stays consistent at every unlock.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What every storage call returns to openraft.
 pub type StorageResult<T> = Result<T, openraft::StorageError<NodeId>>;
 

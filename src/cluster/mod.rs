@@ -1,11 +1,13 @@
 //! The Raft group as the rest of the node sees it: start it, bootstrap it
 //! idempotently, change membership, elect leaders ([`elect`]) and talk to
-//! peers ([`wire`], [`server`], [`peers`]). Proposing is not here: it is a
-//! step of the pipeline (`crate::propose`), which uses this network to
-//! forward batches; the network knows nothing of it.
+//! peers ([`wire`], [`server`], [`peers`], and openraft's [`network`] over
+//! them). Proposing is not here: it is a step of the pipeline
+//! (`crate::propose`), which uses this network to forward batches; the
+//! network knows nothing of it.
 
 pub mod elect;
 pub mod liveness;
+pub mod network;
 pub mod peers;
 pub mod server;
 
@@ -174,7 +176,7 @@ impl Group {
     /// skips bootstrap, and nodes bootstrapping together write the same
     /// membership entry. The node passes its TCP peers; the whole-cluster
     /// simulation passes its in-memory network.
-    pub async fn open(config: &Config, network: peers::Network) -> Result<Self, Error> {
+    pub async fn open(config: &Config, network: network::Network) -> Result<Self, Error> {
         let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
         let raft = Raft::new(
             config.node.id,
@@ -240,7 +242,7 @@ impl Cluster {
             liveness.clone(),
             tasks,
         );
-        let group = Group::open(config, peers::Network(Arc::new(peers.clone()))).await?;
+        let group = Group::open(config, network::Network(Arc::new(peers.clone()))).await?;
         Ok(Self {
             raft: group.raft,
             state: group.state,

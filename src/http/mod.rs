@@ -678,7 +678,7 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
             metrics::gauge!("firstseen_coverage_seen_ratio", &labels).set(c.seen_ratio);
             metrics::gauge!("firstseen_coverage_first_ratio", &labels).set(c.first_ratio);
         }
-        if ticks % SAMPLE_EVERY.as_secs() == 0 {
+        if ticks.is_multiple_of(SAMPLE_EVERY.as_secs()) {
             let sample = Sample {
                 at_ms: crate::now_ms(),
                 received: s.upstreams.iter().map(|u| u.received).sum(),

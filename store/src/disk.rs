@@ -275,6 +275,20 @@ pub fn create_dir_durable(dir: &Path) -> Result<(), StoreError> {
 /// from its start), so removing it loses nothing; a finished snapshot is
 /// never touched, nor is any other file.
 pub fn discard_unfinished_snapshots(dir: &Path) -> Result<usize, StoreError> {
+    // Only with the database to ourselves: another process that holds it
+    // (a second node started on the same directory, or one still stopping)
+    // may be writing that very file. sled takes an exclusive lock on `db`
+    // when it opens; holding the same lock while we look means no live
+    // instance is mid-write, and without it we leave everything to sled,
+    // which then refuses the open for the lock.
+    let db = match File::open(dir.join("db")) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_at(&dir.join("db"), e)),
+    };
+    if db.try_lock().is_err() {
+        return Ok(0);
+    }
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
@@ -301,6 +315,8 @@ pub fn discard_unfinished_snapshots(dir: &Path) -> Result<usize, StoreError> {
     if removed > 0 {
         sync_dir(dir)?;
     }
+    // Released before sled opens the database and takes it again.
+    drop(db);
     Ok(removed)
 }
 
@@ -584,6 +600,12 @@ mod tests {
         let db = Db::open("log", &dir, options()).unwrap();
         assert!(!unfinished.exists());
         assert_eq!(db.sled().len(), 500);
+
+        // While a database is open, the same file is its snapshot at work:
+        // another open (which sled then refuses) leaves it alone.
+        std::fs::write(&unfinished, b"being written").unwrap();
+        assert_eq!(discard_unfinished_snapshots(&dir).unwrap(), 0);
+        assert!(unfinished.exists());
     }
 
     #[test]

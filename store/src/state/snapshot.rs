@@ -145,7 +145,7 @@ impl StateStore {
             let v = read_chunk(input)?;
             tree.insert(k, v)?;
             records += 1;
-            if records % 100_000 == 0 {
+            if records.is_multiple_of(100_000) {
                 progress(records);
             }
         }

@@ -11,7 +11,6 @@ use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::EntryPayload;
@@ -23,7 +22,14 @@ use firstseen_store::{Command, StateStore, StoreError};
 
 use crate::cover::SnapshotCover;
 use crate::guard::{Guard, Marks};
-use crate::{NodeId, RaftError, StorageResult, TypeConfig};
+use crate::{lock, NodeId, RaftError, StorageResult, TypeConfig};
+
+mod flush;
+mod reaper;
+
+use flush::{FlushQueue, Flusher, Written};
+use reaper::reap_loop;
+pub use reaper::Reaper;
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
@@ -53,237 +59,6 @@ pub struct LogStore {
     cover: SnapshotCover,
     /// What the reaper's last finished pass served (see `reaper_served`).
     passes: Arc<watch::Sender<u64>>,
-}
-
-/// What was written to the log and not yet known durable.
-#[derive(Default)]
-struct Written {
-    /// Bumped by every truncation, so a sync that began before one does not
-    /// mark removed entries durable.
-    generation: u64,
-    last: Option<LogId<NodeId>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The task that deletes purged entries ([`reap_loop`]). The caller runs it
-/// (a node, under its supervisor) for as long as the log is open; it ends
-/// once every handle of the [`LogStore`] is dropped. Without it, purged
-/// entries stay on disk.
-pub type Reaper = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
-
-/// How often the reaper looks at the outbox's hold without being woken: the
-/// hold moves with every receipt the publisher commits.
-const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Deletes purged entries, but never one the outbox still reads a message
-/// from (`hold`, kept by the state machine): until it is published, a first
-/// copy's payload exists only in its log entry.
-///
-/// The hold is that of a checkpoint made before the state is flushed and
-/// the entries deleted. A state recovered after a crash is at least that
-/// checkpoint, and the hold only grows as the state moves on, so a recovered
-/// state never points at a deleted entry.
-async fn reap_loop(
-    log: sled::Tree,
-    state: StateStore,
-    first_kept: Arc<AtomicU64>,
-    guard: Arc<Mutex<Guard>>,
-    mut wake: mpsc::UnboundedReceiver<()>,
-    passes: Arc<watch::Sender<u64>>,
-) {
-    let mut deleted_below = 0u64;
-    loop {
-        // Woken by a purge, or on the tick; the channel closes with the store.
-        if let Ok(None) = tokio::time::timeout(REAP_EVERY, wake.recv()).await {
-            return;
-        }
-        // The purge point this pass saw: every purge up to it is served.
-        let served = first_kept.load(Ordering::Acquire);
-        reap_once(&log, &state, served, &guard, &mut deleted_below).await;
-        passes.send_modify(|n| *n = (*n).max(served));
-        // The durable position the group commit's last run recorded, synced
-        // within a tick once the log is idle (busy, the runs sync it).
-        let g = guard.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || lock(&g).sync()).await {
-            tracing::warn!(error = %e, "could not sync the guard");
-        }
-    }
-}
-
-/// One pass of the reaper: deletes what is purged and no longer held.
-/// Failures are logged and left to the next pass.
-async fn reap_once(
-    log: &sled::Tree,
-    state: &StateStore,
-    first_kept: u64,
-    guard: &Arc<Mutex<Guard>>,
-    deleted_below: &mut u64,
-) {
-    if let Err(e) = state.checkpoint() {
-        tracing::warn!(error = %e, "state checkpoint before deleting log entries failed; retrying");
-        return;
-    }
-    let target = first_kept.min(state.durable_hold());
-    if target <= *deleted_below {
-        return;
-    }
-    let flushed = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || state.flush()).await
-    };
-    match flushed {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "syncing the state before deleting log entries failed; retrying");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "state sync task failed; retrying");
-            return;
-        }
-    }
-    let tree = log.clone();
-    let started = std::time::Instant::now();
-    let guard = guard.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        // Recorded before anything is deleted: a state that still reads
-        // from below this point is not the one the node ran with.
-        lock(&guard)
-            .update(|m| m.deleted_below = m.deleted_below.max(target))
-            .map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))?;
-        delete_upto(&tree, target - 1)
-    })
-    .await;
-    match result {
-        Ok(Ok(n)) => {
-            *deleted_below = target;
-            tracing::debug!(
-                below = target,
-                entries = n,
-                ms = started.elapsed().as_millis() as u64,
-                "purged log entries deleted"
-            );
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, below = target, "deleting purged log entries failed; retrying")
-        }
-        Err(e) => tracing::warn!(error = %e, "log reaper task failed; retrying"),
-    }
-}
-
-/// Group commit: one sync of the log covers every append written before it
-/// began. openraft does not wait for an append's sync before handing over
-/// the next one, so under load several appends share a sync; when idle, an
-/// append is synced at once.
-///
-/// The syncs run on the blocking pool, one run at a time, which goes on
-/// while appends keep arriving and ends when none waits: `fdatasync` blocks
-/// for as long as the disk takes, and on a two-core node a runtime worker is
-/// too dear to spend on it. A dedicated thread did this before; the pool
-/// does it as cheaply, and tokio's paused clock sees a sync in progress
-/// (the whole-cluster simulation's clock would otherwise run on while the
-/// disk works).
-struct Flusher {
-    db: Db,
-    guard: Arc<Mutex<Guard>>,
-    written: Arc<Mutex<Written>>,
-    queue: Mutex<FlushQueue>,
-}
-
-#[derive(Default)]
-struct FlushQueue {
-    /// Appends written and waiting for a sync.
-    waiting: Vec<LogFlushed<TypeConfig>>,
-    /// Whether a run is under way; it takes `waiting` before each sync.
-    running: bool,
-    /// When the guard was last synced by a run.
-    guarded_at: Option<Instant>,
-}
-
-impl Flusher {
-    /// Reports `callback` durable after the next sync, starting a run
-    /// unless one is under way (it takes the callback before its next sync).
-    fn submit(self: &Arc<Self>, callback: LogFlushed<TypeConfig>) {
-        let start = {
-            let mut q = lock(&self.queue);
-            q.waiting.push(callback);
-            !std::mem::replace(&mut q.running, true)
-        };
-        if start {
-            let me = self.clone();
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn_blocking(move || me.run());
-                }
-                // Outside a runtime (no caller of openraft's is): sync here.
-                Err(_) => me.run(),
-            }
-        }
-    }
-
-    /// Syncs until no append waits. Blocking.
-    fn run(&self) {
-        loop {
-            let waiting = {
-                let mut q = lock(&self.queue);
-                if q.waiting.is_empty() {
-                    q.running = false;
-                    return;
-                }
-                std::mem::take(&mut q.waiting)
-            };
-            // Every callback in `waiting` was queued after its entries were
-            // written, so this sync covers them all.
-            let (generation, upto) = {
-                let w = lock(&self.written);
-                (w.generation, w.last)
-            };
-            let result = self.db.sync();
-            metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
-            let synced = result.is_ok();
-            for callback in waiting {
-                // G4 and G6 rest on this: openraft counts this node towards
-                // a commit, which releases upstream acks, only after the
-                // entries are on stable storage.
-                callback.log_io_completed(
-                    result
-                        .as_ref()
-                        .map(|_| ())
-                        .map_err(|e| std::io::Error::other(e.to_string())),
-                );
-            }
-            let mut g = lock(&self.guard);
-            // Checked under the guard's lock: a truncation bumps the
-            // generation before it lowers the guard, so a sync that raced
-            // one never raises the mark above entries it removed.
-            if synced && lock(&self.written).generation == generation {
-                if let Err(e) = g.note_durable(upto) {
-                    tracing::warn!(error = %e, "could not record the durable log position in the guard");
-                }
-            }
-            // Busy, the guard is synced here at most every second; idle, the
-            // reaper's tick syncs what the last run recorded.
-            let mut q = lock(&self.queue);
-            if q.guarded_at.is_none_or(|t| t.elapsed() >= Guard::EVERY) {
-                q.guarded_at = Some(Instant::now());
-                if let Err(e) = g.sync() {
-                    tracing::warn!(error = %e, "could not sync the guard");
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Flusher {
-    /// The log is closing: the guard gets its exact last position.
-    fn drop(&mut self) {
-        if let Err(e) = lock(&self.guard).sync() {
-            tracing::warn!(error = %e, "could not sync the guard");
-        }
-    }
 }
 
 fn io_err(e: impl std::error::Error + 'static) -> AnyError {
@@ -508,30 +283,6 @@ impl LogStore {
     pub fn is_empty(&self) -> bool {
         self.log.is_empty()
     }
-}
-
-/// Deletes every entry up to `upto`, in chunks, by computed key: the
-/// entries' values are never read.
-fn delete_upto(log: &sled::Tree, upto: u64) -> Result<u64, sled::Error> {
-    let Some((first, _)) = log.first()? else {
-        return Ok(0);
-    };
-    let Ok(first) = <[u8; 8]>::try_from(first.as_ref()) else {
-        return Ok(0);
-    };
-    let mut index = u64::from_be_bytes(first);
-    let mut deleted = 0;
-    while index <= upto {
-        let end = upto.min(index.saturating_add(1_000));
-        let mut batch = sled::Batch::default();
-        for i in index..=end {
-            batch.remove(&i.to_be_bytes());
-        }
-        log.apply_batch(batch)?;
-        deleted += end - index + 1;
-        index = end + 1;
-    }
-    Ok(deleted)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
