@@ -610,6 +610,75 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
     assert_eq!(code, 0, "{report}");
 }
 
+/// A state database that opens but has lost window records its checkpoint
+/// names, as node 3's did in the hour-long soak after a loss of power on
+/// every node. The gap shows only when the first such record expires, as
+/// "a window record is missing" while applying an entry; every start then
+/// re-applied that entry and stopped on it again, for good. Now the failed
+/// apply marks the state damaged, and the next start rebuilds it from the
+/// current snapshot and the log: nothing lost, nothing twice.
+#[test]
+fn a_state_that_lost_window_records_is_rebuilt_at_the_next_start() {
+    let Some(pulsar) =
+        shared_pulsar("a_state_that_lost_window_records_is_rebuilt_at_the_next_start")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("window-lost");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.config.node.shutdown_timeout_secs = 5;
+    spec.config.cluster.snapshot_logs = 10;
+    // A short window, so that the lost records come up for expiry soon.
+    spec.config.dedup.window_secs = 2;
+    let mut node = Node::start(spec);
+    node.wait_ready();
+    replay(mqtt.port, &["--limit", "1500", "--pace", "max"]);
+    let first = hfp_pairs(Some(1500)).len() as u64;
+    node.wait_published(first, Duration::from_secs(60));
+    node.terminate(Duration::from_secs(20)).expect("stops");
+
+    // Every window record on disk gone; the head that names them kept.
+    {
+        let db = firstseen_store::disk::Disk::open_state(&node.data_dir().join("raft")).unwrap();
+        let window = db.sled().open_tree("sm_window").unwrap();
+        assert!(!window.is_empty(), "the checkpoint wrote window records");
+        window.clear().unwrap();
+        db.sync().unwrap();
+    }
+    node.restart();
+    // New traffic moves the window clock past the lost records.
+    replay(
+        mqtt.port,
+        &["--skip", "1500", "--limit", "2500", "--pace", "max"],
+    );
+    let Some((status, _)) = node.wait_exit(Duration::from_secs(60)) else {
+        panic!(
+            "the node applied on a state missing its records:\n{}",
+            node.log_tail(30)
+        );
+    };
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    assert!(
+        log.contains("a window record is missing"),
+        "{status}: {}",
+        node.log_tail(30)
+    );
+    node.restart();
+    node.wait_ready();
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    assert!(
+        log.contains("moving it aside and rebuilding the state"),
+        "{}",
+        node.log_tail(30)
+    );
+    replay(mqtt.port, &["--skip", "2500", "--pace", "max"]);
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    assert_eq!(code, 0, "{report}");
+}
+
 /// A state database that comes back older than the checkpoint the log's
 /// deletions were based on, as the soak saw after every node lost power at
 /// once: its outbox still lists messages whose log entries are gone, because

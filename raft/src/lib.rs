@@ -49,6 +49,58 @@ pub use log_store::LogStore;
 pub use outbox::Outbox;
 pub use state_machine::StateMachine;
 
+/// A file beside the databases saying the state database was found
+/// inconsistent while the log was applied to it; the next start rebuilds the
+/// state (see [`open`]).
+pub(crate) const STATE_DAMAGED: &str = "state.damaged";
+
+/// Records that applying the log found the state database inconsistent
+/// (`reason`), so that the next start rebuilds it. Blocking; best effort,
+/// since the caller is about to report the failure anyway.
+pub(crate) fn mark_state_damaged(dir: &Path, reason: &str) {
+    let path = dir.join(STATE_DAMAGED);
+    let written = std::fs::write(&path, format!("{reason}\n"))
+        .and_then(|()| std::fs::File::open(&path)?.sync_all())
+        .map_err(|e| e.to_string())
+        .and_then(|()| firstseen_store::disk::sync_dir(dir).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => tracing::error!(
+            file = %path.display(),
+            reason,
+            "the state database is inconsistent with the log it applied; the next start rebuilds it from the current snapshot and the Raft log"
+        ),
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "could not record that the state database is inconsistent")
+        }
+    }
+}
+
+/// Whether a state store error means its data is damaged (rather than
+/// unreachable).
+pub(crate) fn store_damage(e: &firstseen_store::StoreError) -> bool {
+    use firstseen_store::StoreError as S;
+    match e {
+        S::Damaged { .. } | S::Corrupt(_) | S::Codec(_) => true,
+        S::Sled(s) => sled_damage(s),
+        S::Log(_) | S::Io(_) | S::File { .. } => false,
+    }
+}
+
+/// Whether a sled error means damaged data. A file sled's own records point
+/// at and cannot find is damage too: after a power cut sled removes blobs
+/// "with a higher lsn than our stable log" at start-up, and a later read of
+/// the state then failed with ENOENT on every start (the soak). Locks,
+/// permissions and a full disk are other kinds and are not repaired.
+fn sled_damage(e: &sled::Error) -> bool {
+    match e {
+        sled::Error::Corruption { .. }
+        | sled::Error::ReportableBug(_)
+        | sled::Error::Unsupported(_) => true,
+        sled::Error::Io(io) => io.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
 /// Locks `m`, recovering the data if a thread panicked while holding it.
 /// The one mutex-poisoning policy of this crate: a panic in a storage task
 /// is reported by whoever awaited that task; the data a lock guards here
@@ -283,7 +335,19 @@ fn open_databases(
                 })
             })
     };
-    match load(&log_db, true) {
+    // A state that an earlier run found inconsistent while applying the log
+    // to it (sled can come back from a power cut with the head of a
+    // checkpoint but not every record it names, and the gap shows only when
+    // that record expires) is rebuilt before anything reads it.
+    let marked = std::fs::read_to_string(dir.join(STATE_DAMAGED)).ok();
+    let first = match &marked {
+        Some(reason) => Err(RaftError::Damaged {
+            path: Disk::state_dir(dir).join("db"),
+            reason: format!("applying the log found it inconsistent: {}", reason.trim()),
+        }),
+        None => load(&log_db, true),
+    };
+    match first {
         Ok((state_db, state)) => Ok((log_db, state_db, state, false)),
         // An I/O error (a lock still held, permissions, a full disk) says
         // nothing about the data: it is reported, never "repaired".
@@ -306,6 +370,14 @@ fn open_databases(
             })?;
             firstseen_store::disk::sync_dir(dir)?;
             let (state_db, state) = load(&log_db, false)?;
+            if marked.is_some() {
+                let marker = dir.join(STATE_DAMAGED);
+                std::fs::remove_file(&marker).map_err(|source| RaftError::Io {
+                    path: marker,
+                    source,
+                })?;
+                firstseen_store::disk::sync_dir(dir)?;
+            }
             Ok((log_db, state_db, state, true))
         }
     }
@@ -314,27 +386,10 @@ fn open_databases(
 /// Whether an error opening or loading the state database means its data is
 /// damaged (rather than unreachable).
 fn is_damage(e: &RaftError) -> bool {
-    use firstseen_store::StoreError as S;
-    // A file sled's own records point at and cannot find is damage too:
-    // after a power cut sled removes blobs "with a higher lsn than our
-    // stable log" at start-up, and a later read of the state then failed
-    // with ENOENT on every start (the soak). Locks, permissions and a full
-    // disk are other kinds and are not repaired.
-    let sled_damage = |e: &sled::Error| match e {
-        sled::Error::Corruption { .. }
-        | sled::Error::ReportableBug(_)
-        | sled::Error::Unsupported(_) => true,
-        sled::Error::Io(io) => io.kind() == std::io::ErrorKind::NotFound,
-        _ => false,
-    };
     match e {
         RaftError::Damaged { .. } | RaftError::Codec(_) | RaftError::GuardTooLarge(_) => true,
         RaftError::Sled(s) => sled_damage(s),
-        RaftError::Store(s) => match s {
-            S::Damaged { .. } | S::Corrupt(_) | S::Codec(_) => true,
-            S::Sled(s) => sled_damage(s),
-            S::Log(_) | S::Io(_) | S::File { .. } => false,
-        },
+        RaftError::Store(s) => store_damage(s),
         RaftError::Io { .. } | RaftError::Task { .. } => false,
     }
 }

@@ -573,10 +573,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let marker = self
                 .marker()
                 .map_err(|e| StorageIOError::apply(entry.log_id, e))?;
-            let response = self
-                .store
-                .apply(cmd.as_ref(), entry.log_id.index, &marker)
-                .map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
+            let response = match self.store.apply(cmd.as_ref(), entry.log_id.index, &marker) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Applying a committed entry cannot fail on sound data:
+                    // the state is damaged, and without this every restart
+                    // re-applied the same entry and stopped on it again.
+                    if crate::store_damage(&e) {
+                        if let Some(raft_dir) = self.dir.parent() {
+                            crate::mark_state_damaged(raft_dir, &e.to_string());
+                        }
+                    }
+                    return Err(StorageIOError::apply(entry.log_id, any(e)).into());
+                }
+            };
             out.push(response);
         }
         Ok(out)
