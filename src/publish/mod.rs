@@ -650,14 +650,27 @@ impl Admin {
         })
     }
 
+    /// A GET of `path` on the admin API, with the credentials.
+    fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        let request = self.client.get(format!("{}{path}", self.url));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// The admin API's path of a persistent `topic`.
+    fn topic_path(topic: &str) -> Result<String, Error> {
+        topic
+            .strip_prefix("persistent://")
+            .map(|p| format!("/admin/v2/persistent/{p}"))
+            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))
+    }
+
     /// The broker's `maxMessageSize`, from its runtime configuration.
     pub async fn max_message_size(&self) -> Result<Option<usize>, Error> {
-        let url = format!("{}/admin/v2/brokers/configuration/runtime", self.url);
-        let mut request = self.client.get(&url);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        let config: std::collections::HashMap<String, String> = request
+        let config: std::collections::HashMap<String, String> = self
+            .get("/admin/v2/brokers/configuration/runtime")
             .send()
             .await
             .map_err(Error::Admin)?
@@ -673,15 +686,12 @@ impl Admin {
 
     /// The topic's own `maxMessageSize` policy, if it sets one.
     pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, Error> {
-        let path = topic
-            .strip_prefix("persistent://")
-            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))?;
-        let url = format!("{}/admin/v2/persistent/{path}/maxMessageSize", self.url);
-        let mut request = self.client.get(&url);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.map_err(Error::Admin)?;
+        let path = Self::topic_path(topic)?;
+        let response = self
+            .get(&format!("{path}/maxMessageSize"))
+            .send()
+            .await
+            .map_err(Error::Admin)?;
         // A topic the broker does not know yet has no policy of its own.
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
@@ -697,18 +707,9 @@ impl Admin {
 
     /// Whether deduplication applies to `topic`.
     pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
-        let path = topic
-            .strip_prefix("persistent://")
-            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))?;
-        let url = format!(
-            "{}/admin/v2/persistent/{path}/deduplicationEnabled?applied=true",
-            self.url
-        );
-        let mut request = self.client.get(&url);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        let body = request
+        let path = Self::topic_path(topic)?;
+        let body = self
+            .get(&format!("{path}/deduplicationEnabled?applied=true"))
             .send()
             .await
             .map_err(Error::Admin)?
