@@ -13,6 +13,7 @@
 
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -105,6 +106,8 @@ pub struct StateMachine {
     /// Told of every snapshot that reaches the disk, so the log's purges
     /// wait for it.
     cover: SnapshotCover,
+    /// Shared with every builder this hands out.
+    promotions: Promotions,
 }
 
 fn any(e: impl std::error::Error + 'static) -> AnyError {
@@ -151,6 +154,7 @@ impl StateMachine {
             membership,
             receiving: None,
             cover,
+            promotions: Promotions::default(),
         })
     }
 
@@ -221,11 +225,13 @@ impl StateMachine {
             None => meta.snapshot_id = format!("{}-{}", meta.snapshot_id, exported.blake3),
         }
         {
-            let (dir, m) = (self.dir.clone(), meta.clone());
-            tokio::task::spawn_blocking(move || promote(&dir, &exported, &m))
-                .await
-                .map_err(|e| werr(any(e)))?
-                .map_err(werr)?;
+            let (dir, m, promotions) = (self.dir.clone(), meta.clone(), self.promotions.clone());
+            tokio::task::spawn_blocking(move || {
+                promotions.promote(&dir, &exported, &m, Source::Installed)
+            })
+            .await
+            .map_err(|e| werr(any(e)))?
+            .map_err(werr)?;
         }
         self.cover.installed(meta.last_log_id);
         let store = self.store.clone();
@@ -323,11 +329,62 @@ fn copy_to_file(from: &mut std::fs::File, dir: &Path) -> std::io::Result<Exporte
     })
 }
 
+/// Where a snapshot being promoted came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Exported from this node's state. openraft builds on a task of its
+    /// own, so a build can finish after an install that overtook it.
+    Built,
+    /// Received from the leader: always newer than anything applied here.
+    Installed,
+}
+
+/// The one way into a snapshots directory: promotes take turns.
+///
+/// openraft 0.9 runs a snapshot build beside the state machine's task, so
+/// a follower can promote its own build and the leader's snapshot at the
+/// same moment. Each promote deletes every data file but its own once its
+/// meta is in; interleaved, each deleted the other's, and the meta was left
+/// naming a file that no longer existed (seed 1796382805000 of the
+/// whole-cluster simulation: openraft stopped on the read).
+#[derive(Clone, Default)]
+struct Promotions(Arc<Mutex<()>>);
+
+impl Promotions {
+    /// Makes `exported` the current snapshot, unless it is a build no newer
+    /// than the snapshot already current: the log may be purged up to that
+    /// one, so replacing it with an older one would leave a node that
+    /// rebuilds its state from disk with a gap. Returns whether it was
+    /// promoted; an export not promoted is deleted.
+    fn promote(
+        &self,
+        dir: &Path,
+        exported: &Exported,
+        meta: &Meta,
+        source: Source,
+    ) -> Result<bool, AnyError> {
+        // Held across blocking I/O on purpose: promotes are rare (one per
+        // few thousand entries) and run on the blocking pool.
+        let _turn = crate::lock(&self.0);
+        if source == Source::Built {
+            if let Some(current) = on_disk(dir) {
+                if meta.last_log_id <= Some(current) {
+                    let _ = std::fs::remove_file(&exported.path);
+                    return Ok(false);
+                }
+            }
+        }
+        promote(dir, exported, meta)?;
+        Ok(true)
+    }
+}
+
 /// Makes an exported file the current snapshot. The data keeps a name of
 /// its own (`snap-….snap`); `current.meta` is written beside it, synced and
 /// renamed over the old one, and the directory synced, so the meta never
 /// names data other than its own, whatever moment a crash comes. Older data
-/// files are removed afterwards.
+/// files are removed afterwards. Only through [`Promotions`], which keeps
+/// two promotes from deleting each other's data.
 fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError> {
     let name = format!("snap-{}.snap", unique_suffix());
     std::fs::rename(&exported.path, dir.join(&name)).map_err(any)?;
@@ -518,6 +575,7 @@ pub struct Builder {
     exported: Result<Exported, AnyError>,
     meta: Meta,
     cover: SnapshotCover,
+    promotions: Promotions,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
@@ -532,13 +590,24 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         };
         // The id ends with the data's hash, so a receiver can check it.
         self.meta.snapshot_id = format!("{}-{}", self.meta.snapshot_id, exported.blake3);
-        let (dir, meta) = (self.dir.clone(), self.meta.clone());
-        tokio::task::spawn_blocking(move || promote(&dir, &exported, &meta))
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(sig.clone(), any(e)))?
-            .map_err(|e| StorageIOError::write_snapshot(sig.clone(), e))?;
-        self.cover.built(self.meta.last_log_id);
-        tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
+        let (dir, meta, promotions) =
+            (self.dir.clone(), self.meta.clone(), self.promotions.clone());
+        let promoted = tokio::task::spawn_blocking(move || {
+            promotions.promote(&dir, &exported, &meta, Source::Built)
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(sig.clone(), any(e)))?
+        .map_err(|e| StorageIOError::write_snapshot(sig.clone(), e))?;
+        if promoted {
+            self.cover.built(self.meta.last_log_id);
+            tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
+        } else {
+            // openraft takes the newer one it is handed below, as if built.
+            tracing::info!(
+                snapshot = %self.meta.snapshot_id,
+                "snapshot built, then dropped: a newer one was installed meanwhile"
+            );
+        }
         open_current(&self.dir).await?.ok_or_else(|| {
             StorageIOError::read_snapshot(sig, AnyError::error("snapshot vanished")).into()
         })
@@ -614,6 +683,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             dir: self.dir.clone(),
             meta,
             cover: self.cover.clone(),
+            promotions: self.promotions.clone(),
         }
     }
 
@@ -700,5 +770,53 @@ mod tests {
         }
         writer.join().unwrap();
         eprintln!("{reads} reads while 299 snapshots were promoted");
+    }
+
+    fn meta_at(index: u64) -> Meta {
+        Meta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            snapshot_id: format!("at{index}"),
+            ..Default::default()
+        }
+    }
+
+    /// Seed 1796382805000 of the whole-cluster simulation, in CI: a follower
+    /// built a snapshot while it installed the leader's, both promoted at
+    /// once, and each one's clean-up deleted the other's data file. The meta
+    /// named the install's file, which was gone for good, and openraft
+    /// stopped. Promotes racing each other must leave the newest snapshot
+    /// whole, and a build finishing after a newer install must not replace it.
+    #[test]
+    fn promotes_racing_each_other_leave_the_newest_snapshot_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let promotions = Promotions::default();
+        let racer = |from: u32, source: Source| {
+            let (dir, promotions) = (dir.clone(), promotions.clone());
+            std::thread::spawn(move || {
+                for i in (from..200).step_by(2) {
+                    let e = exported(&dir, i);
+                    promotions
+                        .promote(&dir, &e, &meta_at(u64::from(i)), source)
+                        .unwrap();
+                }
+            })
+        };
+        let installs = racer(1, Source::Installed);
+        let builds = racer(0, Source::Built);
+        installs.join().unwrap();
+        builds.join().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let current = rt.block_on(open_current(&dir)).unwrap().unwrap();
+        assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(199));
+        let built = exported(&dir, 7);
+        let kept = promotions
+            .promote(&dir, &built, &meta_at(7), Source::Built)
+            .unwrap();
+        assert!(!kept, "an older build replaced the current snapshot");
+        assert!(!built.path.exists(), "the unused export was left behind");
+        assert_eq!(on_disk(&dir).map(|l| l.index), Some(199));
     }
 }
