@@ -210,6 +210,20 @@ pub fn key(spec: &KeySpec, topic: &str, payload: &[u8]) -> Result<Key, KeyError>
     }
 }
 
+/// The key ingest gives a message under `spec`: its [`key`], or when a
+/// field key cannot be made and the rule says `missing = "bytes"`, the
+/// `topic+payload` key. `None` when the rule sets such a message aside
+/// (it never reaches Pulsar).
+pub fn published_key(spec: &KeySpec, topic: &str, payload: &[u8]) -> Option<Key> {
+    match key(spec, topic, payload) {
+        Ok(k) => Some(k),
+        Err(_) => match spec {
+            KeySpec::Fields(f) if f.missing == Missing::DeadLetter => None,
+            _ => Some(byte_key(ByteKey::TopicPayload, topic, payload)),
+        },
+    }
+}
+
 /// Writes `v` in the canonical form of the module docs.
 pub fn canonical(v: &Value, out: &mut Vec<u8>) {
     match v {

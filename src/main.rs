@@ -58,26 +58,13 @@ enum Command {
     },
     /// Read Pulsar topics back and report duplicate keys and gaps or repeats
     /// in firstseen-seq. Exit 1 if any are found.
-    Verify {
-        /// Take the Pulsar URL and topics (all routes) from this config.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// Pulsar service URL (instead of --config).
-        #[arg(long)]
-        pulsar_url: Option<String>,
-        /// Topic to audit; repeat for several. Default: every route's topic.
-        #[arg(long)]
-        topic: Vec<String>,
-        /// Also fail unless each topic holds exactly this many messages.
-        #[arg(long)]
-        expect: Option<u64>,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Give up when no message arrives for this long before the end.
-        #[arg(long, default_value_t = 30)]
-        idle_secs: u64,
-    },
+    Verify(cli::verify::Args),
+    /// Compare two topics fed by the same upstream over a time range (a
+    /// shadow run: the old pipeline's topic beside firstseen's): per side,
+    /// messages, distinct keys, keys the other has and it lacks, extra
+    /// copies, coverage. Raw and transitdata messages alike. Exit 1 if they
+    /// differ.
+    Compare(cli::compare::Args),
     /// Add or remove cluster members through any node's admin API (the
     /// request is sent on to the leader). Exit 2 if the change failed.
     Members {
@@ -158,14 +145,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { config } => cli::node::run(config).await,
             Command::CheckConfig { file } => cli::node::check_config(file),
-            Command::Verify {
-                config,
-                pulsar_url,
-                topic,
-                expect,
-                json,
-                idle_secs,
-            } => cli::verify::run(config, pulsar_url, topic, expect, json, idle_secs).await,
+            Command::Verify(args) => cli::verify::run(args).await,
+            Command::Compare(args) => cli::compare::run(args).await,
             Command::Status {
                 url,
                 json,

@@ -417,6 +417,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 max_message_bytes: usize::MAX,
                 dead_letter: None,
                 ours: firstseen::publish::tail::Ours::cluster("sim"),
+                formats: Default::default(),
             };
             publishers.push(tokio::spawn(publisher.run()));
         }
@@ -506,6 +507,7 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
             max_message_bytes: usize::MAX,
             dead_letter: None,
             ours: firstseen::publish::tail::Ours::cluster("sim"),
+            formats: Default::default(),
         };
         let task = tokio::spawn(publisher.run());
         let feed = |n: u64| {

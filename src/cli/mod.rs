@@ -5,12 +5,14 @@
 //!
 //! - [`node`]: `run` (a node until SIGINT or SIGTERM) and `check-config`.
 //! - [`verify`]: `verify`, the topic audit.
+//! - [`compare`]: `compare`, two topics side by side (a shadow run).
 //! - [`api`]: the HTTP client the admin and status commands share, and the
 //!   rule for where the admin credential may travel.
 //! - [`members`]: `members add|remove`.
 //! - [`status`]: the `status` command.
 
 pub mod api;
+pub mod compare;
 pub mod members;
 pub mod node;
 pub mod status;

@@ -6,37 +6,93 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::config::{Config, PulsarConfig};
+use crate::ingest::route::Route;
+use crate::key::KeySpec;
+use crate::verify::KeyRule;
 
-/// Verifies `topics` (every route's topic of `config` when none is given),
-/// read from the cluster of `config` or from `pulsar_url`.
-pub async fn run(
-    config: Option<PathBuf>,
-    pulsar_url: Option<String>,
-    mut topics: Vec<String>,
-    expect: Option<u64>,
-    json: bool,
-    idle_secs: u64,
-) -> ExitCode {
-    let pulsar = match (config, pulsar_url) {
+/// A byte key rule, as `--key` spells it (a field key is set by a route).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByteRule {
+    #[value(name = "topic+payload")]
+    TopicPayload,
+    Payload,
+}
+
+impl From<ByteRule> for KeySpec {
+    fn from(r: ByteRule) -> Self {
+        match r {
+            ByteRule::TopicPayload => KeySpec::TOPIC_PAYLOAD,
+            ByteRule::Payload => KeySpec::PAYLOAD,
+        }
+    }
+}
+
+/// `firstseen verify`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Take the Pulsar URL and topics (all routes) from this config, and
+    /// check each message's key against its route's rule.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Pulsar service URL (instead of --config).
+    #[arg(long)]
+    pub pulsar_url: Option<String>,
+    /// Topic to audit; repeat for several. Default: every route's topic.
+    #[arg(long)]
+    pub topic: Vec<String>,
+    /// Also fail unless each topic holds exactly this many messages.
+    #[arg(long)]
+    pub expect: Option<u64>,
+    /// With --pulsar-url: check each message's key against its contents
+    /// under this rule (`topic+payload` or `payload`), raw or in the
+    /// transitdata envelope.
+    #[arg(long, value_enum)]
+    pub key: Option<ByteRule>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up when no message arrives for this long before the end.
+    #[arg(long, default_value_t = 30)]
+    pub idle_secs: u64,
+}
+
+/// Verifies the topics of `args` (every route's topic of the config when
+/// none is given), read from the config's cluster or from the URL.
+pub async fn run(args: Args) -> ExitCode {
+    let Args {
+        config,
+        pulsar_url,
+        topic: mut topics,
+        expect,
+        key,
+        json,
+        idle_secs,
+    } = args;
+    let one_rule = key.map(|k| KeyRule::One(k.into()));
+    let (pulsar, rule) = match (config, pulsar_url) {
         (Some(path), None) => match Config::load(&path) {
             Ok(c) => {
                 if topics.is_empty() {
                     topics = c.routes.iter().map(|r| r.pulsar_topic.clone()).collect();
                     topics.dedup();
                 }
-                c.pulsar
+                let rule = one_rule.unwrap_or_else(|| KeyRule::Routes(Route::all(&c)));
+                (c.pulsar, Some(rule))
             }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
         },
-        (None, Some(url)) => PulsarConfig {
-            // A reader only: a long timeout for a busy broker, no batches.
-            operation_timeout_ms: 30_000,
-            publish_batch: 1,
-            ..PulsarConfig::new(url)
-        },
+        (None, Some(url)) => (
+            PulsarConfig {
+                // A reader only: a long timeout for a busy broker, no batches.
+                operation_timeout_ms: 30_000,
+                publish_batch: 1,
+                ..PulsarConfig::new(url)
+            },
+            one_rule,
+        ),
         _ => {
             eprintln!("error: give exactly one of --config or --pulsar-url");
             return ExitCode::from(2);
@@ -53,6 +109,7 @@ pub async fn run(
             &pulsar,
             topic,
             Duration::from_secs(idle_secs),
+            rule.as_ref(),
             |n| {
                 eprintln!("verify: {topic}: {n} messages read");
             },

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::route::{filter_is_valid, KeySpec};
+use crate::publish::format::{Format, Formats};
 
 mod env;
 
@@ -434,6 +435,11 @@ pub struct RouteConfig {
     /// (see `src/key.rs` for the canonical form).
     #[serde(default)]
     pub key: KeySpec,
+    /// How messages are written: `"raw"` (the payload as it came, the
+    /// default) or `"transitdata"` (HSL transitdata's `mqtt-raw` protobuf
+    /// envelope; docs/migrating-from-transitdata.md).
+    #[serde(default)]
+    pub format: Format,
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -653,6 +659,17 @@ impl SubscriptionConfig {
     }
 }
 
+impl Config {
+    /// Each Pulsar topic's format, as the routes set it.
+    pub fn formats(&self) -> Formats {
+        Formats::new(
+            self.routes
+                .iter()
+                .map(|r| (r.pulsar_topic.clone(), r.format)),
+        )
+    }
+}
+
 impl RouteConfig {
     /// A route with the default key (`topic+payload`).
     pub fn new(filter: impl Into<String>, pulsar_topic: impl Into<String>) -> Self {
@@ -660,6 +677,7 @@ impl RouteConfig {
             filter: filter.into(),
             pulsar_topic: pulsar_topic.into(),
             key: KeySpec::default(),
+            format: Format::default(),
         }
     }
 }
@@ -784,18 +802,30 @@ impl Config {
                 ),
             );
         }
+        let envelope = self
+            .routes
+            .iter()
+            .map(|r| r.format.extra_bytes(self.dedup.max_topic_bytes))
+            .max()
+            .unwrap_or(0);
         let largest = self
             .dedup
             .max_message_bytes
-            .saturating_add(crate::publish::props::OWN_BYTES);
+            .saturating_add(crate::publish::props::OWN_BYTES)
+            .saturating_add(envelope);
         if largest > self.pulsar.max_message_bytes {
             bad(
                 "dedup.max_message_bytes",
                 format!(
-                    "{} plus firstseen's own properties (up to {} bytes) exceeds pulsar.max_message_bytes ({}): \
+                    "{} plus firstseen's own properties (up to {} bytes){} exceeds pulsar.max_message_bytes ({}): \
                      the broker would refuse such a message for ever; lower it or raise pulsar.max_message_bytes to the broker's maxMessageSize",
                     self.dedup.max_message_bytes,
                     crate::publish::props::OWN_BYTES,
+                    if envelope > 0 {
+                        format!(" and the transitdata envelope (up to {envelope} bytes)")
+                    } else {
+                        String::new()
+                    },
                     self.pulsar.max_message_bytes
                 ),
             );
@@ -1000,6 +1030,20 @@ impl Config {
                 bad(
                     &format!("routes[{i}].pulsar_topic"),
                     "must be a Pulsar topic name".into(),
+                );
+            }
+            // One topic, one format: its readers decode every message alike.
+            if let Some((j, other)) = self.routes[..i]
+                .iter()
+                .enumerate()
+                .find(|(_, o)| o.pulsar_topic == r.pulsar_topic && o.format != r.format)
+            {
+                bad(
+                    &format!("routes[{i}].format"),
+                    format!(
+                        "{:?} differs from routes[{j}].format ({:?}) for the same Pulsar topic `{}`",
+                        r.format, other.format, r.pulsar_topic
+                    ),
                 );
             }
         }

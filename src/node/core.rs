@@ -178,6 +178,7 @@ impl Core {
             disk: parts.disk.clone(),
             max_message_bytes: config.pulsar.max_message_bytes,
             dead_letter: Some(parts.dead_letter.clone()),
+            formats: config.formats(),
             ours,
         }
         .run();

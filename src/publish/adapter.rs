@@ -186,14 +186,13 @@ async fn send(
     how: Sending,
 ) -> Result<pulsar::producer::SendFuture, Error> {
     let key = hex::encode(m.key);
-    let payload = if how.set_aside.is_some() {
-        Vec::new()
-    } else {
-        m.payload
+    let (body, format_props) = match how.set_aside {
+        Some(_) => (Vec::new(), Vec::new()),
+        None => how.format.encode(&m.mqtt_topic, m.payload, m.first_seen_ms),
     };
     let mut message = producer
         .create_message()
-        .with_content(payload)
+        .with_content(body)
         .with_key(key.clone())
         .with_property(props::SEQ, seq.to_string())
         .with_property(props::KEY, key)
@@ -201,6 +200,9 @@ async fn send(
         .with_property(props::NODE, m.node.to_string())
         .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
         .event_time(m.first_seen_ms);
+    for (k, v) in format_props {
+        message = message.with_property(k, v);
+    }
     if how.late {
         message = message.with_property(props::LATE, "true");
     }

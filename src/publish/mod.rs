@@ -19,6 +19,7 @@
 
 pub mod adapter;
 pub mod auth;
+pub mod format;
 pub mod policy;
 pub mod port;
 pub mod props;
@@ -85,6 +86,8 @@ pub struct Publisher<B: Broker, G: Group, O: Outbox> {
     pub dead_letter: Option<crate::ingest::deadletter::DeadLetter>,
     /// How this cluster names its producers.
     pub ours: tail::Ours,
+    /// How each topic's messages are written (`routes[].format`).
+    pub formats: format::Formats,
 }
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
@@ -172,10 +175,12 @@ struct TopicPublisher<P> {
     limit: Option<usize>,
     /// The late message whose send failed, for [`TopicPublisher::fail`].
     late_failed: Option<u64>,
+    /// How this topic's messages are written.
+    format: format::Format,
 }
 
 impl<P> TopicPublisher<P> {
-    fn new(topic: String) -> Self {
+    fn new(topic: String, format: format::Format) -> Self {
         Self {
             topic,
             producer: None,
@@ -189,6 +194,7 @@ impl<P> TopicPublisher<P> {
             refusals: policy::Refusals::default(),
             limit: None,
             late_failed: None,
+            format,
         }
     }
 
@@ -361,9 +367,10 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             }
             let mut worked = false;
             for (name, st) in self.outbox.topics()? {
-                let tp = topics
-                    .entry(name.clone())
-                    .or_insert_with(|| TopicPublisher::new(name));
+                let tp = topics.entry(name.clone()).or_insert_with(|| {
+                    let format = self.formats.of(&name);
+                    TopicPublisher::new(name, format)
+                });
                 // Receipts that came back since the last pass.
                 match tp.settle_ready() {
                     Ok(None) => {}
@@ -477,8 +484,9 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         m: &firstseen_store::OutboxMessage,
         limit: usize,
         refusals: &policy::Refusals,
+        format: format::Format,
     ) -> Result<Option<String>, Error> {
-        let (reason, kind) = match policy::set_aside_reason(m, limit) {
+        let (reason, kind) = match policy::set_aside_reason(m, limit, format) {
             Some(r) => (Some(r), "pulsar-limit"),
             None => (refusals.set_aside(seq), "pulsar-refused"),
         };
@@ -507,12 +515,13 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         }
         let limit = self.limit(tp.limit);
         let set_aside = self
-            .set_aside(&tp.topic, n, &m, limit, &tp.refusals)
+            .set_aside(&tp.topic, n, &m, limit, &tp.refusals, tp.format)
             .await?;
         let marker = set_aside.is_some();
         let how = Sending {
             set_aside,
             late: true,
+            format: tp.format,
         };
         let receipt = session.send(producer, n, m, how).await?;
         match receipt.await {
@@ -605,11 +614,12 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let limit = self.limit(tp.limit);
         for (seq, m) in batch {
             let set_aside = self
-                .set_aside(&tp.topic, seq, &m, limit, &tp.refusals)
+                .set_aside(&tp.topic, seq, &m, limit, &tp.refusals, tp.format)
                 .await?;
             let how = Sending {
                 set_aside,
                 late: false,
+                format: tp.format,
             };
             receipts.push_back(session.send(producer, seq, m, how).await?);
             last = seq;

@@ -51,10 +51,15 @@ pub fn watermark_due(
 /// Ingest keeps messages below that bound, so this catches only what ingest
 /// let through under other settings: a node whose `dedup.max_message_bytes`
 /// was larger, or a `pulsar.max_message_bytes` lowered since.
-pub fn set_aside_reason(m: &firstseen_store::OutboxMessage, limit: usize) -> Option<String> {
+pub fn set_aside_reason(
+    m: &firstseen_store::OutboxMessage,
+    limit: usize,
+    format: super::format::Format,
+) -> Option<String> {
     let bytes =
         firstseen_store::window::message_bytes(&m.mqtt_topic, &m.payload, m.properties.as_deref())
-            .saturating_add(super::props::OWN_BYTES as u64);
+            .saturating_add(super::props::OWN_BYTES as u64)
+            .saturating_add(format.extra_bytes(m.mqtt_topic.len()) as u64);
     (bytes > limit as u64).then(|| {
         format!(
             "{bytes} bytes with firstseen's properties, over pulsar.max_message_bytes ({limit})"
@@ -199,6 +204,7 @@ mod tests {
 
     #[test]
     fn a_message_over_the_broker_limit_is_set_aside() {
+        use super::super::format::Format;
         let m = |payload: usize| firstseen_store::OutboxMessage {
             key: [0; 32],
             mqtt_topic: "t".into(),
@@ -208,11 +214,17 @@ mod tests {
             properties: None,
         };
         let limit = 10_000;
-        assert_eq!(set_aside_reason(&m(100), limit), None);
+        let raw = Format::Raw;
+        assert_eq!(set_aside_reason(&m(100), limit, raw), None);
         let room = limit - super::super::props::OWN_BYTES - 1;
-        assert_eq!(set_aside_reason(&m(room), limit), None);
-        let why = set_aside_reason(&m(room + 1), limit).unwrap();
+        assert_eq!(set_aside_reason(&m(room), limit, raw), None);
+        let why = set_aside_reason(&m(room + 1), limit, raw).unwrap();
         assert!(why.contains("pulsar.max_message_bytes (10000)"), "{why}");
+        // The envelope holds the topic again: less room for the payload.
+        let envelope = Format::Transitdata;
+        assert!(set_aside_reason(&m(room), limit, envelope).is_some());
+        let room = room - envelope.extra_bytes(1);
+        assert_eq!(set_aside_reason(&m(room), limit, envelope), None);
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct Sending {
     /// on their way (`firstseen-late`), so that an audit tells it from a
     /// reordering.
     pub late: bool,
+    /// How the message is written (`routes[].format`). A marker is always
+    /// written raw: an empty body without schema properties, which
+    /// transitdata's consumers skip as a message of no schema they know
+    /// rather than parse an empty payload.
+    pub format: super::format::Format,
 }
 
 /// The broker (Pulsar).

@@ -4,6 +4,7 @@
 //! duplicate keys and gaps, repeats or reordering in `firstseen-seq`. The
 //! reader in [`read`] feeds it from Pulsar.
 
+pub mod compare;
 pub mod read;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +25,23 @@ pub struct Seen {
     /// Sent after higher sequences because the broker refused it while they
     /// were on their way (`firstseen-late`).
     pub late: bool,
+    /// What reading the message's contents back found, when checked.
+    pub contents: Contents,
+}
+
+/// Whether a message's contents agree with its labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Contents {
+    /// Not checked: no key rule to check by, or a marker (no contents).
+    #[default]
+    Unchecked,
+    /// Its key, recomputed from the MQTT topic and payload it holds (raw or
+    /// in the transitdata envelope), is its `firstseen-key`.
+    Agree,
+    /// The recomputed key is another.
+    KeyDiffers,
+    /// It says it is an envelope and does not decode as one.
+    Undecodable,
 }
 
 /// What the audit found. Lists are capped so a badly broken topic still
@@ -59,6 +77,15 @@ pub struct Report {
     /// (`firstseen-set-aside`); their messages are in a node's dead-letter
     /// store. Counted in the audit as the messages they stand for.
     pub set_aside: u64,
+    /// Messages whose contents were read back and keyed again (with
+    /// `--config`, by each one's route; with `--key`, by that rule).
+    pub contents_checked: u64,
+    /// Of those, messages whose key is not that of their contents.
+    pub key_mismatches: u64,
+    /// Messages labelled as a transitdata envelope that do not decode as one.
+    pub undecodable: u64,
+    /// Sequence numbers of the first few of either.
+    pub bad_contents: Vec<u64>,
 }
 
 impl Report {
@@ -68,10 +95,47 @@ impl Report {
             && self.missing_seqs == 0
             && self.out_of_order == 0
             && self.unlabelled == 0
+            && self.key_mismatches == 0
+            && self.undecodable == 0
     }
 }
 
 const LIST_CAP: usize = 50;
+
+/// What a message's key is checked against.
+#[derive(Debug, Clone)]
+pub enum KeyRule {
+    /// Each message's route, found by its MQTT topic, as ingest finds it.
+    Routes(std::sync::Arc<Vec<crate::ingest::route::Route>>),
+    /// One rule for every message.
+    One(crate::key::KeySpec),
+}
+
+/// Reads a message's contents back (raw, or the transitdata envelope its
+/// properties name) and keys it again under `rule`, for [`Seen::contents`].
+pub fn check_contents(
+    rule: &KeyRule,
+    property: impl Fn(&str) -> Option<String>,
+    body: &[u8],
+    key_hex: &str,
+) -> Contents {
+    let Ok(c) = crate::publish::format::contents(property, body) else {
+        return Contents::Undecodable;
+    };
+    let topic = c.topic.unwrap_or_default();
+    let spec = match rule {
+        KeyRule::One(spec) => spec,
+        KeyRule::Routes(routes) => match crate::ingest::route::route_for(routes, &topic) {
+            Some(route) => &route.key,
+            // No route takes it now: the config changed since.
+            None => return Contents::Unchecked,
+        },
+    };
+    match crate::key::published_key(spec, &topic, &c.payload) {
+        Some(k) if hex::encode(k) == key_hex => Contents::Agree,
+        _ => Contents::KeyDiffers,
+    }
+}
 
 /// Takes `seq` out of the open gap that holds it, if one does.
 fn fill(gaps: &mut BTreeMap<u64, u64>, seq: u64) -> bool {
@@ -127,6 +191,25 @@ impl Audit {
         };
         if m.set_aside {
             r.set_aside += 1;
+        }
+        let bad = match m.contents {
+            Contents::Unchecked => false,
+            Contents::Agree => {
+                r.contents_checked += 1;
+                false
+            }
+            Contents::KeyDiffers => {
+                r.contents_checked += 1;
+                r.key_mismatches += 1;
+                true
+            }
+            Contents::Undecodable => {
+                r.undecodable += 1;
+                true
+            }
+        };
+        if bad && r.bad_contents.len() < LIST_CAP {
+            r.bad_contents.push(seq);
         }
         let count = self.keys.entry(key.clone()).or_insert(0);
         *count += 1;
@@ -204,6 +287,13 @@ impl std::fmt::Display for Report {
             )?;
         }
         writeln!(f, "unlabelled      {}", self.unlabelled)?;
+        if self.contents_checked > 0 || self.undecodable > 0 {
+            writeln!(
+                f,
+                "contents        {} keyed again from topic and payload, {} with another key, {} undecodable envelopes",
+                self.contents_checked, self.key_mismatches, self.undecodable
+            )?;
+        }
         if self.foreign > 0 {
             writeln!(
                 f,
@@ -226,6 +316,9 @@ impl std::fmt::Display for Report {
         }
         for s in &self.repeats {
             writeln!(f, "  seq {s} not above its predecessor")?;
+        }
+        for s in &self.bad_contents {
+            writeln!(f, "  seq {s}: contents do not match its key")?;
         }
         write!(
             f,
@@ -250,6 +343,7 @@ mod tests {
             foreign: false,
             set_aside: false,
             late: false,
+            contents: Contents::Unchecked,
         }
     }
 
@@ -280,6 +374,7 @@ mod tests {
             foreign: false,
             set_aside: false,
             late: false,
+            contents: Contents::Unchecked,
         });
         let r = a.finish();
         assert!(!r.is_clean());
@@ -330,11 +425,65 @@ mod tests {
             foreign: true,
             set_aside: false,
             late: false,
+            contents: Contents::Unchecked,
         });
         a.push(seen("b", 2));
         let r = a.finish();
         assert!(r.is_clean(), "{r}");
         assert_eq!((r.messages, r.foreign, r.distinct_keys), (3, 1, 2));
         assert!(r.to_string().contains("foreign         1"), "{r}");
+    }
+
+    /// Contents that are not what the key says: keyed again from the raw
+    /// payload or the envelope, a tampered payload and an envelope that
+    /// does not decode are both found, and a clean message agrees.
+    #[test]
+    fn contents_are_keyed_again_raw_or_in_the_envelope() {
+        use crate::key::{byte_key, ByteKey};
+        use crate::publish::format::Format;
+        let rule = KeyRule::One(crate::key::KeySpec::TOPIC_PAYLOAD);
+        let key = hex::encode(byte_key(ByteKey::TopicPayload, "a/b", b"hello"));
+        let raw = |name: &str| (name == "mqtt-topic").then(|| "a/b".to_string());
+        assert_eq!(check_contents(&rule, raw, b"hello", &key), Contents::Agree);
+        assert_eq!(
+            check_contents(&rule, raw, b"hellO", &key),
+            Contents::KeyDiffers
+        );
+        let (body, props) = Format::Transitdata.encode("a/b", b"hello".to_vec(), 5);
+        let envelope = |name: &str| {
+            props
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            check_contents(&rule, envelope, &body, &key),
+            Contents::Agree
+        );
+        assert_eq!(
+            check_contents(&rule, envelope, &body[..body.len() / 2], &key),
+            Contents::Undecodable
+        );
+        let mut a = Audit::new("t");
+        a.push(seen("x", 1));
+        a.push(Seen {
+            contents: Contents::KeyDiffers,
+            ..seen("y", 2)
+        });
+        a.push(Seen {
+            contents: Contents::Undecodable,
+            ..seen("z", 3)
+        });
+        let r = a.finish();
+        assert!(!r.is_clean(), "{r}");
+        assert_eq!(
+            (
+                r.contents_checked,
+                r.key_mismatches,
+                r.undecodable,
+                r.bad_contents.clone()
+            ),
+            (1, 1, 1, vec![2, 3])
+        );
     }
 }
