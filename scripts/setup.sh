@@ -15,7 +15,9 @@
 #          Pulsar client, the independent reader in tests), playwright (drives
 #          Debian's chromium), prometheus-client (parses /metrics), pyyaml
 #          (reads the deploy manifests in tests), kubernetes-validate (the
-#          manifests against the Kubernetes API's own schemas, offline)
+#          manifests against the Kubernetes API's own schemas, offline),
+#          protobuf (decodes the transitdata envelope independently of the
+#          project's encoder, with a module protoc generates)
 #   maven: Apache Pulsar standalone (scripts/pulsar.sh install)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -47,12 +49,13 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/d
   systemctl stop mosquitto 2>/dev/null || true
 fi
 
-if ! python3 -c 'import paho.mqtt, pulsar, playwright, prometheus_client, yaml, kubernetes_validate' 2>/dev/null; then
-  log "installing Python packages: paho-mqtt, pulsar-client, playwright, prometheus-client, pyyaml, kubernetes-validate"
+if ! python3 -c 'import paho.mqtt, pulsar, playwright, prometheus_client, yaml, kubernetes_validate, google.protobuf' 2>/dev/null; then
+  log "installing Python packages: paho-mqtt, pulsar-client, playwright, prometheus-client, pyyaml, kubernetes-validate, protobuf"
   # playwright is only the driver: it runs Debian's /usr/bin/chromium and
   # never downloads a browser of its own.
   python3 -m pip install -q --disable-pip-version-check "paho-mqtt==2.2.0" "pulsar-client==3.13.0" \
-    "playwright==1.49.1" "prometheus-client==0.21.1" "pyyaml==6.0.3" "kubernetes-validate==1.37.0"
+    "playwright==1.49.1" "prometheus-client==0.21.1" "pyyaml==6.0.3" "kubernetes-validate==1.37.0" \
+    "protobuf==4.25.5"
 fi
 
 "$here/pulsar.sh" install

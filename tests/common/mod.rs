@@ -727,7 +727,12 @@ pub struct ReadBack {
     pub distinct_keys: u64,
     pub keys_with_copies: u64,
     pub seqs: Vec<Option<u64>>,
+    /// (MQTT topic, payload): the envelope's, for a transitdata message.
     pub pairs: Vec<(String, String)>,
+    /// Messages that were transitdata envelopes.
+    pub envelopes: u64,
+    /// With `--envelope`: every way one differs from the transitdata contract.
+    pub envelope_problems: Vec<String>,
 }
 
 pub fn read_back(pulsar: &Pulsar, topic: &str) -> ReadBack {
@@ -768,6 +773,11 @@ pub fn read_back_with(pulsar: &Pulsar, topic: &str, extra: &[&str]) -> ReadBack 
                     })
                     .collect()
             })
+            .unwrap_or_default(),
+        envelopes: v["envelopes"].as_u64().unwrap_or(0),
+        envelope_problems: v["envelope_problems"]
+            .as_array()
+            .map(|a| a.iter().map(|p| p.to_string()).collect())
             .unwrap_or_default(),
     }
 }

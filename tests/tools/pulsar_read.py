@@ -5,15 +5,57 @@ and the firstseen-seq numbers in topic order.
 
 It stops at the topic's last message (asked of the broker first), so it never
 waits on a quiet topic longer than --idle seconds.
+
+A message whose properties name the transitdata envelope (protobuf-schema =
+mqtt-raw) is decoded with Python's protobuf and a module protoc generates from
+proto/transitdata.proto: independently of firstseen's encoder. Its topic and
+payload are the envelope's, and --envelope reports every way it differs from
+what a transitdata consumer expects.
 """
 import argparse
 import collections
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 
 import pulsar
+
+
+def envelope_module():
+    """transitdata_pb2, generated now by protoc from the project's .proto."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tempfile.mkdtemp(prefix="firstseen-proto-")
+    subprocess.run(["protoc", "-I", os.path.join(repo, "proto"), "--python_out", out,
+                    "transitdata.proto"], check=True)
+    sys.path.insert(0, out)
+    import transitdata_pb2
+    return transitdata_pb2
+
+
+def envelope_problems(msg, props, envelope):
+    """How one envelope differs from what the transitdata contract says."""
+    problems = []
+    if props.get("schema-version") != "1":
+        problems.append(f"schema-version property {props.get('schema-version')!r}")
+    if envelope.schema_version != 1:
+        problems.append("schema version in the payload is not 1")
+    ts = props.get("source-ts")
+    if ts is None or not envelope.HasField("message_received_timestamp_ms"):
+        problems.append("no source-ts or no receive time in the payload")
+    else:
+        if int(ts) != envelope.message_received_timestamp_ms:
+            problems.append(f"source-ts {ts} != payload time {envelope.message_received_timestamp_ms}")
+        if msg.event_timestamp() != int(ts):
+            problems.append(f"event time {msg.event_timestamp()} != source-ts {ts}")
+    if props.get("mqtt-topic") != envelope.topic:
+        problems.append("mqtt-topic property differs from the payload's topic")
+    for own in ("firstseen-seq", "firstseen-key", "firstseen-node", "firstseen-first-seen-ms"):
+        if own not in props:
+            problems.append(f"no {own}")
+    return problems
 
 
 def main():
@@ -29,6 +71,9 @@ def main():
     ap.add_argument("--skip-key", action="append", default=[],
                     help="leave out messages with this firstseen-key (a foreign writer's "
                     "that a test planted), counted as skipped")
+    ap.add_argument("--envelope", action="store_true",
+                    help="expect every message to be a transitdata envelope and list "
+                    "every difference from its contract")
     ap.add_argument("--listener", help="the broker's advertised listener to be sent to "
                     "(deploy/compose: \"external\" from the host)")
     args = ap.parse_args()
@@ -51,6 +96,9 @@ def main():
     properties = []
     count = 0
     skipped = 0
+    pb = None
+    envelopes = 0
+    problems = []
     while reader.has_message_available():
         try:
             msg = reader.read_next(int(args.idle * 1000))
@@ -65,8 +113,19 @@ def main():
         keys[props.get("firstseen-key")] += 1
         seq = props.get("firstseen-seq")
         seqs.append(int(seq) if seq is not None else None)
+        topic, payload = props.get("mqtt-topic"), msg.data()
+        if props.get("protobuf-schema") == "mqtt-raw":
+            pb = pb or envelope_module()
+            envelope = pb.RawMessage()
+            envelope.ParseFromString(msg.data())
+            envelopes += 1
+            topic, payload = envelope.topic, envelope.payload
+            if args.envelope:
+                problems += [f"seq {seq}: {p}" for p in envelope_problems(msg, props, envelope)]
+        elif args.envelope:
+            problems.append(f"seq {seq}: not an envelope")
         if args.with_payloads:
-            pairs.append([props.get("mqtt-topic"), msg.data().decode("utf-8", "replace")])
+            pairs.append([topic, payload.decode("utf-8", "replace")])
         if args.with_properties:
             properties.append(dict(props))
     out = {
@@ -75,6 +134,8 @@ def main():
         "keys_with_copies": sum(1 for c in keys.values() if c > 1),
         "seqs": seqs,
         "skipped": skipped,
+        "envelopes": envelopes,
+        "envelope_problems": problems[:20],
     }
     if args.with_payloads:
         out["pairs"] = pairs

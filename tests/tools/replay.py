@@ -13,6 +13,7 @@ message twice, as a second publisher of the same feed would.
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 import time
 
@@ -47,6 +48,10 @@ def main():
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
     ap.add_argument("--skip", type=int, default=0, help="skip the first N lines")
     ap.add_argument("--dup-every", type=int, default=0, help="publish every K-th message twice")
+    ap.add_argument("--later-passes", action="store_true",
+                    help="with --times: each pass after the first moves every payload's "
+                    "\"tsi\" on by the capture's length, so it is new traffic rather than "
+                    "the same messages again")
     ap.add_argument("--client-id", default=f"replay-{int(time.time() * 1000)}")
     args = ap.parse_args()
 
@@ -57,8 +62,17 @@ def main():
     client.connect(args.host, args.port, keepalive=30)
     client.loop_start()
 
+    span = int(lines[-1][0] - lines[0][0]) + 1 if lines else 0
+    tsi = re.compile(rb'"tsi":(\d+)')
+
+    def moved(payload, round_):
+        if not (args.later_passes and round_):
+            return payload
+        return tsi.sub(lambda m: b'"tsi":%d' % (int(m.group(1)) + round_ * span), payload)
+
     pending = []
     published = 0
+    sent = set()
     start = time.monotonic()
     for round_ in range(args.times):
         t0_file = lines[0][0] if lines else 0
@@ -74,6 +88,8 @@ def main():
             if delay > 0:
                 time.sleep(delay)
             copies = 2 if args.dup_every and i % args.dup_every == 0 else 1
+            payload = moved(payload, round_)
+            sent.add((topic, payload))
             for _ in range(copies):
                 pending.append(client.publish(topic, payload, qos=args.qos))
                 published += 1
@@ -90,7 +106,7 @@ def main():
     elapsed = time.monotonic() - start
     client.loop_stop()
     client.disconnect()
-    distinct = len({(t, p) for _, t, p in lines})
+    distinct = len(sent)
     print(json.dumps({
         "published": published,
         "distinct": distinct,
