@@ -18,7 +18,9 @@
 //!    messages upstream, in receive order (G4).
 //! 6. [`publish`]: the leader moves the outbox into Pulsar with an exclusive
 //!    producer and commits a `Published` watermark to trim it.
-//! 7. [`verify`]: reads a topic back and audits duplicates and gaps.
+//! 7. [`verify`]: reads a topic back and audits duplicates, gaps and
+//!    contents; and compares two topics over a time range (a shadow run
+//!    beside another pipeline).
 //!
 //! Around them: [`node`] wires the stages together and stops them in
 //! reverse order under [`supervise`]; [`http`] is the status page and API;

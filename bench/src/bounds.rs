@@ -134,7 +134,12 @@ pub fn run(template: &str, rounds: u32) -> Result<Report> {
                 if limits
                     .check(&m.mqtt_topic, &m.payload, m.properties.as_deref())
                     .is_ok()
-                    && firstseen::publish::policy::set_aside_reason(m, broker_limit).is_none()
+                    && firstseen::publish::policy::set_aside_reason(
+                        m,
+                        broker_limit,
+                        firstseen::publish::format::Format::Raw,
+                    )
+                    .is_none()
                 {
                     passed += 1;
                 }

@@ -317,7 +317,14 @@ async fn probe(
         let Ok(Some(msg)) = next else { break };
         let msg = msg?;
         let now = now_ns();
-        let Some((id, sent_ns)) = bench_id(&msg.payload.data) else {
+        // The payload as published upstream: raw, or inside the transitdata
+        // envelope when the route writes that format.
+        let Ok(contents) =
+            firstseen::publish::format::contents_of(msg.metadata(), &msg.payload.data)
+        else {
+            continue;
+        };
+        let Some((id, sent_ns)) = bench_id(&contents.payload) else {
             continue;
         };
         if !id.starts_with(&prefix) {
@@ -337,6 +344,7 @@ async fn probe(
             set_aside: firstseen::publish::props::get(meta, firstseen::publish::props::SET_ASIDE)
                 .is_some(),
             late: firstseen::publish::props::get(meta, firstseen::publish::props::LATE).is_some(),
+            contents: firstseen::verify::Contents::Unchecked,
         });
         if seen.insert(id.to_string()) {
             let ms = (now.saturating_sub(sent_ns)) as f64 / 1e6;
