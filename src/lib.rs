@@ -24,7 +24,10 @@
 //!
 //! Around them: [`node`] wires the stages together and stops them in
 //! reverse order under [`supervise`]; [`http`] is the status page and API;
-//! [`cli`] the binary's commands; [`config`] the validated configuration;
+//! [`cli`] the binary's commands; [`config`] the configuration file as a
+//! whole (each section's types and checks live in its stage's `config.rs`;
+//! `config` loads, applies the environment, and adds the checks across
+//! sections and on the files they name);
 //! [`tls`] every TLS setting; [`telemetry`] the metrics and recent-errors
 //! log; [`clock`] the wall clock the window reads; [`diskspace`] holds
 //! writes while the data directory's filesystem is nearly full;

@@ -12,6 +12,10 @@
 //!   text (a policy that matched "refused" in a message broke the day a
 //!   library reworded it). Detail from another crate may travel as text
 //!   inside a variant; the variant is what callers match.
+//! - A stage's `config.rs` holds its section's types, defaults and the
+//!   checks on the values alone: it reads no file and imports nothing from
+//!   `crate::config` but the `problem` leaf, so the aggregate can depend on
+//!   the stages without the stages depending back on it.
 
 use std::path::{Path, PathBuf};
 
@@ -205,4 +209,31 @@ fn each_crate_tour_names_every_module() {
         "modules the crate's //! tour does not name:\n{}",
         missing.join("\n")
     );
+}
+
+#[test]
+fn stage_configs_read_no_file_and_do_not_import_the_aggregate() {
+    let mut found = 0;
+    for file in crate_sources() {
+        if file.file_name().is_none_or(|n| n != "config.rs") || file.ends_with("src/config.rs") {
+            continue;
+        }
+        found += 1;
+        let code = product_code(&file);
+        for line in code.lines() {
+            let imports_aggregate =
+                line.contains("crate::config::") && !line.contains("crate::config::problem::");
+            assert!(
+                !imports_aggregate,
+                "{}: imports the config aggregate: {line}",
+                file.display()
+            );
+            assert!(
+                !line.contains("std::fs::") && !line.contains("tokio::fs::"),
+                "{}: reads a file: {line}",
+                file.display()
+            );
+        }
+    }
+    assert!(found >= 5, "only {found} stage config files found");
 }

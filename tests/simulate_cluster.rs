@@ -872,7 +872,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     );
     let mut upstreams = Upstream::from_config(
         config,
-        Route::all(config),
+        Route::all(&config.routes),
         disk.clone(),
         Arc::new(SimClock {
             node: id,

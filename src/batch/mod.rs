@@ -5,6 +5,7 @@
 //! until the entry is committed, and only then acks its messages upstream.
 //! [`port`] is what it needs of the group and of the upstream sessions.
 
+pub mod config;
 pub mod port;
 mod run;
 

@@ -76,7 +76,7 @@ pub async fn run(args: Args) -> ExitCode {
                     topics = c.routes.iter().map(|r| r.pulsar_topic.clone()).collect();
                     topics.dedup();
                 }
-                let rule = one_rule.unwrap_or_else(|| KeyRule::Routes(Route::all(&c)));
+                let rule = one_rule.unwrap_or_else(|| KeyRule::Routes(Route::all(&c.routes)));
                 (c.pulsar, Some(rule))
             }
             Err(e) => {

@@ -5,6 +5,7 @@
 //! (`crate::propose`), which uses this network to forward batches; the
 //! network knows nothing of it.
 
+pub mod config;
 pub mod elect;
 pub mod liveness;
 pub mod network;

@@ -9,6 +9,7 @@
 pub mod ack;
 pub mod adapter;
 pub mod bound;
+pub mod config;
 pub mod deadletter;
 pub mod port;
 pub mod route;
@@ -28,6 +29,8 @@ use deadletter::DeadLetter;
 use port::{Event, Message, SessionError, UpstreamClient, UpstreamSession};
 use route::Route;
 
+pub use config::{BadUpstreamUrl, UpstreamAddr};
+
 /// One message on its way to the batcher.
 #[derive(Debug)]
 pub struct Received {
@@ -38,49 +41,6 @@ pub struct Received {
     pub properties: Option<Box<firstseen_store::Properties>>,
     /// `None` for QoS 0, which is never acked.
     pub ack: Option<AckToken>,
-}
-
-/// A parsed upstream URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamAddr {
-    pub host: String,
-    pub port: u16,
-    pub tls: bool,
-}
-
-/// Why an upstream URL cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BadUpstreamUrl {
-    #[error("`{url}` is not a URL: {detail}")]
-    NotAUrl { url: String, detail: String },
-    #[error("scheme `{0}` is not mqtt://, tcp:// or mqtts://")]
-    Scheme(String),
-    #[error("`{0}` has no host")]
-    NoHost(String),
-}
-
-impl UpstreamAddr {
-    /// Parses `mqtt://host:port`, `tcp://host:port` or `mqtts://host:port`.
-    pub fn parse(raw: &str) -> Result<Self, BadUpstreamUrl> {
-        let url = url::Url::parse(raw).map_err(|e| BadUpstreamUrl::NotAUrl {
-            url: raw.to_string(),
-            detail: e.to_string(),
-        })?;
-        let (tls, default_port) = match url.scheme() {
-            "mqtt" | "tcp" => (false, 1883),
-            "mqtts" | "ssl" => (true, 8883),
-            other => return Err(BadUpstreamUrl::Scheme(other.to_string())),
-        };
-        let host = url
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| BadUpstreamUrl::NoHost(raw.to_string()))?;
-        Ok(Self {
-            host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
-            port: url.port().unwrap_or(default_port),
-            tls,
-        })
-    }
 }
 
 /// Live state of one upstream, read by status and readiness.

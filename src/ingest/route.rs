@@ -49,10 +49,9 @@ pub struct Route {
 
 impl Route {
     /// The config's routes, in the order they are tried.
-    pub fn all(config: &crate::config::Config) -> std::sync::Arc<Vec<Route>> {
+    pub fn all(routes: &[super::config::RouteConfig]) -> std::sync::Arc<Vec<Route>> {
         std::sync::Arc::new(
-            config
-                .routes
+            routes
                 .iter()
                 .map(|r| Route {
                     filter: r.filter.clone(),

@@ -4,6 +4,7 @@
 //! this file adds the process around it: listeners, HTTP, watchdogs, ingest
 //! and the stop order.
 
+pub mod config;
 pub mod core;
 
 use std::sync::Arc;
@@ -78,7 +79,7 @@ pub async fn run(
     );
     let upstreams = Upstream::from_config(
         &config,
-        Route::all(&config),
+        Route::all(&config.routes),
         disk.clone(),
         clock.clone(),
         dead_letter.clone(),

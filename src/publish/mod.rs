@@ -19,6 +19,7 @@
 
 pub mod adapter;
 pub mod auth;
+pub mod config;
 pub mod format;
 pub mod policy;
 pub mod port;

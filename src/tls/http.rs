@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rustls::ServerConfig;
 
 use super::{TlsProblem, TlsSettingError};
-use crate::config::HttpTlsConfig;
+use crate::node::config::HttpTlsConfig;
 
 /// rustls settings for the HTTP listener, or the key (inside
 /// `node.http_tls`) at fault and why. check-config and the node both call it.

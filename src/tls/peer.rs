@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::{TlsProblem, TlsSettingError};
-use crate::config::TlsConfig;
+use crate::cluster::config::TlsConfig;
 
 /// A byte stream to a peer: plain TCP or TLS over TCP.
 pub trait PeerStream: AsyncRead + AsyncWrite + Unpin + Send {}

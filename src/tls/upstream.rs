@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rustls::{ClientConfig, RootCertStore};
 
 use super::{TlsProblem, TlsSettingError};
-use crate::config::UpstreamConfig;
+use crate::ingest::config::UpstreamConfig;
 
 /// rustls settings for `u`, or `None` when it sets no file of its own and
 /// rumqttc's default (the system's roots, no client certificate) applies.

@@ -17,22 +17,15 @@ import collections
 import json
 import logging
 import os
-import subprocess
 import sys
-import tempfile
 
 import pulsar
 
+import envelope
+
 
 def envelope_module():
-    """transitdata_pb2, generated now by protoc from the project's .proto."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = tempfile.mkdtemp(prefix="firstseen-proto-")
-    subprocess.run(["protoc", "-I", os.path.join(repo, "proto"), "--python_out", out,
-                    "transitdata.proto"], check=True)
-    sys.path.insert(0, out)
-    import transitdata_pb2
-    return transitdata_pb2
+    return envelope.module()
 
 
 def envelope_problems(msg, props, envelope):

@@ -1,0 +1,197 @@
+//! `[cluster]`: the Raft group, its members, its peer link and timing.
+//! Types, defaults and the checks that need nothing but the values (the
+//! secret and TLS files are checked by `crate::config`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::problem::Problems;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Initial members. Every node starts with the same list; bootstrap is
+    /// idempotent. Empty means a group of one made of this node. A node not
+    /// in the list starts empty and waits to be added (`firstseen members add`).
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+    /// Address the peer protocol (Raft RPC, forwarding) listens on. Required
+    /// when there are members. If it names a specific IP, outgoing peer
+    /// connections are made from that IP too.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// File holding the cluster secret that peers authenticate each other
+    /// with. Required when there are members; the same file on every node.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// A snapshot is taken after this many log entries; the log before it is
+    /// then purged.
+    #[serde(default = "default_snapshot_logs")]
+    pub snapshot_logs: u64,
+    /// TLS for the peer protocol. Without it, peers authenticate with the
+    /// secret but talk in the clear.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Lets a node whose `listen` is not a loopback address run without
+    /// `tls`: peers then authenticate but talk in the clear, and anyone on the
+    /// path reads every message. Off by default.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// How often the leader sends heartbeats, in milliseconds.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Elections: a follower that hears no leader for a random time between
+    /// `election_timeout_max_ms` and twice that minus the minimum asks its
+    /// peers for a pre-vote, and campaigns only if a majority agrees. The
+    /// maximum is also how long a voter that heard from a leader refuses
+    /// to vote for another (openraft's leader lease).
+    #[serde(default = "default_election_min_ms")]
+    pub election_timeout_min_ms: u64,
+    #[serde(default = "default_election_max_ms")]
+    pub election_timeout_max_ms: u64,
+}
+
+/// Mutual TLS between nodes: every node presents `cert_file` and accepts
+/// only peers whose certificate `ca_file` signed.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// This node's certificate chain (PEM), used as server and as client.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// The CA that signs every node's certificate (PEM).
+    pub ca_file: PathBuf,
+    /// DNS name every node's certificate carries, checked by the connecting side.
+    #[serde(default = "default_tls_name")]
+    pub server_name: String,
+}
+
+fn default_tls_name() -> String {
+    "firstseen-peer".into()
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            listen: None,
+            secret_file: None,
+            snapshot_logs: default_snapshot_logs(),
+            tls: None,
+            allow_plaintext: false,
+            heartbeat_ms: default_heartbeat_ms(),
+            election_timeout_min_ms: default_election_min_ms(),
+            election_timeout_max_ms: default_election_max_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub id: u64,
+    pub zone: String,
+    /// Peer protocol address (host:port) other nodes reach it at.
+    pub addr: String,
+    /// HTTP API address (host:port), for operators and the CLI.
+    #[serde(default)]
+    pub http: String,
+}
+
+fn default_heartbeat_ms() -> u64 {
+    100
+}
+fn default_election_min_ms() -> u64 {
+    400
+}
+fn default_election_max_ms() -> u64 {
+    800
+}
+fn default_snapshot_logs() -> u64 {
+    20_000
+}
+impl TlsConfig {
+    /// Mutual TLS between peers, with the default server name.
+    pub fn new(
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+        ca_file: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            cert_file: cert_file.into(),
+            key_file: key_file.into(),
+            ca_file: ca_file.into(),
+            server_name: default_tls_name(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Adds every problem of `[cluster]` that needs no file to `p`.
+    pub fn check(&self, p: &mut Problems) {
+        let mut ids = BTreeSet::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if !ids.insert(m.id) {
+                p.add(
+                    format!("cluster.members[{i}].id"),
+                    format!("id {} appears twice", m.id),
+                );
+            }
+            if m.addr.parse::<SocketAddr>().is_err() && !m.addr.contains(':') {
+                p.add(
+                    format!("cluster.members[{i}].addr"),
+                    format!("`{}` is not host:port", m.addr),
+                );
+            }
+        }
+        if self.snapshot_logs < 10 {
+            p.add("cluster.snapshot_logs", "must be at least 10");
+        }
+        if self.heartbeat_ms < 10 {
+            p.add("cluster.heartbeat_ms", "must be at least 10");
+        }
+        if self.election_timeout_min_ms < 3 * self.heartbeat_ms {
+            p.add(
+                "cluster.election_timeout_min_ms",
+                format!(
+                    "must be at least three heartbeats ({} ms), so that a lost heartbeat or two does not start an election",
+                    3 * self.heartbeat_ms
+                ),
+            );
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            p.add(
+                "cluster.election_timeout_max_ms",
+                format!(
+                    "must be above cluster.election_timeout_min_ms ({})",
+                    self.election_timeout_min_ms
+                ),
+            );
+        }
+        if let Some(listen) = self.listen {
+            if !listen.ip().is_loopback() && self.tls.is_none() && !self.allow_plaintext {
+                p.add(
+                    "cluster.tls",
+                    format!(
+                        "required because cluster.listen ({listen}) is not a loopback address: without it peer traffic (every message, the Raft log) crosses the network in the clear; set [cluster.tls], or cluster.allow_plaintext = true on a network you trust"
+                    ),
+                );
+            }
+        }
+        if !self.members.is_empty() {
+            if self.listen.is_none() {
+                p.add("cluster.listen", "required when cluster.members is set");
+            }
+            if self.secret_file.is_none() {
+                p.add(
+                    "cluster.secret_file",
+                    "required when cluster.members is set",
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! `[[upstreams]]`, `[[routes]]`, `[dedup]` and `[dead_letter]`: what comes
+//! in, where it goes, and the bounds on it. Types, defaults and the checks
+//! that need nothing but the values (the TLS and password files are checked
+//! by `crate::config`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::problem::Problems;
+use crate::ingest::route::filter_is_valid;
+use crate::key::KeySpec;
+use crate::publish::format::Format;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupConfig {
+    /// How long a key is remembered, in seconds (default one hour).
+    #[serde(default = "default_window_secs")]
+    pub window_secs: u64,
+    /// Largest payload forwarded to Pulsar, in bytes.
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: usize,
+    /// Largest message as stored and published, in bytes: MQTT topic, MQTT
+    /// 5 properties (as the Pulsar properties they become) and payload.
+    /// The default keeps every message, with firstseen's own properties,
+    /// under Pulsar's default `maxMessageSize` (5 MiB).
+    #[serde(default = "default_max_message")]
+    pub max_message_bytes: usize,
+    /// Longest MQTT topic, in bytes.
+    #[serde(default = "default_max_topic")]
+    pub max_topic_bytes: usize,
+    /// Most MQTT 5 user properties on one message.
+    #[serde(default = "default_max_properties")]
+    pub max_properties: usize,
+    /// What happens to a message over any of these bounds. See
+    /// [`OversizePolicy`].
+    #[serde(default)]
+    pub oversize: OversizePolicy,
+}
+
+/// The documented policy for messages over a `dedup.max_*` bound.
+/// Neither choice loses a message silently: both count it in
+/// `firstseen_oversize_total` and log its topic and size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OversizePolicy {
+    /// Write it to `<data_dir>/dead-letter/` (fsynced) and then ack it.
+    #[default]
+    DeadLetter,
+    /// Ack it without storing it, for feeds where such payloads are junk.
+    Drop,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// Bytes `<data_dir>/dead-letter/` may hold; past it the oldest files
+    /// are removed. A dead letter is an inspection copy of a message that
+    /// was not forwarded: the newest are kept rather than acks held.
+    #[serde(default = "default_dead_letter_bytes")]
+    pub max_bytes: u64,
+    /// Age (by receive time) past which a dead letter is removed.
+    #[serde(default = "default_dead_letter_retention")]
+    pub retention_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Short name, used in logs, metrics and the default client id.
+    pub name: String,
+    /// `mqtt://host:port` (or `tcp://`), `mqtts://host:port` for TLS.
+    pub url: String,
+    /// MQTT client id. Must be stable per node and upstream: the persistent
+    /// session that holds unacked messages across restarts is keyed by it.
+    /// Default: `firstseen-<node id>-<name>`.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM file of the CA certificate(s) the broker's
+    /// certificate must chain to, instead of the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM client certificate (chain), for a broker that
+    /// requires one; with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// `mqtts://` only: PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// MQTT keepalive, seconds.
+    #[serde(default = "default_keepalive")]
+    pub keepalive_secs: u64,
+    /// `"3.1.1"` (the default) or `"5"`: which MQTT version to speak.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// MQTT 5: how long the broker keeps this node's session (and its queue
+    /// of unacked messages) after a disconnect. The default, 4294967295,
+    /// means for as long as the broker allows, like a 3.1.1 persistent
+    /// session. Ignored for 3.1.1.
+    #[serde(default = "default_session_expiry")]
+    pub session_expiry_secs: u32,
+    /// Topic filters to subscribe to.
+    pub subscriptions: Vec<SubscriptionConfig>,
+}
+
+/// The MQTT version an upstream speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Protocol {
+    #[default]
+    #[serde(rename = "3.1.1")]
+    V311,
+    /// MQTT 5: user properties, content type and the rest reach Pulsar as
+    /// message properties (docs/configuration.md).
+    #[serde(rename = "5")]
+    V5,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::V311 => "3.1.1",
+            Protocol::V5 => "5",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionConfig {
+    pub filter: String,
+    /// 1 or 2 for the no-loss guarantee; 0 is accepted but never acked.
+    #[serde(default = "default_qos")]
+    pub qos: u8,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// MQTT topic filter (`+` and `#` wildcards).
+    pub filter: String,
+    /// Pulsar topic, e.g. `persistent://public/default/hfp`.
+    pub pulsar_topic: String,
+    /// What the dedup key hashes: `"topic+payload"`, `"payload"`, or JSON
+    /// fields, `{ json = ["/VP/veh", ...], topic = false, missing = "bytes" }`
+    /// (see `src/key.rs` for the canonical form).
+    #[serde(default)]
+    pub key: KeySpec,
+    /// How messages are written: `"raw"` (the payload as it came, the
+    /// default) or `"transitdata"` (HSL transitdata's `mqtt-raw` protobuf
+    /// envelope; docs/migrating-from-transitdata.md).
+    #[serde(default)]
+    pub format: Format,
+}
+
+fn default_window_secs() -> u64 {
+    3_600
+}
+fn default_max_payload() -> usize {
+    1024 * 1024
+}
+/// 4 MiB: under Pulsar's default `maxMessageSize` of 5 MiB with room for
+/// firstseen's own properties.
+fn default_max_message() -> usize {
+    4 * 1024 * 1024
+}
+fn default_max_topic() -> usize {
+    4_096
+}
+fn default_max_properties() -> usize {
+    128
+}
+fn default_dead_letter_bytes() -> u64 {
+    1024 * 1024 * 1024
+}
+fn default_dead_letter_retention() -> u64 {
+    7 * 24 * 3600
+}
+fn default_keepalive() -> u64 {
+    30
+}
+fn default_session_expiry() -> u32 {
+    u32::MAX
+}
+fn default_qos() -> u8 {
+    1
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        Self {
+            window_secs: default_window_secs(),
+            max_payload_bytes: default_max_payload(),
+            max_message_bytes: default_max_message(),
+            max_topic_bytes: default_max_topic(),
+            max_properties: default_max_properties(),
+            oversize: OversizePolicy::default(),
+        }
+    }
+}
+
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: default_dead_letter_bytes(),
+            retention_secs: default_dead_letter_retention(),
+        }
+    }
+}
+
+impl UpstreamConfig {
+    pub fn new(
+        name: impl Into<String>,
+        url: impl Into<String>,
+        subscriptions: Vec<SubscriptionConfig>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            url: url.into(),
+            client_id: None,
+            username: None,
+            password: None,
+            password_file: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            keepalive_secs: default_keepalive(),
+            protocol: Protocol::default(),
+            session_expiry_secs: default_session_expiry(),
+            subscriptions,
+        }
+    }
+}
+
+impl SubscriptionConfig {
+    pub fn new(filter: impl Into<String>, qos: u8) -> Self {
+        Self {
+            filter: filter.into(),
+            qos,
+        }
+    }
+}
+
+impl RouteConfig {
+    /// A route with the default key (`topic+payload`).
+    pub fn new(filter: impl Into<String>, pulsar_topic: impl Into<String>) -> Self {
+        Self {
+            filter: filter.into(),
+            pulsar_topic: pulsar_topic.into(),
+            key: KeySpec::default(),
+            format: Format::default(),
+        }
+    }
+}
+
+impl DedupConfig {
+    /// Adds every problem of `[dedup]` to `p`.
+    pub fn check(&self, p: &mut Problems) {
+        if self.window_secs == 0 {
+            p.add("dedup.window_secs", "must be at least 1");
+        }
+        if self.max_payload_bytes == 0 {
+            p.add("dedup.max_payload_bytes", "must be at least 1");
+        }
+        if self.max_message_bytes < self.max_payload_bytes {
+            p.add(
+                "dedup.max_message_bytes",
+                format!(
+                    "{} is below dedup.max_payload_bytes ({}): the message bound counts the payload too",
+                    self.max_message_bytes, self.max_payload_bytes
+                ),
+            );
+        }
+        if self.max_topic_bytes == 0 {
+            p.add("dedup.max_topic_bytes", "must be at least 1");
+        }
+    }
+}
+
+impl DeadLetterConfig {
+    /// Adds every problem of `[dead_letter]` to `p`; `largest` is the
+    /// largest message the store may be asked to keep.
+    pub fn check(&self, largest: usize, p: &mut Problems) {
+        // One message the store is asked to keep must fit, or the quota
+        // would remove every older file for each new one.
+        if self.max_bytes < largest as u64 {
+            p.add(
+                "dead_letter.max_bytes",
+                format!(
+                    "{} is below dedup.max_message_bytes ({largest}): the store could not hold one oversized message",
+                    self.max_bytes
+                ),
+            );
+        }
+        if self.retention_secs == 0 {
+            p.add("dead_letter.retention_secs", "must be at least 1");
+        }
+    }
+}
+
+/// Adds every problem of `[[upstreams]]` that needs no file to `p`.
+pub fn check_upstreams(upstreams: &[UpstreamConfig], p: &mut Problems) {
+    if upstreams.is_empty() {
+        p.add("upstreams", "at least one upstream is required");
+    }
+    let mut names = BTreeSet::new();
+    for (i, u) in upstreams.iter().enumerate() {
+        let at = |k: &str| format!("upstreams[{i}].{k}");
+        if u.name.trim().is_empty() {
+            p.add(at("name"), "must not be empty");
+        }
+        if !names.insert(u.name.clone()) {
+            p.add(
+                at("name"),
+                format!("`{}` is used by another upstream", u.name),
+            );
+        }
+        let addr = UpstreamAddr::parse(&u.url);
+        if let Err(e) = &addr {
+            p.add(at("url"), e.to_string());
+        }
+        if u.password.is_some() && u.password_file.is_some() {
+            p.add(
+                at("password_file"),
+                "set either password or password_file, not both",
+            );
+        }
+        if (u.password.is_some() || u.password_file.is_some()) && u.username.is_none() {
+            p.add(at("username"), "a password needs a username");
+        }
+        let is_tls = addr.is_ok_and(|a| a.tls);
+        if u.tls_files() && !is_tls {
+            p.add(
+                at("url"),
+                "ca_file, cert_file and key_file need an mqtts:// url",
+            );
+        } else if u.cert_file.is_some() != u.key_file.is_some() {
+            p.add(
+                at(if u.cert_file.is_some() {
+                    "key_file"
+                } else {
+                    "cert_file"
+                }),
+                "cert_file and key_file go together",
+            );
+        }
+        if u.keepalive_secs < 5 {
+            p.add(at("keepalive_secs"), "must be at least 5");
+        }
+        if u.subscriptions.is_empty() {
+            p.add(at("subscriptions"), "at least one subscription is required");
+        }
+        for (j, s) in u.subscriptions.iter().enumerate() {
+            if !filter_is_valid(&s.filter) {
+                p.add(
+                    format!("upstreams[{i}].subscriptions[{j}].filter"),
+                    format!("`{}` is not a valid MQTT topic filter", s.filter),
+                );
+            }
+            if s.qos > 2 {
+                p.add(
+                    format!("upstreams[{i}].subscriptions[{j}].qos"),
+                    format!("{} is not a QoS level (0, 1 or 2)", s.qos),
+                );
+            }
+        }
+    }
+}
+
+impl UpstreamConfig {
+    /// Whether any TLS file is set (which needs an `mqtts://` url).
+    pub fn tls_files(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+/// Adds every problem of `[[routes]]` to `p`.
+pub fn check_routes(routes: &[RouteConfig], p: &mut Problems) {
+    if routes.is_empty() {
+        p.add(
+            "routes",
+            "at least one route is required: nothing would reach Pulsar",
+        );
+    }
+    for (i, r) in routes.iter().enumerate() {
+        if !filter_is_valid(&r.filter) {
+            p.add(
+                format!("routes[{i}].filter"),
+                format!("`{}` is not a valid MQTT topic filter", r.filter),
+            );
+        }
+        for (key, problem) in r.key.problems() {
+            p.add(format!("routes[{i}].key.{key}"), problem);
+        }
+        if r.pulsar_topic.trim().is_empty() || r.pulsar_topic.contains('\0') {
+            p.add(
+                format!("routes[{i}].pulsar_topic"),
+                "must be a Pulsar topic name",
+            );
+        }
+        // One topic, one format: its readers decode every message alike.
+        if let Some((j, other)) = routes[..i]
+            .iter()
+            .enumerate()
+            .find(|(_, o)| o.pulsar_topic == r.pulsar_topic && o.format != r.format)
+        {
+            p.add(
+                format!("routes[{i}].format"),
+                format!(
+                    "{:?} differs from routes[{j}].format ({:?}) for the same Pulsar topic `{}`",
+                    r.format, other.format, r.pulsar_topic
+                ),
+            );
+        }
+    }
+}
+
+/// A parsed upstream URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamAddr {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+}
+
+/// Why an upstream URL cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadUpstreamUrl {
+    #[error("`{url}` is not a URL: {detail}")]
+    NotAUrl { url: String, detail: String },
+    #[error("scheme `{0}` is not mqtt://, tcp:// or mqtts://")]
+    Scheme(String),
+    #[error("`{0}` has no host")]
+    NoHost(String),
+}
+
+impl UpstreamAddr {
+    /// Parses `mqtt://host:port`, `tcp://host:port` or `mqtts://host:port`.
+    pub fn parse(raw: &str) -> Result<Self, BadUpstreamUrl> {
+        let url = url::Url::parse(raw).map_err(|e| BadUpstreamUrl::NotAUrl {
+            url: raw.to_string(),
+            detail: e.to_string(),
+        })?;
+        let (tls, default_port) = match url.scheme() {
+            "mqtt" | "tcp" => (false, 1883),
+            "mqtts" | "ssl" => (true, 8883),
+            other => return Err(BadUpstreamUrl::Scheme(other.to_string())),
+        };
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| BadUpstreamUrl::NoHost(raw.to_string()))?;
+        Ok(Self {
+            host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
+            port: url.port().unwrap_or(default_port),
+            tls,
+        })
+    }
+}
