@@ -9,6 +9,9 @@
 //! - [`state_machine`]: adapts [`firstseen_store::StateStore`] to openraft:
 //!   applies committed entries in order, builds snapshots by streaming the
 //!   sled state into a file and installs them the same way.
+//! - [`snapshot_files`]: the snapshot files themselves: written whole and
+//!   synced before `current.meta` names them, checked against their hash
+//!   when read, promoted one at a time.
 //! - [`outbox`]: the publisher's view of the outbox. The state keeps only
 //!   references to first copies; their payloads are read from the log, which
 //!   keeps every entry the outbox still needs.
@@ -42,6 +45,7 @@ pub mod guard;
 pub mod log_store;
 pub mod outbox;
 pub mod runtime;
+pub mod snapshot_files;
 pub mod state_machine;
 
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
@@ -226,7 +230,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         if let Some(p) = log_store::purged_in(&log_db)? {
             if restored.is_none_or(|r| r.index < p.index) {
                 return Err(RaftError::Damaged {
-                    path: snapshots.join(state_machine::CURRENT_META),
+                    path: snapshots.join(snapshot_files::CURRENT_META),
                     reason: format!(
                         "the state must be rebuilt, but the snapshot ends at {restored:?} and the log was purged up to {p}"
                     ),
@@ -242,7 +246,7 @@ pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
         log: log_db,
         state: state_db,
     };
-    let cover = cover::SnapshotCover::new(state_machine::on_disk(&snapshots));
+    let cover = cover::SnapshotCover::new(snapshot_files::on_disk(&snapshots));
     let (log, reaper) = LogStore::open(&disk.log, state.clone(), cover.clone())?;
     let state_machine = StateMachine::open(state.clone(), log.clone(), snapshots, cover).await?;
     let outbox = Outbox::new(state.clone(), log.clone());
@@ -296,7 +300,7 @@ fn open_databases(
     let purged = log_store::purged_in(&log_db)?;
     let has_snapshot = dir
         .join("snapshots")
-        .join(state_machine::CURRENT_META)
+        .join(snapshot_files::CURRENT_META)
         .exists();
     // `check`: off for the fresh state of a rebuild, which the current
     // snapshot brings past the purge point next.
