@@ -24,7 +24,7 @@ impl PerAddress {
 
     /// A slot for one more from `ip`, or `None` when it holds `cap` already.
     pub fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
-        let mut m = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = firstseen_store::sync::lock(&self.held);
         let n = m.entry(ip).or_insert(0);
         if *n >= self.cap {
             return None;
@@ -45,7 +45,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut m = self.table.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = firstseen_store::sync::lock(&self.table.held);
         if let Some(n) = m.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {

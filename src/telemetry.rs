@@ -349,10 +349,11 @@ fn recent() -> &'static Mutex<VecDeque<LoggedEvent>> {
 
 /// The last warnings and errors, newest first.
 pub fn recent_events() -> Vec<LoggedEvent> {
-    recent()
-        .lock()
-        .map(|q| q.iter().rev().cloned().collect())
-        .unwrap_or_default()
+    firstseen_store::sync::lock(recent())
+        .iter()
+        .rev()
+        .cloned()
+        .collect()
 }
 
 /// A tracing layer that keeps the last warnings and errors in memory.
@@ -392,7 +393,8 @@ impl<S: tracing::Subscriber> Layer<S> for RecentEvents {
         }
         let mut fields = Fields(String::new());
         event.record(&mut fields);
-        if let Ok(mut q) = recent().lock() {
+        {
+            let mut q = firstseen_store::sync::lock(recent());
             if q.len() == RECENT {
                 q.pop_front();
             }
@@ -459,7 +461,7 @@ impl RefusalLog {
     pub fn refused(&self, peer: std::net::SocketAddr, reason: &str) {
         metrics::counter!(self.metric).increment(1);
         let subject = self.subject;
-        let mut map = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = firstseen_store::sync::lock(&self.state);
         let mut kind = refusal_kind(reason);
         if !map.contains_key(&kind) && map.len() >= REFUSAL_KINDS {
             kind = "other".into();

@@ -12,6 +12,9 @@
 //!   text (a policy that matched "refused" in a message broke the day a
 //!   library reworded it). Detail from another crate may travel as text
 //!   inside a variant; the variant is what callers match.
+//! - One mutex-poisoning policy in every crate: locks go through
+//!   `firstseen_store::sync::lock` (which says why), never `.lock()` with
+//!   `unwrap`, `expect`, `ok()` or `if let Ok`.
 //! - A stage's `config.rs` holds its section's types, defaults and the
 //!   checks on the values alone: it reads no file and imports nothing from
 //!   `crate::config` but the `problem` leaf, so the aggregate can depend on
@@ -236,4 +239,29 @@ fn stage_configs_read_no_file_and_do_not_import_the_aggregate() {
         }
     }
     assert!(found >= 5, "only {found} stage config files found");
+}
+
+#[test]
+fn every_lock_follows_the_one_poisoning_policy() {
+    let mut offenders = Vec::new();
+    for file in crate_sources() {
+        if file.ends_with("store/src/sync.rs") {
+            continue;
+        }
+        let code = product_code(&file).replace(char::is_whitespace, "");
+        for bad in [
+            ".lock().unwrap(",
+            ".lock().expect(",
+            ".lock().ok()",
+            ".lock().map(",
+        ] {
+            if code.contains(bad) {
+                offenders.push(format!("{}: {bad}", file.display()));
+            }
+        }
+        if code.contains("Ok(mut") && code.contains(".lock(){") {
+            offenders.push(format!("{}: if let Ok(..) = ….lock()", file.display()));
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
 }

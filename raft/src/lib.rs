@@ -105,13 +105,9 @@ fn sled_damage(e: &sled::Error) -> bool {
     }
 }
 
-/// Locks `m`, recovering the data if a thread panicked while holding it.
-/// The one mutex-poisoning policy of this crate: a panic in a storage task
-/// is reported by whoever awaited that task; the data a lock guards here
-/// (a queue, a guard's marks) stays consistent at every unlock.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// Locks `m` under the one poisoning policy of every crate
+/// ([`firstseen_store::sync`]).
+pub(crate) use firstseen_store::sync::lock;
 
 /// What every storage call returns to openraft.
 pub type StorageResult<T> = Result<T, openraft::StorageError<NodeId>>;

@@ -117,17 +117,15 @@ impl Liveness {
 
     /// A frame from (or a reply by) `peer` arrived.
     pub fn peer_seen(&self, peer: NodeId) {
-        if let Ok(mut p) = self.peers.lock() {
-            p.insert(peer, Instant::now());
-        }
+        firstseen_store::sync::lock(&self.peers).insert(peer, Instant::now());
     }
 
     /// Since the last frame exchanged with each peer.
     pub fn peer_ages(&self) -> BTreeMap<NodeId, Duration> {
-        self.peers
-            .lock()
-            .map(|p| p.iter().map(|(id, at)| (*id, at.elapsed())).collect())
-            .unwrap_or_default()
+        firstseen_store::sync::lock(&self.peers)
+            .iter()
+            .map(|(id, at)| (*id, at.elapsed()))
+            .collect()
     }
 }
 

@@ -122,11 +122,7 @@ struct Conn {
 
 impl Conn {
     fn fail_all(&self, reason: &str, addr: &str) {
-        let waiters: Vec<Waiter> = self
-            .pending
-            .lock()
-            .map(|mut p| p.drain().map(|(_, w)| w).collect())
-            .unwrap_or_default();
+        let waiters: Vec<Waiter> = lock(&self.pending).drain().map(|(_, w)| w).collect();
         for w in waiters {
             let _ = w.send(Err(CallError::Lost {
                 addr: addr.to_string(),
@@ -193,9 +189,7 @@ pub struct Peers {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use firstseen_store::sync::lock;
 
 impl Peers {
     pub fn new(

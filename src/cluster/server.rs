@@ -370,11 +370,11 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
         Request::InstallSnapshot(r) => {
             let id = r.meta.snapshot_id.clone();
-            let checked = svc
-                .snapshot
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .accept(&id, r.offset, r.data.len() as u64);
+            let checked = firstseen_store::sync::lock(&svc.snapshot).accept(
+                &id,
+                r.offset,
+                r.data.len() as u64,
+            );
             if let Err(expect) = checked {
                 tracing::warn!(snapshot = %id, offset = r.offset, expect, "snapshot chunk past what has arrived refused");
                 return Reply::InstallSnapshot(Err(openraft::error::RaftError::APIError(

@@ -250,7 +250,7 @@ impl AppState {
                     name: name.clone(),
                     connected: s.connected.load(Ordering::Relaxed),
                     received: s.received.load(Ordering::Relaxed),
-                    last_error: s.last_error.lock().expect("status poisoned").clone(),
+                    last_error: firstseen_store::sync::lock(&s.last_error).clone(),
                 })
                 .collect(),
             totals,
@@ -325,10 +325,7 @@ impl AppState {
     }
 
     fn publishing_stalled(&self) -> Option<Duration> {
-        self.publishing
-            .lock()
-            .ok()?
-            .stalled(tokio::time::Instant::now())
+        firstseen_store::sync::lock(&self.publishing).stalled(tokio::time::Instant::now())
     }
 
     fn ready(&self) -> Result<(), NotReady> {
@@ -599,11 +596,10 @@ async fn cluster(State(app): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 async fn history(State(app): State<Arc<AppState>>) -> impl IntoResponse {
-    let samples: Vec<Sample> = app
-        .history
-        .lock()
-        .map(|h| h.iter().cloned().collect())
-        .unwrap_or_default();
+    let samples: Vec<Sample> = firstseen_store::sync::lock(&app.history)
+        .iter()
+        .cloned()
+        .collect();
     Json(samples)
 }
 
@@ -645,7 +641,8 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => break,
         }
         let Ok(s) = app.status() else { continue };
-        if let Ok(mut w) = app.publishing.lock() {
+        {
+            let mut w = firstseen_store::sync::lock(&app.publishing);
             let published = s.topics.iter().map(|t| t.published_seq).sum();
             let backlog = s.topics.iter().map(|t| t.backlog).sum();
             w.note(published, backlog, tokio::time::Instant::now());
@@ -687,7 +684,8 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
                 published: s.topics.iter().map(|t| t.published_seq).sum(),
                 outbox_messages: s.totals.outbox_messages,
             };
-            if let Ok(mut h) = app.history.lock() {
+            {
+                let mut h = firstseen_store::sync::lock(&app.history);
                 if h.len() == SAMPLES {
                     h.pop_front();
                 }

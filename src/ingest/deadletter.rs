@@ -175,7 +175,7 @@ impl DeadLetter {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+        firstseen_store::sync::lock(&self.ledger)
     }
 
     /// Removes files the ledger has already forgotten. A file that cannot be

@@ -215,7 +215,7 @@ impl Upstream {
     }
 
     fn note_error(&self, e: String) {
-        *self.status.last_error.lock().expect("status poisoned") = Some(e);
+        *firstseen_store::sync::lock(&self.status.last_error) = Some(e);
     }
 
     /// Turns one PUBLISH into what the batcher needs.

@@ -441,7 +441,7 @@ impl Db {
             return Ok(());
         };
         let started = std::time::SystemTime::now();
-        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = crate::sync::lock(&self.inner.known);
         let blobs = dir.join("blobs");
         let changes = known
             .watch

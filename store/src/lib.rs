@@ -15,6 +15,8 @@
 //! 6. [`disk`]: the one owner of durability for both of a node's sled
 //!    databases: sled's flush, then `fdatasync` of their files.
 //!
+//! [`sync`] holds the one mutex-poisoning policy of every firstseen crate.
+//!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
 
@@ -23,6 +25,7 @@ pub mod index;
 pub mod model;
 pub mod record;
 pub mod state;
+pub mod sync;
 pub mod window;
 
 pub use model::*;

@@ -39,7 +39,7 @@ mod snapshot;
 mod testing;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
@@ -138,7 +138,7 @@ impl StateStore {
     fn lock(&self) -> MutexGuard<'_, Memory> {
         // Every change is made after the fallible reads it needs, so a panic
         // cannot leave a half-applied entry behind.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Replaces the memory state with what sled holds: the last checkpoint.
