@@ -10,8 +10,8 @@
 # firstseen writes the same envelope (routes[].format = "transitdata").
 #
 # Mid-run, as a bad afternoon would have it: one gateway is killed (and
-# started again later), the deduplicator crashes and restarts, and the
-# firstseen leader is killed and restarted.
+# started again later), the deduplicator crashes and restarts, the MQTT broker
+# restarts, and the firstseen leader is killed and restarted.
 #
 #   scripts/shadow.sh              run, print the comparison, stop everything
 #   SHADOW_PASSES=N scripts/shadow.sh   N passes of the capture (default 8),
@@ -43,11 +43,13 @@ stop_all() {
   stop_pid_file "$dir/pids" || true
   "$here/pulsar.sh" stop "$dir/pulsar" || true
 }
-trap stop_all EXIT
+# SHADOW_KEEP=1 leaves Pulsar running afterwards, to read the topics.
+if [ "${SHADOW_KEEP:-0}" != 1 ]; then trap stop_all EXIT; else trap 'stop_pid_file "$dir/pids" || true' EXIT; fi
 
 "$here/pulsar.sh" start "$dir/pulsar"
 . "$dir/pulsar/env"
 start_mosquitto "$dir/mosquitto" "$dir/pids"
+mosquitto_pid=$(tail -n 1 "$dir/pids")
 log "Mosquitto listening on 127.0.0.1:$mqtt_port"
 
 run_id=$(date +%s)
@@ -91,15 +93,20 @@ at() { # waits until $1 seconds into the replay
 }
 start=$(date +%s)
 span=$(( total / rate ))
-at $(( span * 2 / 10 )); log "fault: gateway b killed (SIGKILL)"; kill -9 "$(cat "$dir/gateway-b.pid")"
-at $(( span * 4 / 10 )); log "fault: the deduplicator crashes (SIGKILL) and restarts with an empty cache"
+at $(( span * 15 / 100 )); log "fault: gateway b killed (SIGKILL)"; kill -9 "$(cat "$dir/gateway-b.pid")"
+at $(( span * 30 / 100 )); log "gateway b started again"; gateway b
+at $(( span * 40 / 100 )); log "fault: the deduplicator crashes (SIGKILL) and restarts with an empty cache"
 kill -9 "$(cat "$dir/dedup.pid")"; sleep 1; dedup
-at $(( span * 5 / 10 )); log "gateway b started again"; gateway b
-at $(( span * 6 / 10 ))
+at $(( span * 55 / 100 )); log "fault: the MQTT broker restarts (its persistent sessions kept on disk)"
+stop_pids "$mosquitto_pid"
+mosquitto -c "$dir/mosquitto/mosquitto.conf" >> "$dir/mosquitto/log" 2>&1 &
+mosquitto_pid=$!; echo $mosquitto_pid >> "$dir/pids"
+wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mqtt_port"
+at $(( span * 70 / 100 ))
 leader=$(curl -fsS "http://127.0.0.1:${http[1]}/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader"])')
 log "fault: the firstseen leader, node $leader, killed (SIGKILL)"
 kill -9 "$(cat "$dir/node-$leader.pid")"
-at $(( span * 8 / 10 ))
+at $(( span * 85 / 100 ))
 log "node $leader started again"
 "$bin" run --config "$dir/node-$leader.toml" >> "$dir/node-$leader.log" 2>&1 &
 echo $! >> "$dir/pids"; echo $! > "$dir/node-$leader.pid"
