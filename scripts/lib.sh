@@ -105,7 +105,7 @@ start_mosquitto() {
 # upstream 127.0.0.1:$3 filter $4 routed to Pulsar topic $5 ($PULSAR_URL and
 # $PULSAR_ADMIN_URL must be set), pids appended to $6. Waits until every node
 # is ready. Sets the arrays zones, http (HTTP port per node) and peer.
-# ROUTE_FORMAT sets the route's format (raw, the default, or transitdata).
+# ROUTE_FORMAT sets the route's format (transitdata; unset, the default raw).
 start_cluster() {
   local dir=$1 bin=$2 mqtt=$3 filter=$4 topic=$5 pids=$6 i members=""
   zones=(zone-a zone-b zone-c)
@@ -144,7 +144,7 @@ qos = 1
 [[routes]]
 filter = "$filter"
 pulsar_topic = "$topic"
-format = "${ROUTE_FORMAT:-raw}"
+${ROUTE_FORMAT:+format = \"$ROUTE_FORMAT\"}
 
 [cluster]
 listen = "127.0.0.1:${peer[$i]}"
