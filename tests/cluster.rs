@@ -76,20 +76,8 @@ fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
     let topic = unique_topic("leader-kill");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
     c.wait_ready();
-    let old = c.wait_leader(None, Duration::from_secs(30));
-
-    let replay = replay_cmd(mqtt.port, &["--pace", "1500", "--dup-every", "9"])
-        .spawn()
-        .unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "part of the feed published",
-        || c.node(old).published() > 1_000,
-    );
-    let killed_at = std::time::Instant::now();
-    c.node(old).kill9();
-    let rest = others(3, old);
-    let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let (replay, old, killed_at, new) =
+        c.kill_leader_mid_replay(&["--pace", "1500", "--dup-every", "9"], 1_000);
     let before = c.node(new).published();
     wait_until(
         Duration::from_secs(60),

@@ -30,18 +30,8 @@ fn the_envelope_survives_a_leader_kill_and_decodes_independently() {
         spec.test_route().format = Format::Transitdata;
     });
     c.wait_ready();
-    let old = c.wait_leader(None, Duration::from_secs(30));
-    let replay = replay_cmd(mqtt.port, &["--pace", "1500", "--dup-every", "7"])
-        .spawn()
-        .unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "part of the feed published",
-        || c.node(old).published() > 1_000,
-    );
-    c.node(old).kill9();
-    let rest: Vec<u64> = (1..=3).filter(|i| *i != old).collect();
-    let new = c.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+    let (replay, _, _, new) =
+        c.kill_leader_mid_replay(&["--pace", "1500", "--dup-every", "7"], 1_000);
     assert!(replay.wait_with_output().unwrap().status.success());
     c.node(new)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));

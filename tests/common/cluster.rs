@@ -152,6 +152,31 @@ impl TestCluster {
         &mut self.nodes[(id - 1) as usize]
     }
 
+    /// Starts replaying the capture with `args` and SIGKILLs the leader
+    /// once it has published more than `after` messages. Returns the replay
+    /// (still running), the killed node, the time of the kill and the node
+    /// the others then elect.
+    pub fn kill_leader_mid_replay(
+        &mut self,
+        args: &[&str],
+        after: u64,
+    ) -> (std::process::Child, u64, Instant, u64) {
+        let old = self.wait_leader(None, Duration::from_secs(30));
+        let replay = replay_cmd(self.mqtt_port, args).spawn().unwrap();
+        wait_until(
+            Duration::from_secs(30),
+            "part of the feed published",
+            || self.node(old).published() > after,
+        );
+        let killed_at = Instant::now();
+        self.node(old).kill9();
+        let rest: Vec<u64> = (1..=self.nodes.len() as u64)
+            .filter(|i| *i != old)
+            .collect();
+        let new = self.wait_leader_among(&rest, Some(old), Duration::from_secs(30));
+        (replay, old, killed_at, new)
+    }
+
     /// The leader as the running nodes agree on it, if they do.
     pub fn leader(&self) -> Option<u64> {
         let mut seen = None;
