@@ -56,8 +56,9 @@ enum Command {
         /// The file to check.
         file: PathBuf,
     },
-    /// Read Pulsar topics back and report duplicate keys and gaps or repeats
-    /// in firstseen-seq. Exit 1 if any are found.
+    /// Read Pulsar topics back and report duplicate keys, gaps or repeats
+    /// in firstseen-seq, and (with --config or --key) messages whose contents
+    /// do not have the key they carry. Exit 1 if any are found.
     Verify(cli::verify::Args),
     /// Compare two topics fed by the same upstream over a time range (a
     /// shadow run: the old pipeline's topic beside firstseen's): per side,

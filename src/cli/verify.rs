@@ -1,5 +1,6 @@
-//! `firstseen verify`: reads topics back and reports duplicate keys and
-//! gaps or repeats of sequence numbers (`crate::verify`).
+//! `firstseen verify`: reads topics back and reports duplicate keys, gaps
+//! or repeats of sequence numbers, and messages whose contents do not have
+//! the key they carry (`crate::verify`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
