@@ -16,7 +16,7 @@
 //!
 //! Everything resumes by itself once the space is back.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,17 +28,7 @@ use tokio_util::sync::CancellationToken;
 const EVERY: Duration = Duration::from_millis(200);
 
 /// Bytes available to this process on the filesystem holding `path`.
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated and `s` is a valid place to write to.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
-}
+pub use firstseen_store::disk::free_bytes;
 
 /// Whether `free` bytes leave the node enough room.
 pub fn is_low(free: u64, reserve: u64) -> bool {

@@ -142,14 +142,29 @@ fn a_power_cut_of_every_node_at_once_loses_no_acked_message() {
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 0, "{report}");
+    // sled sometimes cannot read a log after the cut (docs/reliability.md,
+    // finding 17): such a node rejoined, which the run should show.
+    for id in 1..=3 {
+        let log = std::fs::read_to_string(c.node(id).log_path()).unwrap_or_default();
+        for line in log
+            .lines()
+            .filter(|l| l.contains("setting it aside") || l.contains("rejoined:"))
+        {
+            eprintln!("node {id}: {line}");
+        }
+    }
 }
 
-/// A follower's Raft log file is cut to half its length while it is down:
-/// it refuses to start, naming the file, instead of voting with a log that
-/// lost entries; the other two carry on, exactly once.
+/// A follower's Raft log file is cut to half its length while it is down.
+/// It must not vote with a log that lost entries: it sets the log aside
+/// (kept as `log.damaged`), rejoins with an empty one and refuses every vote
+/// until the leader has brought it up to date. Then it votes again: with
+/// the leader killed, the next leader needs its vote. Exactly once.
 #[test]
-fn a_truncated_log_is_refused_and_the_others_carry_on() {
-    let Some(pulsar) = shared_pulsar("a_truncated_log_is_refused_and_the_others_carry_on") else {
+fn a_truncated_log_is_set_aside_and_the_node_rejoins_before_it_votes() {
+    let Some(pulsar) =
+        shared_pulsar("a_truncated_log_is_set_aside_and_the_node_rejoins_before_it_votes")
+    else {
         return;
     };
     let mqtt = Mosquitto::start();
@@ -158,6 +173,7 @@ fn a_truncated_log_is_refused_and_the_others_carry_on() {
     c.wait_ready();
     let leader = c.wait_leader(None, Duration::from_secs(30));
     let victim = if leader == 3 { 2 } else { 3 };
+    let other = 6 - leader - victim;
     replay(mqtt.port, &["--limit", "2500", "--pace", "max"]);
     let first = hfp_pairs(Some(2500)).len() as u64;
     c.node(leader)
@@ -172,7 +188,8 @@ fn a_truncated_log_is_refused_and_the_others_carry_on() {
         .terminate(Duration::from_secs(20))
         .expect("the node stops on SIGTERM");
     assert!(status.success(), "{status} after {took:?}");
-    let db = c.node(victim).data_dir().join("raft/log/db");
+    let raft_dir = c.node(victim).data_dir().join("raft");
+    let db = raft_dir.join("log/db");
     let len = std::fs::metadata(&db).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -180,23 +197,43 @@ fn a_truncated_log_is_refused_and_the_others_carry_on() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let (status, log) = c
-        .node(victim)
-        .restart_expecting_refusal(Duration::from_secs(30));
-    assert!(!status.success());
-    assert!(
-        log.contains("raft/log/db") && log.contains("damaged"),
-        "the error names the damaged file:\n{log}"
+    let log_from = std::fs::metadata(c.node(victim).log_path()).unwrap().len() as usize;
+    c.node(victim).restart();
+    let since_restart = |c: &mut TestCluster| {
+        let text = std::fs::read_to_string(c.node(victim).log_path()).unwrap_or_default();
+        text.get(log_from..).unwrap_or_default().to_string()
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the victim to rejoin and vote again",
+        || since_restart(&mut c).contains("rejoined:"),
     );
+    let log = since_restart(&mut c);
+    let aside = log.find("setting it aside").expect("the log was set aside");
+    assert!(
+        aside < log.find("rejoined:").unwrap(),
+        "set aside, then rejoined:\n{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        raft_dir.join("log.damaged/db").exists(),
+        "the damaged log is kept"
+    );
+    assert!(!raft_dir.join("rejoin").exists(), "the abstention ended");
+    assert_eq!(c.node(victim).metric("firstseen_raft_abstaining"), 0.0);
+    assert!(c.node(victim).applied() >= target);
     eprintln!(
-        "node {victim} refused its truncated log: {}",
+        "node {victim}: {}",
         log.lines()
-            .find(|l| l.contains("damaged"))
+            .find(|l| l.contains("rejoined:"))
             .unwrap_or_default()
     );
 
+    // Two nodes left: the next leader needs the victim's vote.
+    c.node(leader).kill9();
+    let next = c.wait_leader_among(&[victim, other], Some(leader), Duration::from_secs(30));
     replay(mqtt.port, &["--skip", "2500", "--pace", "max"]);
-    c.node(leader)
+    c.node(next)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));

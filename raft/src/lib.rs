@@ -21,6 +21,8 @@
 //!
 //! - [`guard`]: lower bounds of what the log made durable, kept beside it,
 //!   so a log that a damaged file shortened is refused at start-up.
+//! - [`rejoin`]: a damaged log set aside, and the rule that keeps the node
+//!   from voting until the group has brought it up to date.
 //! - [`cover`]: what the snapshot on disk covers; the log's purge point
 //!   never passes it, so a state rebuilt from that snapshot finds the rest
 //!   in the log.
@@ -44,6 +46,7 @@ pub mod cover;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
+pub mod rejoin;
 pub mod runtime;
 pub mod snapshot_files;
 pub mod state_machine;
@@ -103,6 +106,15 @@ fn sled_damage(e: &sled::Error) -> bool {
         sled::Error::Io(io) => io.kind() == std::io::ErrorKind::NotFound,
         _ => false,
     }
+}
+
+/// The message of a caught panic, for the error that reports it.
+pub(crate) fn panic_reason(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "sled panicked while reading it".into())
 }
 
 /// Locks `m` under the one poisoning policy of every crate
@@ -201,16 +213,59 @@ pub struct Storage {
 /// Opens (or creates) a node's storage under `dir`.
 ///
 /// Refuses damaged files with [`RaftError::Damaged`] (or the store's
-/// equivalent), naming the file: a log shorter than its guard, a vote older
-/// than the guard's, a state the log cannot serve.
+/// equivalent), naming the file: a guard that cannot be read, a snapshot
+/// that fails its hash, a state the log cannot serve, and (see below) a
+/// damaged log.
 ///
 /// A state database that fails to open or to load is rebuilt instead: it is
 /// derived data, and the current snapshot plus the Raft log hold everything
 /// it held. sled 0.34 does not always recover a database that lost unsynced
 /// writes (the soak's losses of power on every node left state databases
-/// that sled called corrupt, or panicked on); the log, synced on every
-/// append and checked against the guard, is never rebuilt this way.
+/// that sled called corrupt, or panicked on).
+///
+/// A damaged log (one sled cannot read, or shorter than its guard) is set
+/// aside and the node rejoins with an empty one, abstaining from votes until
+/// the group has brought it up to date ([`rejoin`]; [`rejoin::pending`]
+/// says so), if `on_damaged_log` allows it: only a node with other voters
+/// can be brought up to date, and for a group of one the log is the only
+/// copy, so it is refused.
+pub async fn open_with(dir: &Path, on_damaged_log: OnDamagedLog) -> Result<Storage, RaftError> {
+    match open_once(dir).await {
+        Err(e) if rejoin::is_log_damage(dir, &e) => {
+            let OnDamagedLog::Rejoin { min_free_bytes } = on_damaged_log else {
+                return Err(e);
+            };
+            let d = dir.to_path_buf();
+            tokio::task::spawn_blocking(move || rejoin::set_aside(&d, e, min_free_bytes))
+                .await
+                .map_err(|source| RaftError::Task {
+                    what: "setting the damaged log aside",
+                    source,
+                })??;
+            open_once(dir).await
+        }
+        other => other,
+    }
+}
+
+/// [`open_with`] refusing a damaged log.
 pub async fn open(dir: &Path) -> Result<Storage, RaftError> {
+    open_with(dir, OnDamagedLog::Refuse).await
+}
+
+/// What [`open_with`] does with a Raft log it finds damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDamagedLog {
+    /// Refuse to start, naming the file.
+    Refuse,
+    /// Set it aside and rejoin the group with an empty log ([`rejoin`]),
+    /// unless the disk has less than `min_free_bytes` free: a full disk
+    /// makes sled fail in ways that look like damage, and a log is never
+    /// given up for that.
+    Rejoin { min_free_bytes: u64 },
+}
+
+async fn open_once(dir: &Path) -> Result<Storage, RaftError> {
     let (log_db, state_db, state, rebuilt) = {
         let dir = dir.to_path_buf();
         tokio::task::spawn_blocking(move || open_databases(&dir))
@@ -324,14 +379,9 @@ fn open_databases(
     let load = |log_db: &firstseen_store::disk::Db, check: bool| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(log_db, check)))
             .unwrap_or_else(|panic| {
-                let reason = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "sled panicked while loading it".into());
                 Err(RaftError::Damaged {
                     path: Disk::state_dir(dir).join("db"),
-                    reason,
+                    reason: panic_reason(panic.as_ref()),
                 })
             })
     };
@@ -385,7 +435,7 @@ fn open_databases(
 
 /// Whether an error opening or loading the state database means its data is
 /// damaged (rather than unreachable).
-fn is_damage(e: &RaftError) -> bool {
+pub(crate) fn is_damage(e: &RaftError) -> bool {
     match e {
         RaftError::Damaged { .. } | RaftError::Codec(_) | RaftError::GuardTooLarge(_) => true,
         RaftError::Sled(s) => sled_damage(s),

@@ -23,6 +23,11 @@
 //! raises its term, and rejoins as a follower when the cut heals. Grants are
 //! given only once openraft's own lease has lapsed on the granting node, so
 //! the vote that follows a won pre-vote is not refused by the lease.
+//!
+//! A node whose damaged log was set aside (`firstseen_raft::rejoin`)
+//! abstains: it refuses every pre-vote and vote and does not campaign until
+//! it has applied up to the leader's read index, which it asks for with
+//! [`Request::ReadIndex`]; the driver ends the abstention.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::liveness::{Liveness, Timing};
 use super::peers::Call;
-use super::wire::{PreVote, PreVoteReply, Reply, Request};
+use super::wire::{PreVote, PreVoteReply, ReadIndexError, Reply, Request};
 
 /// What a voter knows when it is asked for a pre-vote.
 #[derive(Debug, Clone)]
@@ -46,6 +51,8 @@ pub struct Mine {
     /// Since a leader's append was last accepted here.
     pub leader_contact_age: Option<Duration>,
     pub uptime: Duration,
+    /// Rejoining with an empty log: no vote until caught up.
+    pub abstaining: bool,
 }
 
 /// Why a pre-vote is refused. Its text travels back to the candidate,
@@ -60,11 +67,18 @@ pub enum Refusal {
     StaleTerm { asked: u64, mine: u64 },
     #[error("your log is behind mine")]
     LogBehind,
+    #[error("my log was set aside and I have not caught up yet")]
+    Rejoining,
 }
 
 /// Whether to grant `req`: the pure rule of the pre-vote. `Err` says why not.
 pub fn grant(req: &PreVote, mine: &Mine, timing: &Timing) -> Result<(), Refusal> {
     let lease = timing.lease();
+    // With its log set aside, this node cannot tell whether the candidate
+    // lacks an entry it had acknowledged (firstseen_raft::rejoin).
+    if mine.abstaining {
+        return Err(Refusal::Rejoining);
+    }
     // A leader that confirmed its leadership recently is alive.
     if mine.is_leader && mine.lease_age.is_some_and(|a| a < lease) {
         return Err(Refusal::Leading);
@@ -116,6 +130,7 @@ pub fn answer(raft: &Raft, liveness: &Liveness, timing: &Timing, req: &PreVote) 
         lease_age: liveness.lease_age(),
         leader_contact_age: liveness.leader_contact_age(),
         uptime: liveness.uptime(),
+        abstaining: liveness.abstaining(),
     };
     match grant(req, &mine, timing) {
         Ok(()) => PreVoteReply {
@@ -129,8 +144,141 @@ pub fn answer(raft: &Raft, liveness: &Liveness, timing: &Timing, req: &PreVote) 
     }
 }
 
+/// This node's answer to a vote while it abstains: refused, with its own
+/// vote and log so that the candidate learns nothing false.
+pub fn refuse_vote(raft: &Raft) -> openraft::raft::VoteResponse<NodeId> {
+    let vote = raft.metrics().borrow().vote;
+    let last_log = raft.data_metrics().borrow().last_log;
+    openraft::raft::VoteResponse::new(vote, last_log, false)
+}
+
+/// The leader's answer to [`Request::ReadIndex`]: openraft's linearizable
+/// read index, at or above every entry committed before the call, after a
+/// quorum confirmed the leadership.
+pub async fn read_index(
+    raft: &Raft,
+    timing: &Timing,
+) -> Result<Option<LogId<NodeId>>, ReadIndexError> {
+    use openraft::error::{CheckIsLeaderError, RaftError};
+    match tokio::time::timeout(timing.confirm_timeout(), raft.ensure_linearizable()).await {
+        Ok(Ok(index)) => Ok(index),
+        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+            Err(ReadIndexError::NotLeader {
+                leader: f.leader_id,
+            })
+        }
+        Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) | Err(_) => {
+            Err(ReadIndexError::Unconfirmed)
+        }
+        Ok(Err(RaftError::Fatal(f))) => Err(ReadIndexError::Fatal {
+            detail: f.to_string(),
+        }),
+    }
+}
+
+/// Where a node rejoining with a set-aside log stands.
+#[derive(Debug, Default)]
+pub struct Rejoin {
+    /// The last log id when it started abstaining: a later one shows it has
+    /// taken an append from the leader at the right place.
+    started_at: Option<Option<LogId<NodeId>>>,
+    /// The leader's read index, asked once the node had taken an append
+    /// (`Some(None)`: the leader had nothing committed).
+    target: Option<Option<LogId<NodeId>>>,
+}
+
+/// While this node abstains (its log was set aside), brings the abstention
+/// to its end (see `firstseen_raft::rejoin`):
+/// 1. once this node has taken an append from the leader (so the leader
+///    found where its log ends, and counts only what it acknowledges now),
+///    it asks the leader for its read index: every entry committed before
+///    the damage, on this node's acknowledgement or not, is at or below it;
+/// 2. once it has applied up to there, its log holds every one of them: the
+///    marker goes (first, so that a failure keeps the node abstaining) and
+///    it votes and campaigns again.
+///
+/// Returns whether it still abstains.
+async fn rejoin_step(
+    raft: &Raft,
+    me: NodeId,
+    peers: &Arc<dyn Call>,
+    liveness: &Liveness,
+    timing: &Timing,
+    raft_dir: &std::path::Path,
+    rejoin: &mut Rejoin,
+) -> bool {
+    if !liveness.abstaining() {
+        return false;
+    }
+    let m = raft.metrics().borrow().clone();
+    let last_log = raft.data_metrics().borrow().last_log;
+    let started_at = *rejoin.started_at.get_or_insert(last_log);
+    let Some(leader) = m.current_leader.filter(|l| *l != me) else {
+        return true;
+    };
+    if rejoin.target.is_none() {
+        if last_log <= started_at {
+            return true;
+        }
+        let Some(addr) = m
+            .membership_config
+            .nodes()
+            .find(|(id, _)| **id == leader)
+            .map(|(_, n)| n.addr.clone())
+        else {
+            return true;
+        };
+        match peers
+            .call(&addr, &Request::ReadIndex, timing.confirm_timeout() * 2)
+            .await
+        {
+            Ok(Reply::ReadIndex(Ok(index))) => {
+                tracing::info!(leader, target = ?index, "rejoining: applying up to the leader's read index before voting again");
+                rejoin.target = Some(index);
+            }
+            Ok(Reply::ReadIndex(Err(e))) => {
+                tracing::debug!(leader, error = %e, "rejoining: the leader gave no read index yet");
+                return true;
+            }
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::debug!(leader, error = %e, "rejoining: cannot ask the leader yet");
+                return true;
+            }
+        }
+    }
+    let target = rejoin.target.expect("set above");
+    if !firstseen_raft::rejoin::caught_up(m.last_applied.as_ref(), target.as_ref()) {
+        return true;
+    }
+    let dir = raft_dir.to_path_buf();
+    let finished = tokio::task::spawn_blocking(move || firstseen_raft::rejoin::finish(&dir))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match finished {
+        Ok(()) => {
+            liveness.resume_voting();
+            tracing::info!(
+                applied = ?m.last_applied,
+                target = ?target,
+                leader,
+                "rejoined: the log holds every entry the group committed before it was set aside; voting again"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not end the abstention; still refusing votes");
+            true
+        }
+    }
+}
+
 /// Campaigns when this voter has heard from no leader for a while and a
-/// majority agrees (see the module docs). Runs until `shutdown`.
+/// majority agrees (see the module docs). Runs until `shutdown`. A node
+/// rejoining with a set-aside log (`raft_dir` holds its marker) does not
+/// campaign until it has caught up, and this task ends the abstention.
+#[allow(clippy::too_many_arguments)]
 pub async fn drive(
     raft: Raft,
     me: NodeId,
@@ -138,16 +286,32 @@ pub async fn drive(
     liveness: Arc<Liveness>,
     timing: Timing,
     disk: Arc<crate::diskspace::DiskSpace>,
+    raft_dir: std::path::PathBuf,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(timing.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut attempt_at = tokio::time::Instant::now();
     let mut wait = campaign_after(&timing, random());
+    let mut rejoin = Rejoin::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
+        }
+        if rejoin_step(
+            &raft,
+            me,
+            &peers,
+            &liveness,
+            &timing,
+            &raft_dir,
+            &mut rejoin,
+        )
+        .await
+        {
+            attempt_at = tokio::time::Instant::now();
+            continue;
         }
         let m = raft.metrics().borrow().clone();
         let membership = m.membership_config.membership().clone();
@@ -273,6 +437,7 @@ mod tests {
             lease_age: None,
             leader_contact_age: contact_ms.map(Duration::from_millis),
             uptime: Duration::from_secs(60),
+            abstaining: false,
         }
     }
 
@@ -282,6 +447,19 @@ mod tests {
             term,
             last_log: last,
         }
+    }
+
+    #[test]
+    fn a_node_rejoining_with_a_set_aside_log_refuses_even_a_longer_log() {
+        let t = timing();
+        let mut rejoining = follower(Some(900));
+        rejoining.last_log = None;
+        assert!(grant(&req(4, log(3, 80)), &rejoining, &t).is_ok());
+        rejoining.abstaining = true;
+        assert_eq!(
+            grant(&req(4, log(3, 80)), &rejoining, &t),
+            Err(Refusal::Rejoining)
+        );
     }
 
     #[test]

@@ -7,12 +7,16 @@
 //!   quorum (a leader's evidence that it still leads);
 //! - the last frame exchanged with each peer, for `/status`.
 //!
+//! It also holds whether this node may take part in elections at all: not
+//! while it rejoins with an empty log after its damaged one was set aside
+//! (`firstseen_raft::rejoin`).
+//!
 //! The election driver ([`super::elect`]), readiness and `/status` all read
 //! it; the peer server, the peer client, the lease watch and the publisher
 //! write it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -61,6 +65,8 @@ pub struct Liveness {
     leader_contact: AtomicU64,
     lease_confirmed: AtomicU64,
     peers: Mutex<BTreeMap<NodeId, Instant>>,
+    /// Refusing every vote and pre-vote, and not campaigning.
+    abstaining: AtomicBool,
 }
 
 impl Default for Liveness {
@@ -76,6 +82,7 @@ impl Liveness {
             leader_contact: AtomicU64::new(NEVER),
             lease_confirmed: AtomicU64::new(NEVER),
             peers: Mutex::new(BTreeMap::new()),
+            abstaining: AtomicBool::new(false),
         }
     }
 
@@ -108,6 +115,24 @@ impl Liveness {
     /// Since the last quorum confirmation, if any.
     pub fn lease_age(&self) -> Option<Duration> {
         self.age(&self.lease_confirmed)
+    }
+
+    /// From now on this node refuses every vote and pre-vote and does not
+    /// campaign: its log was set aside and it has not caught up yet.
+    pub fn abstain(&self) {
+        self.abstaining.store(true, Ordering::Release);
+        metrics::gauge!("firstseen_raft_abstaining").set(1.0);
+    }
+
+    /// The node caught up after rejoining: it votes and campaigns again.
+    pub fn resume_voting(&self) {
+        self.abstaining.store(false, Ordering::Release);
+        metrics::gauge!("firstseen_raft_abstaining").set(0.0);
+    }
+
+    /// Whether this node abstains from elections (see [`Liveness::abstain`]).
+    pub fn abstaining(&self) -> bool {
+        self.abstaining.load(Ordering::Acquire)
     }
 
     /// Since this process started.

@@ -161,6 +161,9 @@ pub fn load_admin_key(config: &Config, cluster: &ClusterKey) -> Result<ClusterKe
     }
 }
 
+/// The least free space a node needs to set a damaged log aside and rejoin.
+const REJOIN_MIN_FREE_BYTES: u64 = 64 << 20;
+
 /// A node's Raft group member: its storage and openraft on some network.
 pub struct Group {
     pub raft: Raft,
@@ -178,7 +181,19 @@ impl Group {
     /// membership entry. The node passes its TCP peers; the whole-cluster
     /// simulation passes its in-memory network.
     pub async fn open(config: &Config, network: network::Network) -> Result<Self, Error> {
-        let storage = firstseen_raft::open(&config.node.data_dir.join("raft")).await?;
+        // A damaged log can be set aside only where other voters hold what
+        // it held; a group of one refuses it. The room asked for: the
+        // node's reserve, and never less than a rebuilt state and a new log
+        // need to get going.
+        let on_damaged_log = if initial_members(config).len() > 1 {
+            firstseen_raft::OnDamagedLog::Rejoin {
+                min_free_bytes: config.node.disk_reserve_bytes.max(REJOIN_MIN_FREE_BYTES),
+            }
+        } else {
+            firstseen_raft::OnDamagedLog::Refuse
+        };
+        let storage =
+            firstseen_raft::open_with(&config.node.data_dir.join("raft"), on_damaged_log).await?;
         let raft = Raft::new(
             config.node.id,
             Arc::new(raft_config(config)?),

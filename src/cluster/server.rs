@@ -330,7 +330,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
     let writes = match &request {
         Request::AppendEntries(r) => !r.entries.is_empty(),
         Request::InstallSnapshot(_) => true,
-        Request::Vote(_) | Request::Forward(_) | Request::PreVote(_) => false,
+        Request::Vote(_) | Request::Forward(_) | Request::PreVote(_) | Request::ReadIndex => false,
     };
     if writes {
         if let Some(reason) = svc.disk.reason() {
@@ -366,6 +366,11 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
                 svc.liveness.leader_contact();
             }
             Reply::AppendEntries(result)
+        }
+        // Rejoining with a set-aside log: a vote could elect a candidate
+        // that lacks an entry this node had acknowledged.
+        Request::Vote(_) if svc.liveness.abstaining() => {
+            Reply::Vote(Ok(super::elect::refuse_vote(&svc.raft)))
         }
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
         Request::InstallSnapshot(r) => {
@@ -403,6 +408,9 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             &svc.timing,
             &req,
         )),
+        Request::ReadIndex => {
+            Reply::ReadIndex(super::elect::read_index(&svc.raft, &svc.timing).await)
+        }
     }
 }
 

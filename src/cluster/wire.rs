@@ -330,6 +330,22 @@ pub enum Request {
     /// after commit, so the follower may then ack upstream (G4).
     Forward(Batch),
     PreVote(PreVote),
+    /// A node rejoining with a set-aside log asks the leader how far it must
+    /// apply before it votes again (`firstseen_raft::rejoin`).
+    ReadIndex,
+}
+
+/// Why the asked node gave no read index.
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+pub enum ReadIndexError {
+    #[error("node is not the leader (leader: {leader:?})")]
+    NotLeader { leader: Option<NodeId> },
+    /// No quorum confirmed the leadership within the confirm timeout.
+    #[error("no quorum confirmed the leadership in time")]
+    Unconfirmed,
+    /// Raft stopped (a storage failure); its text travels as the detail.
+    #[error("raft: {detail}")]
+    Fatal { detail: String },
 }
 
 /// Why a forwarded batch was not committed. It crosses the peer link, so
@@ -363,6 +379,9 @@ pub enum Reply {
     ),
     Forward(Result<Vec<Outcome>, ForwardError>),
     PreVote(PreVoteReply),
+    /// The leader's read index: every entry committed so far is at or below
+    /// it.
+    ReadIndex(Result<Option<LogId<NodeId>>, ReadIndexError>),
     /// The request was not handed to Raft: this node cannot take it now (its
     /// disk is below the reserve). The caller treats the node as unreachable
     /// and backs off.

@@ -141,6 +141,15 @@ impl Core {
             timing,
             snapshot: Default::default(),
         });
+        // Before the peer service or the driver runs: a node whose log was
+        // set aside must not grant a single vote until it has caught up.
+        let raft_dir = config.node.data_dir.join("raft");
+        if firstseen_raft::rejoin::pending(&raft_dir) {
+            tracing::warn!(
+                "rejoining with an empty Raft log: refusing votes and not campaigning until the leader has brought this node up to date"
+            );
+            parts.liveness.abstain();
+        }
         let elections = elect::drive(
             parts.raft.clone(),
             id,
@@ -148,6 +157,7 @@ impl Core {
             parts.liveness.clone(),
             timing,
             parts.disk.clone(),
+            raft_dir,
             stops.services.clone(),
         );
         let lease = elect::watch_lease(

@@ -233,6 +233,20 @@ fn sync_named(
     Ok(files)
 }
 
+/// Bytes available to this process on the filesystem holding `path`
+/// (`statvfs`).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `s` is a valid place to write to.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
 /// `fsync` of a directory, so that names created, renamed or removed in it
 /// are stable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {

@@ -98,11 +98,63 @@ pub fn decode_committed(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Er
 /// The purge point recorded in a log database, before the log store opens
 /// it: a state applied below it can no longer be brought up to date.
 pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
-    let meta = db.sled().open_tree("raft_meta")?;
-    match meta.get(LAST_PURGED)? {
-        Some(raw) => Ok(Some(decode_log_id(&raw)?)),
-        None => Ok(None),
+    let read = || -> Result<_, RaftError> {
+        let meta = db.sled().open_tree("raft_meta")?;
+        match meta.get(LAST_PURGED)? {
+            Some(raw) => Ok(Some(decode_log_id(&raw)?)),
+            None => Ok(None),
+        }
+    };
+    let damaged = |reason: String| RaftError::Damaged {
+        path: db.dir().map(|d| d.join("db")).unwrap_or_default(),
+        reason,
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
+        Ok(Err(e)) if crate::is_damage(&e) => Err(damaged(e.to_string())),
+        Ok(read) => read,
+        Err(panic) => Err(damaged(crate::panic_reason(panic.as_ref()))),
     }
+}
+
+/// The trees of a log database and what `LogStore::open` checks first:
+/// the purge point, the vote and the last entry's id.
+type Heads = (
+    sled::Tree,
+    sled::Tree,
+    Option<LogId<NodeId>>,
+    Option<Vote<NodeId>>,
+    Option<LogId<NodeId>>,
+);
+
+fn read_heads(db: &Db) -> Result<Heads, RaftError> {
+    let sled = db.sled();
+    let meta = sled.open_tree("raft_meta")?;
+    // Stored as a bare LogId by `purge`: decoding it as an Option once
+    // read the term's first byte as the tag, and failed from term 2 on.
+    let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
+        Some(raw) => Some(decode_log_id(&raw)?),
+        None => None,
+    };
+    let log = sled.open_tree("raft_log")?;
+    let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
+        Some(raw) => Some(decode_vote(&raw)?),
+        None => None,
+    };
+    let last_entry: Option<LogId<NodeId>> = match log.last()? {
+        Some((_, raw)) => Some(decode_entry(&raw)?.log_id),
+        None => None,
+    };
+    Ok((meta, log, purged, vote, last_entry))
+}
+
+/// Writes `vote` into the empty log database `db` and syncs it: the vote a
+/// node keeps when its damaged log is set aside ([`crate::rejoin`]).
+/// Blocking.
+pub fn seed_vote(db: &Db, vote: &Vote<NodeId>) -> Result<(), RaftError> {
+    let meta = db.sled().open_tree("raft_meta")?;
+    meta.insert(VOTE, bincode::serialize(vote)?)?;
+    db.sync()?;
+    Ok(())
 }
 
 impl LogStore {
@@ -128,28 +180,25 @@ impl LogStore {
         state: StateStore,
         cover: SnapshotCover,
     ) -> Result<(Self, Reaper), RaftError> {
-        let sled = db.sled();
-        let meta = sled.open_tree("raft_meta")?;
-        // Stored as a bare LogId by `purge`: decoding it as an Option once
-        // read the term's first byte as the tag, and failed from term 2 on.
-        let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
-            Some(raw) => Some(decode_log_id(&raw)?),
-            None => None,
-        };
-        let log = sled.open_tree("raft_log")?;
-        let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
-            Some(raw) => Some(decode_vote(&raw)?),
-            None => None,
-        };
-        let last_entry: Option<LogId<NodeId>> = match log.last()? {
-            Some((_, raw)) => Some(decode_entry(&raw)?.log_id),
-            None => None,
-        };
-        let last = last_entry.max(purged);
         let dir: PathBuf = db
             .dir()
             .map(|d| d.to_path_buf())
             .unwrap_or_else(|| PathBuf::from("(temporary)"));
+        // sled 0.34 panics on some pages a power cut damaged ("cannot find
+        // pid N in view_for_key") where it should return an error: both
+        // are the file's damage, reported as such.
+        let heads = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_heads(db)));
+        let damaged = |reason: String| RaftError::Damaged {
+            path: dir.join("db"),
+            reason,
+        };
+        let (meta, log, purged, vote, last_entry) = match heads {
+            Ok(Ok(heads)) => heads,
+            Ok(Err(e)) if crate::is_damage(&e) => return Err(damaged(e.to_string())),
+            Ok(Err(e)) => return Err(e),
+            Err(panic) => return Err(damaged(crate::panic_reason(panic.as_ref()))),
+        };
+        let last = last_entry.max(purged);
         let guard_path = dir.with_file_name("guard");
         let guard = Guard::open(&guard_path, || Marks {
             vote,
