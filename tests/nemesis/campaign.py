@@ -683,6 +683,7 @@ class Campaign:
         verdict.update({"seed": a.seed, "minutes": a.minutes, "rate": a.rate, "profile": a.profile,
                         "faults_by_kind": schedule.counts(faults), "events": self.events,
                         "recovered": recovered, "refused_nodes": refused, "elections": self.elections(),
+                        "logs_set_aside": self.logs_set_aside(),
                         "self_exits": self.self_exits,
                         "resources": self.resource_summary(),
                         "load": load_info})
@@ -737,15 +738,23 @@ class Campaign:
                             "disk_mb_first": disk[0], "disk_mb_last": disk[-1], "disk_mb_max": max(disk)}
         return out
 
-    def elections(self):
+    def count_log_lines(self, marker):
         n = 0
         for node in self.nodes:
             try:
-                with open(os.path.join(node.dir, "node.log")) as f:
-                    n += sum(1 for line in f if "pre-vote won" in line)
+                with open(os.path.join(node.dir, "node.log"), errors="replace") as f:
+                    n += sum(1 for line in f if marker in line)
             except OSError:
                 pass
         return n
+
+    def elections(self):
+        return self.count_log_lines("pre-vote won")
+
+    def logs_set_aside(self):
+        # A log sled could not read after a power cut, set aside: the node
+        # rejoined and abstained until caught up (raft/src/rejoin.rs).
+        return self.count_log_lines("setting it aside and rejoining")
 
     def cleanup(self):
         self.stopping = True
