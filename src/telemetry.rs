@@ -254,6 +254,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Appends from the leader that took this node longer than a heartbeat to take: the leader has given up on each and sends it again",
     ),
     (
+        "firstseen_raft_abstaining",
+        "gauge",
+        "1 while this node refuses every vote and does not campaign: its damaged Raft log was set aside and it has not yet applied up to the leader's read index; 0 once it votes again",
+    ),
+    (
+        "firstseen_log_set_aside_total",
+        "counter",
+        "Damaged Raft logs this process set aside at start-up (kept as raft/log.damaged)",
+    ),
+    (
         "firstseen_raft_log_bytes_total",
         "counter",
         "Encoded bytes of the Raft log entries appended to this node's log",
