@@ -178,7 +178,7 @@ pub async fn read_index(
 
 /// Where a node rejoining with a set-aside log stands.
 #[derive(Debug, Default)]
-pub struct Rejoin {
+struct Rejoin {
     /// The last log id when it started abstaining: a later one shows it has
     /// taken an append from the leader at the right place.
     started_at: Option<Option<LogId<NodeId>>>,
