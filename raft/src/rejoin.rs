@@ -119,14 +119,25 @@ pub fn set_aside(
     // The marker first: from here on, whatever state a crash leaves, the
     // next start abstains.
     let marker = dir.join(MARKER);
+    // Set aside before and not yet caught up: the log now is the empty one
+    // of that rejoin (a start cut short in the middle of this function
+    // leaves one the guard refuses); the first damaged copy is the one
+    // worth keeping.
+    let again = pending(dir) && dir.join(SET_ASIDE).exists();
     write_synced(&marker, &format!("{damage}\n"))?;
     let log = dir.join("log");
     let aside = dir.join(SET_ASIDE);
-    if aside.exists() {
-        std::fs::remove_dir_all(&aside).map_err(|e| io(&aside, e))?;
-    }
-    if log.exists() {
-        std::fs::rename(&log, &aside).map_err(|e| io(&log, e))?;
+    if again {
+        if log.exists() {
+            std::fs::remove_dir_all(&log).map_err(|e| io(&log, e))?;
+        }
+    } else {
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(|e| io(&aside, e))?;
+        }
+        if log.exists() {
+            std::fs::rename(&log, &aside).map_err(|e| io(&log, e))?;
+        }
     }
     firstseen_store::disk::sync_dir(dir)?;
     // The state refers to log entries by index: rebuilt from the snapshot.

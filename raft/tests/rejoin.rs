@@ -107,6 +107,29 @@ async fn a_damaged_log_is_refused_or_set_aside_keeping_the_vote() {
     let storage = open(dir, rejoin).await.unwrap();
     assert!(rejoin::pending(dir));
     drop(storage);
+    let first_copy = std::fs::metadata(dir.join(rejoin::SET_ASIDE).join("db"))
+        .unwrap()
+        .len();
+
+    // The rejoin's own log damaged before it caught up (emptied: its vote
+    // is gone, which the guard refuses): set aside again, and the first
+    // damaged copy is the one kept.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("log/db"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let mut storage = open(dir, rejoin).await.unwrap();
+    assert!(rejoin::pending(dir));
+    assert_eq!(
+        std::fs::metadata(dir.join(rejoin::SET_ASIDE).join("db"))
+            .unwrap()
+            .len(),
+        first_copy
+    );
+    assert_eq!(storage.log.read_vote().await.unwrap(), Some(vote));
+    drop(storage);
     rejoin::finish(dir).unwrap();
     assert!(!rejoin::pending(dir));
 }
