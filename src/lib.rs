@@ -22,8 +22,9 @@
 //!    contents; and compares two topics over a time range (a shadow run
 //!    beside another pipeline).
 //!
-//! Around them: [`node`] wires the stages together and stops them in
-//! reverse order under [`supervise`]; [`http`] is the status page and API;
+//! Around them: [`node`] runs the stages as one ordered list, starts them
+//! in order and stops them in reverse, failing fast when a task ends
+//! early; [`http`] is the status page and API;
 //! [`cli`] the binary's commands; [`config`] the configuration file as a
 //! whole (each section's types and checks live in its stage's `config.rs`;
 //! `config` loads, applies the environment, and adds the checks across
@@ -47,7 +48,6 @@ pub mod node;
 pub mod peraddr;
 pub mod propose;
 pub mod publish;
-pub mod supervise;
 pub mod telemetry;
 pub mod tls;
 pub mod verify;
@@ -114,7 +114,7 @@ pub enum Error {
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    TaskEnded(#[from] supervise::Early),
+    TaskEnded(#[from] node::supervise::Early),
 }
 
 impl Error {

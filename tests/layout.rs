@@ -1,7 +1,7 @@
 //! Rules of the source tree that the compiler does not check.
 //!
 //! - Every task a node runs has an owner that waits for it at the stop: the
-//!   supervisor (`src/supervise.rs`), a tracker it hands out, or a task's own
+//!   supervisor (`src/node/supervise.rs`), a tracker it hands out, or a task's own
 //!   `JoinSet`/`TaskTracker`. A bare `tokio::spawn` outside tests starts a
 //!   task nobody waits for, which is how a dead batcher once left a node
 //!   that looked alive.
@@ -60,7 +60,7 @@ fn crate_sources() -> Vec<PathBuf> {
 fn no_task_is_spawned_outside_an_owner() {
     let mut bare = Vec::new();
     for file in crate_sources() {
-        if file.ends_with("src/supervise.rs") {
+        if file.ends_with("src/node/supervise.rs") {
             continue;
         }
         for (n, line) in product_code(&file).lines().enumerate() {
@@ -73,6 +73,26 @@ fn no_task_is_spawned_outside_an_owner() {
         bare.is_empty(),
         "tasks spawned without an owner (use the supervisor or its tracker):\n{}",
         bare.join("\n")
+    );
+}
+
+/// The node runs every long-running task as part of a stage
+/// (`src/node/stages.rs`), which owns the one supervisor: a task spawned
+/// on a supervisor of its own would be stopped in no order.
+#[test]
+fn only_the_stage_list_makes_a_supervisor() {
+    let mut found = Vec::new();
+    for file in crate_sources() {
+        if file.ends_with("src/node/stages.rs") || file.ends_with("src/node/supervise.rs") {
+            continue;
+        }
+        if product_code(&file).contains("Supervisor::new") {
+            found.push(file.display().to_string());
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a supervisor outside the stage list: {found:?}"
     );
 }
 

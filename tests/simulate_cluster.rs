@@ -911,6 +911,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         },
         Stops {
             batch: stop.clone(),
+            publish: stop.clone(),
             services: stop.clone(),
             proposals: stop,
         },

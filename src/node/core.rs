@@ -72,7 +72,9 @@ pub struct Parts {
 pub struct Stops {
     /// The batcher: its last batch is committed and acked first.
     pub batch: CancellationToken,
-    /// The elections, the lease watch and the publisher.
+    /// The publisher.
+    pub publish: CancellationToken,
+    /// The elections and the lease watch.
     pub services: CancellationToken,
     /// The coalescer, last: the batcher's last batch, the publisher's last
     /// receipts and the forwards still being served all go through it.
@@ -184,7 +186,7 @@ impl Core {
             },
             node_id: id,
             batch: config.pulsar.publish_batch,
-            shutdown: stops.services,
+            shutdown: stops.publish,
             disk: parts.disk.clone(),
             max_message_bytes: config.pulsar.max_message_bytes,
             dead_letter: Some(parts.dead_letter.clone()),

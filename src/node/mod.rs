@@ -1,11 +1,17 @@
-//! One firstseen node: wires ingest → batch → Raft → publish → ack and stops
-//! them in that order, within `node.shutdown_timeout_secs`. The core that
-//! decides is built in [`core`], shared with the whole-cluster simulation;
-//! this file adds the process around it: listeners, HTTP, watchdogs, ingest
-//! and the stop order.
+//! One firstseen node: the pipeline's stages as one ordered list
+//! ([`stages`]): proposals, cluster, observe, publish, acks, batch, intake.
+//! They start in that order and stop in reverse within
+//! `node.shutdown_timeout_secs`: intake first, then the last batch
+//! (committed and acked), the acks, the publisher, HTTP and the watchdogs,
+//! the group's tasks, the coalescer, and last Raft and storage. The core
+//! that decides is built in [`core`], shared with the whole-cluster
+//! simulation; [`supervise`] makes the node fail fast when a task ends
+//! early; [`config`] is the `[node]` section.
 
 pub mod config;
 pub mod core;
+pub mod stages;
+pub mod supervise;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::core::{Core, Parts, Ports, Stops};
+use self::stages::{Share, Stages};
 use crate::cluster::server;
 use crate::cluster::Cluster;
 use crate::config::Config;
@@ -21,7 +28,6 @@ use crate::http::{self, AppState};
 use crate::ingest::route::Route;
 use crate::ingest::Upstream;
 use crate::publish::adapter::PulsarBroker;
-use crate::supervise::Supervisor;
 use crate::Error;
 
 /// Messages buffered between the ingest tasks and the batcher. Beyond it,
@@ -57,19 +63,32 @@ pub async fn run(
         ),
         None => None,
     };
-    // Every task of the node runs under the supervisor; a long-running one
-    // that ends before the stop stops the node (see crate::supervise).
-    let mut tasks = Supervisor::new(shutdown.clone());
-    let mut cluster = Cluster::start(&config, tasks.tracker()).await?;
+    let mut stages = Stages::new(shutdown.clone());
+    let mut cluster = Cluster::start(&config, stages.tracker()).await?;
     let disk = crate::diskspace::DiskSpace::new(
         config.node.data_dir.clone(),
         config.node.disk_reserve_bytes,
     );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
-    let services = CancellationToken::new();
-    let proposals = CancellationToken::new();
-    let clock = crate::clock::SystemClock::shared();
 
+    // The node's stages in the order they start; they stop in reverse, each
+    // once the ones after it have ended (see `stages`).
+    let proposals = stages.add("proposals", Share::Whole);
+    let group = stages.add("cluster", Share::Whole);
+    let observe = stages.add("observe", Share::Whole);
+    let publish = stages.add("publish", Share::Whole);
+    let acks = stages.add("acks", Share::Whole);
+    // Half the bound goes to the last batch, so that a node without a
+    // quorum still flushes and exits.
+    let batch = stages.add(
+        "batch",
+        Share::Half {
+            late: "the last batch was not committed in time; its messages stay unacked with the broker",
+        },
+    );
+    let intake = stages.add("intake", Share::Whole);
+
+    let clock = crate::clock::SystemClock::shared();
     let dead_letter = crate::ingest::deadletter::DeadLetter::open(
         config.node.data_dir.join("dead-letter"),
         crate::ingest::deadletter::Bounds {
@@ -111,24 +130,13 @@ pub async fn run(
             acks: Arc::new(gates),
         },
         Stops {
-            batch: shutdown.clone(),
-            services: services.clone(),
-            proposals: proposals.clone(),
+            batch: stages.token(batch),
+            publish: stages.token(publish),
+            services: stages.token(group),
+            proposals: stages.token(proposals),
         },
         rx,
     );
-    let coalescer_task = tasks.spawn("coalescer", core.coalescer);
-    // Deletes purged log entries; it would run until the storage closes.
-    let reaper_task = cluster.reaper.take().map(|reaping| {
-        let stop = services.clone();
-        tasks.spawn("log reaper", async move {
-            tokio::select! {
-                _ = reaping => {}
-                _ = stop.cancelled() => {}
-            }
-        })
-    });
-
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),
@@ -153,13 +161,6 @@ pub async fn run(
         timing: cluster.timing,
         publishing: Default::default(),
     });
-
-    let peer_task = peer_listener.map(|listener| {
-        tasks.spawn(
-            "peer listener",
-            server::serve(listener, core.peer_service.clone(), services.clone()),
-        )
-    });
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
             crate::tls::http::server_config(t)
@@ -167,100 +168,88 @@ pub async fn run(
         ),
         None => None,
     };
+
+    stages.spawn(proposals, "coalescer", core.coalescer);
+
+    let stop = stages.token(group);
+    if let Some(listener) = peer_listener {
+        let serving = server::serve(listener, core.peer_service.clone(), stop.clone());
+        stages.spawn(group, "peer listener", serving);
+    }
+    // Deletes purged log entries; it would run until the storage closes.
+    if let Some(reaping) = cluster.reaper.take() {
+        let stop = stop.clone();
+        stages.spawn(group, "log reaper", async move {
+            tokio::select! {
+                _ = reaping => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+    stages.spawn(group, "elections", core.elections);
+    stages.spawn(group, "lease", core.lease);
+    let following = crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), stop.clone());
+    stages.spawn(group, "heartbeats", following);
+    let leadership = crate::cluster::log_leadership(cluster.raft.clone(), stop);
+
+    stages.spawn(group, "leadership log", leadership);
+    let stop = stages.token(observe);
     let (listener, accepting) =
-        http::listener::Listener::start(listener, http_tls, services.clone(), tasks.tracker())?;
-    let accept_task = tasks.spawn("http accept", accepting);
-    let http_task = tasks.spawn("http", http::serve(listener, app.clone(), services.clone()));
-    let gauge_task = tasks.spawn("gauges", http::gauges(app.clone(), services.clone()));
-    let leadership_task = tasks.spawn(
-        "leadership log",
-        crate::cluster::log_leadership(cluster.raft.clone(), services.clone()),
+        http::listener::Listener::start(listener, http_tls, stop.clone(), stages.tracker())?;
+    stages.spawn(observe, "http accept", accepting);
+    stages.spawn(
+        observe,
+        "http",
+        http::serve(listener, app.clone(), stop.clone()),
     );
-    let disk_task = tasks.spawn("disk space", disk.clone().watch(services.clone()));
-    let sweep_task = tasks.spawn("dead-letter retention", dead_letter.sweep(services.clone()));
-    let watchdog_task = tasks.spawn(
-        "storage watchdog",
-        crate::watchdog::watch(
-            cluster.raft.clone(),
-            cluster.disk.log.clone(),
-            cluster.disk.state.clone(),
-            services.clone(),
-        ),
+    stages.spawn(observe, "gauges", http::gauges(app, stop.clone()));
+    stages.spawn(observe, "disk space", disk.clone().watch(stop.clone()));
+    stages.spawn(
+        observe,
+        "dead-letter retention",
+        dead_letter.sweep(stop.clone()),
     );
-    let elect_task = tasks.spawn("elections", core.elections);
-    let lease_task = tasks.spawn("lease", core.lease);
-    let heartbeat_task = tasks.spawn(
-        "heartbeats",
-        crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), services.clone()),
+    let watching = crate::watchdog::watch(
+        cluster.raft.clone(),
+        cluster.disk.log.clone(),
+        cluster.disk.state.clone(),
+        stop,
     );
-    let publisher = tasks.spawn("publisher", core.publisher);
-    let batcher = tasks.spawn("batcher", core.batcher);
-    let acks_done = CancellationToken::new();
-    let mut ingest = Vec::new();
+    stages.spawn(observe, "storage watchdog", watching);
+
+    stages.spawn(publish, "publisher", core.publisher);
     for u in upstreams {
         let name = u.config.name.clone();
-        let task = u.run(tx.clone(), shutdown.clone(), acks_done.clone());
-        ingest.push(tasks.spawn("upstream", async move {
+        let task = u.run(tx.clone(), stages.token(intake), stages.token(acks));
+        stages.spawn(acks, "upstream", async move {
             if let Err(e) = task.await {
                 tracing::error!(upstream = %name, error = %e, "upstream task failed");
             }
-        }));
+        });
     }
     drop(tx);
+    stages.spawn(batch, "batcher", core.batcher);
 
     let early = tokio::select! {
         _ = shutdown.cancelled() => None,
-        e = tasks.early() => Some(e),
+        e = stages.early() => Some(e),
     };
     if let Some(e) = &early {
         tracing::error!(error = %e, "stopping the node: a task it cannot run without has ended; a supervisor restarts it from what is on stable storage");
         shutdown.cancel();
     }
     let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
-    let deadline = tokio::time::Instant::now() + bound;
     tracing::info!(
         bound_secs = bound.as_secs(),
         "shutting down: ingest, batcher, publisher, raft, storage"
     );
-    // Each stage gets what is left of the bound; a stage that does not end
-    // in time is abandoned. Nothing is lost by that: a batch that was not
-    // committed was not acked either, and the broker's persistent session
-    // redelivers it to whichever node runs next. Half the bound goes to the
-    // last batch, so that a node without a quorum still flushes and exits.
-    let batch_deadline = tokio::time::Instant::now() + bound / 2;
-    if !finish(batcher, batch_deadline, "batcher").await {
-        tracing::warn!(
-            "the last batch was not committed in time; its messages stay unacked with the broker"
-        );
-    }
-    acks_done.cancel();
-    for t in ingest {
-        finish(t, deadline, "upstream").await;
-    }
-    services.cancel();
-    finish(publisher, deadline, "publisher").await;
-    for t in [
-        gauge_task,
-        http_task,
-        accept_task,
-        disk_task,
-        sweep_task,
-        watchdog_task,
-        heartbeat_task,
-        elect_task,
-        lease_task,
-        leadership_task,
-    ] {
-        finish(t, deadline, "service").await;
-    }
-    for t in peer_task.into_iter().chain(reaper_task) {
-        finish(t, deadline, "service").await;
-    }
-    proposals.cancel();
-    finish(coalescer_task, deadline, "coalescer").await;
+    // A stage that does not end in time is abandoned. Nothing is lost by
+    // that: a batch that was not committed was not acked either, and the
+    // broker's persistent session redelivers it to whichever node runs next.
+    let deadline = stages.stop(bound).await;
     // Raft and the final sync get at least a moment even when the stages
-    // before used the whole bound: everything acked is already durable, so
-    // this only shortens the next start.
+    // used the whole bound: everything acked is already durable, so this
+    // only shortens the next start.
     let last = deadline.max(tokio::time::Instant::now() + Duration::from_secs(1));
     if tokio::time::timeout_at(last, cluster.shutdown())
         .await
@@ -270,7 +259,7 @@ pub async fn run(
     }
     // The children (peer connections, dials, handshakes) end with the
     // peers and the listeners; none is left running behind the exit.
-    let left = tasks.wait_all(last).await;
+    let left = stages.wait_all(last).await;
     if left > 0 {
         tracing::warn!(tasks = left, "tasks still running at exit");
     }
@@ -278,26 +267,5 @@ pub async fn run(
     match early {
         Some(e) => Err(e.into()),
         None => Ok(()),
-    }
-}
-
-/// Waits for a task until `deadline`, then aborts it. Returns whether it
-/// ended by itself. A task that panicked is logged, not hidden.
-async fn finish(
-    mut task: tokio::task::JoinHandle<()>,
-    deadline: tokio::time::Instant,
-    what: &str,
-) -> bool {
-    match tokio::time::timeout_at(deadline, &mut task).await {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
-            tracing::error!(task = what, error = %e, "task failed");
-            true
-        }
-        Err(_) => {
-            tracing::warn!(task = what, "did not stop in time; abandoned");
-            task.abort();
-            false
-        }
     }
 }
