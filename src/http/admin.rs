@@ -1,0 +1,154 @@
+//! The admin endpoints: adding and removing members. Each request must come
+//! over TLS, from loopback, or where the operator allowed plain HTTP; carry
+//! the admin token; and reach the leader (otherwise the reply names it).
+
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Json;
+
+use super::{listener, AppState};
+
+/// A member to add, as the admin API takes it.
+#[derive(serde::Deserialize)]
+pub struct NewMember {
+    pub id: u64,
+    pub zone: String,
+    pub addr: String,
+    #[serde(default)]
+    pub http: String,
+}
+
+type AdminReply = (StatusCode, Json<serde_json::Value>);
+
+/// Whether an admin request may present the secret over this connection:
+/// over TLS, from a loopback client, or where the operator allowed plain
+/// HTTP. Pure, for the unit test.
+pub fn secret_may_travel(client: listener::Client, allow_plaintext_admin: bool) -> bool {
+    client.tls || client.addr.ip().to_canonical().is_loopback() || allow_plaintext_admin
+}
+
+/// Checks the transport, the bearer secret and that this node leads;
+/// otherwise says who does.
+fn admin_gate(
+    app: &AppState,
+    client: listener::Client,
+    headers: &HeaderMap,
+) -> Result<(), AdminReply> {
+    if !secret_may_travel(client, app.allow_plaintext_admin) {
+        // Refused before the secret is even looked at; it has crossed the
+        // network in the clear already, which the message says.
+        app.admin_refusals.refused(
+            client.addr,
+            "secret sent over plain HTTP from a non-loopback client",
+        );
+        return Err((
+            StatusCode::FORBIDDEN,
+            Json(serde_json::json!({
+                "error": "admin requests carry the cluster secret and are refused over plain HTTP from another host: configure [node.http_tls] and use https://, or set node.allow_plaintext_admin = true on a network you trust; if this request carried the real secret, consider it exposed and rotate it"
+            })),
+        ));
+    }
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // matches_secret compares blake3 hashes, whose equality is constant
+    // time: the reply's timing says nothing about how much of a guess matched.
+    if !token.is_some_and(|t| app.key.matches_secret(t.as_bytes())) {
+        app.admin_refusals
+            .refused(client.addr, "missing or wrong admin credential");
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            Json(
+                serde_json::json!({"error": "admin requests need `Authorization: Bearer <admin token>` (node.admin_token_file, or the cluster secret when the node has none)"}),
+            ),
+        ));
+    }
+    let m = app.raft.metrics().borrow().clone();
+    if m.current_leader != Some(app.node_id) {
+        let leader_http = m.current_leader.and_then(|l| {
+            m.membership_config
+                .nodes()
+                .find(|(id, _)| **id == l)
+                .map(|(_, n)| n.http.clone())
+        });
+        return Err((
+            StatusCode::CONFLICT,
+            Json(
+                serde_json::json!({"error": "not the leader", "leader": m.current_leader, "leader_http": leader_http}),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn add_member(
+    State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
+    headers: HeaderMap,
+    Json(m): Json<NewMember>,
+) -> AdminReply {
+    if let Err(r) = admin_gate(&app, client, &headers) {
+        return r;
+    }
+    tracing::info!(id = m.id, zone = %m.zone, addr = %m.addr, "adding member");
+    let member = firstseen_raft::Member {
+        addr: m.addr,
+        zone: m.zone,
+        http: m.http,
+    };
+    match crate::cluster::add_member(&app.raft, m.id, member).await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"added": m.id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+pub async fn remove_member(
+    State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> AdminReply {
+    if let Err(r) = admin_gate(&app, client, &headers) {
+        return r;
+    }
+    tracing::info!(id, "removing member");
+    match crate::cluster::remove_member(&app.raft, id).await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"removed": id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_travels_over_tls_from_loopback_or_where_allowed() {
+        let at = |a: &str, tls| listener::Client {
+            addr: a.parse().unwrap(),
+            tls,
+        };
+        assert!(secret_may_travel(at("10.0.0.5:4000", true), false));
+        assert!(secret_may_travel(at("127.0.0.1:4000", false), false));
+        assert!(secret_may_travel(at("[::1]:4000", false), false));
+        assert!(secret_may_travel(
+            at("[::ffff:127.0.0.1]:4000", false),
+            false
+        ));
+        assert!(!secret_may_travel(at("10.0.0.5:4000", false), false));
+        assert!(!secret_may_travel(
+            at("[::ffff:10.0.0.5]:4000", false),
+            false
+        ));
+        assert!(secret_may_travel(at("10.0.0.5:4000", false), true));
+    }
+}
