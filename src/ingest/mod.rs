@@ -114,9 +114,16 @@ impl Upstream {
         shutdown: CancellationToken,
         acks_done: CancellationToken,
     ) -> Result<(), crate::Error> {
-        let (client, session) = adapter::Session::new(adapter::options(&self)?);
-        self.drive(Arc::new(client), session, tx, shutdown, acks_done)
-            .await
+        let options = adapter::options(&self)?;
+        if options.v5 {
+            let (client, session) = adapter::v5::connect(options);
+            self.drive(Arc::new(client), session, tx, shutdown, acks_done)
+                .await
+        } else {
+            let (client, session) = adapter::v4::connect(options);
+            self.drive(Arc::new(client), session, tx, shutdown, acks_done)
+                .await
+        }
     }
 
     /// [`Upstream::run`] on any session behind the port: subscribes when
