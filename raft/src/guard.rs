@@ -14,7 +14,7 @@
 //! start-up, and the node refuses to start, naming the file, when the log
 //! has less.
 //!
-//! The file holds two slots of [`SLOT`] bytes, each `MAGIC ‖ seq ‖ len ‖
+//! The file holds two slots of `SLOT` bytes, each `MAGIC ‖ seq ‖ len ‖
 //! payload ‖ blake3(seq ‖ len ‖ payload)`, written alternately and synced.
 //! A torn write damages at most the slot being written; the other still
 //! holds the previous record. The vote, purges and truncations are written

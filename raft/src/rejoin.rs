@@ -141,7 +141,7 @@ pub fn set_aside(
     }
     firstseen_store::disk::sync_dir(dir)?;
     // The state refers to log entries by index: rebuilt from the snapshot.
-    crate::mark_state_damaged(dir, "the Raft log it refers to was set aside");
+    crate::damage::mark_state_damaged(dir, "the Raft log it refers to was set aside");
     // The new log holds the vote before the guard lowers its other marks:
     // a crash in between leaves a guard that refuses the log, and the next
     // start sets it aside again.

@@ -290,9 +290,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     // Applying a committed entry cannot fail on sound data:
                     // the state is damaged, and without this every restart
                     // re-applied the same entry and stopped on it again.
-                    if crate::store_damage(&e) {
+                    if crate::damage::store_damage(&e) {
                         if let Some(raft_dir) = self.dir.parent() {
-                            crate::mark_state_damaged(raft_dir, &e.to_string());
+                            crate::damage::mark_state_damaged(raft_dir, &e.to_string());
                         }
                     }
                     return Err(StorageIOError::apply(entry.log_id, any(e)).into());

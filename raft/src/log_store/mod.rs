@@ -110,9 +110,9 @@ pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
         reason,
     };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
-        Ok(Err(e)) if crate::is_damage(&e) => Err(damaged(e.to_string())),
+        Ok(Err(e)) if crate::damage::is_damage(&e) => Err(damaged(e.to_string())),
         Ok(read) => read,
-        Err(panic) => Err(damaged(crate::panic_reason(panic.as_ref()))),
+        Err(panic) => Err(damaged(crate::damage::panic_reason(panic.as_ref()))),
     }
 }
 
@@ -194,9 +194,9 @@ impl LogStore {
         };
         let (meta, log, purged, vote, last_entry) = match heads {
             Ok(Ok(heads)) => heads,
-            Ok(Err(e)) if crate::is_damage(&e) => return Err(damaged(e.to_string())),
+            Ok(Err(e)) if crate::damage::is_damage(&e) => return Err(damaged(e.to_string())),
             Ok(Err(e)) => return Err(e),
-            Err(panic) => return Err(damaged(crate::panic_reason(panic.as_ref()))),
+            Err(panic) => return Err(damaged(crate::damage::panic_reason(panic.as_ref()))),
         };
         let last = last_entry.max(purged);
         let guard_path = dir.with_file_name("guard");

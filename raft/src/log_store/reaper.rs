@@ -11,9 +11,9 @@ use firstseen_store::StateStore;
 use crate::guard::Guard;
 use crate::lock;
 
-/// The task that deletes purged entries ([`reap_loop`]). The caller runs it
+/// The task that deletes purged entries (`reap_loop`). The caller runs it
 /// (a node, under its supervisor) for as long as the log is open; it ends
-/// once every handle of the [`LogStore`] is dropped. Without it, purged
+/// once every handle of the [`crate::LogStore`] is dropped. Without it, purged
 /// entries stay on disk.
 pub type Reaper = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
