@@ -3,7 +3,7 @@
 //! - [`typ`]: every Raft type, declared once ([`TypeConfig`]), and this
 //!   crate's errors. Log entries carry a [`firstseen_store::Command`];
 //!   applying one yields a [`firstseen_store::Response`].
-//! - [`mod@open`]: opens a node's storage: the two sled databases
+//! - [`storage`]: opens a node's storage: the two sled databases
 //!   ([`firstseen_store::disk::Disk`]) and everything below on top of them.
 //! - [`log_store`]: the Raft log and vote in sled. An append is flushed to disk
 //!   before openraft is told it is durable, because commit — and with it the
@@ -41,19 +41,19 @@ pub mod cover;
 pub mod damage;
 pub mod guard;
 pub mod log_store;
-pub mod open;
 pub mod outbox;
 pub mod rejoin;
 pub mod runtime;
 pub mod snapshot_files;
 pub mod state_machine;
+pub mod storage;
 pub mod typ;
 
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
 pub use log_store::LogStore;
-pub use open::{open, open_with, OnDamagedLog, Storage};
 pub use outbox::Outbox;
 pub use state_machine::StateMachine;
+pub use storage::{open, open_with, OnDamagedLog, Storage};
 pub use typ::{Member, Raft, RaftError, StorageResult, TypeConfig};
 
 /// Locks `m` under the one poisoning policy of every crate

@@ -6,7 +6,7 @@
 //! installing it, and a node serving or reopening one checks its own. A
 //! damaged snapshot is refused with an error naming the file, never
 //! installed or sent. Files are written whole and synced before a name
-//! points at them, and promotes take turns ([`Promotions`]); the state
+//! points at them, and promotes take turns (`Promotions`); the state
 //! machine in [`crate::state_machine`] decides when.
 
 use std::io::{BufReader, BufWriter, Write};
