@@ -79,11 +79,14 @@ peak_rss_mb() { awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 rss_mb() { awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 # Sum of one metric's series on node $1 (HTTP port).
 metric() { curl -fsS "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $2 } END { printf "%.0f", s }'; }
-status_field() { curl -fsS "http://127.0.0.1:$1/status" | python3 -c "import json,sys; d=json.load(sys.stdin); print($2)"; }
+# The benchmark's arithmetic and reports (bench/py/benchreport.py, tested).
+report() { python3 "$root/bench/py/benchreport.py" "$@"; }
+# One named field of node $1's /status (benchreport.STATUS_QUERIES).
+status_field() { curl -fsS "http://127.0.0.1:$1/status" | report status "$2"; }
 leader_index() {
   local i l
   for i in 1 2 3; do
-    l=$(status_field "${http[$i]}" 'd["leader"] or 0' 2>/dev/null) || continue
+    l=$(status_field "${http[$i]}" leader 2>/dev/null) || continue
     [ "$l" != 0 ] && { echo "$l"; return; }
   done
   return 1
@@ -105,16 +108,7 @@ step() {
   [ -n "$during" ] && $during
   wait "$load"
   wait "$probe"
-  python3 - "$work/load-$id.json" "$work/probe-$id.json" "$secs" "$slack" <<'PY'
-import json, sys
-load = json.load(open(sys.argv[1])); probe = json.load(open(sys.argv[2]))
-secs, slack = float(sys.argv[3]), float(sys.argv[4])
-# Keeping up: every message arrives, the last within the slack after the
-# load ends, and p99 latency stays under a second (no queue building up).
-kept_up = (probe["unique"] == probe["expected"] and probe["secs"] <= secs + 1 + slack
-           and (probe["latency_ms"]["p99"] or 1e9) < 1000)
-print(json.dumps({"load": load, "probe": probe, "kept_up": kept_up}))
-PY
+  report step "$work/load-$id.json" "$work/probe-$id.json" "$secs" "$slack"
 }
 
 log "cluster: three nodes in three zones"
@@ -168,52 +162,15 @@ if [ -n "${BENCH_PERF:-}" ]; then
 fi
 for i in 1 2 3; do
   pid=$(cat "$cdir/node-$i.pid")
-  cpu[$i]=$(python3 -c "print(round($(cpu_secs "$pid") - ${cpu0[$i]}, 2))")
+  cpu[$i]=$(awk -v a="$(cpu_secs "$pid")" -v b="${cpu0[$i]}" 'BEGIN { printf "%.2f", a - b }')
   rss[$i]=$(peak_rss_mb "$pid")
 done
 raft1=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
 echo "{\"entries\": $((raft1[0] - raft0[0])), \"bytes\": $((raft1[1] - raft0[1]))}" > "$work/raft.json"
 sync1=($(sync_stats))
 for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics1-$i.txt"; done
-python3 - "$work" <<'PY' > "$work/stages.json"
-import json, re, sys
-work = sys.argv[1]
-def hist(path, name):
-    out = {}
-    for line in open(path):
-        m = re.match(r'^' + name + r'_(bucket|sum|count)\{(.*)\} (\S+)$', line)
-        if not m:
-            continue
-        le = re.search(r'le="([^"]+)"', m.group(2))
-        k = (m.group(1), le.group(1) if le else "")
-        out[k] = out.get(k, 0.0) + float(m.group(3))
-    return out
-nodes = []
-for i in (1, 2, 3):
-    node = {}
-    for name in ("firstseen_commit_seconds", "firstseen_publish_batch_seconds"):
-        a, b = hist(f"{work}/metrics0-{i}.txt", name), hist(f"{work}/metrics1-{i}.txt", name)
-        d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
-        n = d.get(("count", ""), 0.0)
-        if n <= 0:
-            continue
-        # Share of the peak's observations over each bound, from the
-        # cumulative buckets: where the tail starts.
-        over = {le: round(1 - v / n, 4) for (kind, le), v in sorted(d.items(), key=lambda kv: float(kv[0][1]) if kv[0][0] == "bucket" and kv[0][1] != "+Inf" else 1e9)
-                if kind == "bucket" and le in ("0.01", "0.025", "0.05", "0.1")}
-        node[name.removeprefix("firstseen_")] = {"count": int(n), "mean_ms": round(1000 * d[("sum", "")] / n, 2), "share_over_s": over}
-    nodes.append(node)
-print(json.dumps(nodes))
-PY
-python3 - "$peak_secs" "${sync0[*]}" "${sync1[*]}" > "$work/syncs.json" <<'PY'
-import json, sys
-secs = float(sys.argv[1]); a = [float(x) for x in sys.argv[2].split()]; b = [float(x) for x in sys.argv[3].split()]
-nodes = []
-for i in range(3):
-    f, s, c = (b[3 * i + k] - a[3 * i + k] for k in range(3))
-    nodes.append({"log_syncs_per_sec": round(f / secs, 1), "mean_sync_ms": round(1000 * s / c, 3) if c else None})
-print(json.dumps(nodes))
-PY
+report stages "$work" > "$work/stages.json"
+report syncs "$peak_secs" "${sync0[*]}" "${sync1[*]}" > "$work/syncs.json"
 curl -fsS "http://127.0.0.1:${http[$l]}/status" > "$work/status.json"
 echo "$peak" > "$work/peak.json"
 # How long each snapshot export held up apply (the node logs say).
@@ -256,7 +213,7 @@ start_naive "$nptopic" "$run-np"
 for i in 0 1 2; do ncpu0[$i]=$(cpu_secs "${naive_pids[$i]}"); done
 step 2000 "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
 for i in 0 1 2; do
-  python3 -c "print(round(($(cpu_secs "${naive_pids[$i]}") - ${ncpu0[$i]}) / $peak_secs, 3), end=' ')"
+  awk -v a="$(cpu_secs "${naive_pids[$i]}")" -v b="${ncpu0[$i]}" -v s="$peak_secs" 'BEGIN { printf "%.3f ", (a - b) / s }'
 done > "$work/naive-cpu.txt"
 stop_pids "${naive_pids[@]}" || true
 # Their persistent sessions would queue the next profiles' messages.
@@ -270,7 +227,7 @@ settle() {
   local l last="" now same=0 i
   for i in $(seq 1 240); do
     l=$(leader_index) || { sleep 0.5; continue; }
-    now=$(status_field "${http[$l]}" 'str(d["totals"]["observed"]) + " " + str(d["totals"]["outbox_messages"])') || { sleep 0.5; continue; }
+    now=$(status_field "${http[$l]}" observed-outbox) || { sleep 0.5; continue; }
     if [ "$now" = "$last" ] && [ "${now#* }" = 0 ]; then
       same=$((same + 1)); [ "$same" -ge 6 ] && return 0
     else
@@ -283,20 +240,11 @@ settle() {
 
 if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
-  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "split_ms", "unique", "verify_clean", "slow_seconds")}))' "$work/peak.json"
-  echo "naive forwarders, same peak:"
-  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["probe"]; print(json.dumps({k: p[k] for k in ("latency_ms", "split_ms", "unique", "copies_per_message", "slow_seconds")}))' "$work/naive-peak.json"
-  echo "snapshot exports (ms): $(tr '\n' ' ' < "$work/export-ms.txt")"
-  # CPU is steadier than p99 from run to run: compare builds by it too.
-  echo "node CPU over the peak (core-seconds per second): $(for i in 1 2 3; do python3 -c "print(round(${cpu[$i]} / $peak_secs, 3), end=' ')"; done)"
-  echo "naive forwarders' CPU over their peak (core-seconds per second): $(cat "$work/naive-cpu.txt")"
-  echo "log syncs: $(cat "$work/syncs.json")"
+  report peak-summary "$work" "$peak_secs" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}"
   if [ -n "${BENCH_PERF:-}" ]; then
     echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
     perf report -q -i "$work/perf.data" --sort pid,sym --percent-limit 0.7 2>/dev/null | head -80
   fi
-  echo "stages per node (commit: a batch proposed until committed; publish batch: sent until every receipt): $(cat "$work/stages.json")"
-  python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); k=max(1, s["totals"]["window_keys"]); print("disk per window key: state+log", round(s["disk_bytes"]/k, 1), "state", round(s["state_disk_bytes"]/k, 1), "keys", k)' "$work/status.json"
   exit 0
 fi
 
@@ -314,14 +262,14 @@ for rate in $steps; do
   r=$(step "$rate" "$step_secs" "$topic" "$run-s$rate")
   echo "$r" >> "$work/sustained.jsonl"
   settle
-  log "  $rate msg/s: $(echo "$r" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("kept up" if d["kept_up"] else "fell behind", "p99", round(d["probe"]["latency_ms"]["p99"],1), "ms")')"
+  log "  $rate msg/s: $(echo "$r" | report describe-step)"
 done
 
 # Largest last_applied among the nodes that answer.
 max_applied() {
   local i best=0 a
   for i in 1 2 3; do
-    a=$(status_field "${http[$i]}" 'd["last_applied"] or 0' 2>/dev/null) || continue
+    a=$(status_field "${http[$i]}" last-applied 2>/dev/null) || continue
     [ "$a" -gt "$best" ] && best=$a
   done
   echo "$best"
@@ -332,24 +280,7 @@ max_applied() {
 # everything since the kill ($3). Prints {"missed_entries", "secs",
 # "entries_per_sec", "caught_up"}; the time includes the process start.
 catch_up() {
-  python3 - "http://127.0.0.1:${http[$1]}/status" "$2" "$3" "$4" <<'PY'
-import json, sys, time, urllib.request
-url, restarted, at_kill, target = sys.argv[1], int(sys.argv[2]) / 1000, int(sys.argv[3]), int(sys.argv[4])
-applied = 0
-while time.time() < restarted + 180:
-    try:
-        applied = json.load(urllib.request.urlopen(url, timeout=2))["last_applied"] or 0
-    except Exception:
-        pass
-    if applied >= target:
-        break
-    time.sleep(0.05)
-secs = time.time() - restarted
-missed = target - at_kill
-print(json.dumps({"missed_entries": missed, "secs": round(secs, 2),
-                  "entries_per_sec": round(missed / secs) if secs > 0 else None,
-                  "caught_up": applied >= target}))
-PY
+  report catch-up "http://127.0.0.1:${http[$1]}/status" "$2" "$3" "$4"
 }
 
 # During a failover load: SIGKILL the leader 5 s in, restart it 8 s later
@@ -377,25 +308,24 @@ for f in $(seq 1 "$failovers"); do
   settle
   log "profile failover $f/$failovers: SIGKILL the leader under 2000 msg/s, restart it 8 s later"
   step 2000 20 "$topic" "$run-failover-$f" "failover $f" > "$work/failover-$f.json"
-  python3 -c 'import json,sys; f=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); f["catch_up"]=c; f["killed_node"]=int(open(sys.argv[3]).read()); print(json.dumps(f))' \
-    "$work/failover-$f.json" "$work/catchup-$f.json" "$work/failover-killed-$f" >> "$work/failovers.jsonl"
-  log "  $(python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["probe"]; c=json.load(open(sys.argv[2])); print("publishing resumed", f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?", "ms after the kill; catch-up", c)' "$work/failover-$f.json" "$work/catchup-$f.json")"
+  report failover "$work/failover-$f.json" "$work/catchup-$f.json" "$work/failover-killed-$f" >> "$work/failovers.jsonl"
+  log "  $(report describe-failover "$work/failover-$f.json" "$work/catchup-$f.json")"
   wait_for 60 curl -fsS "http://127.0.0.1:${http[$(cat "$work/failover-killed-$f")]}/readyz" >/dev/null
 done
 
 settle
 log "profile outage: Pulsar stopped while 2000 msg/s for 10 s are committed"
 l=$(leader_index)
-last_seq() { status_field "${http[$l]}" 'sum(t["last_seq"] for t in d["topics"])'; }
+last_seq() { status_field "${http[$l]}" last-seq; }
 seq0=$(last_seq)
 "$here/pulsar.sh" stop "$work/pulsar"
 "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs 10 --dup-every 20 --run "$run-outage" > /dev/null
-wait_for 60 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 -c 'import json,sys; print(sum(t[\"last_seq\"] for t in json.load(sys.stdin)[\"topics\"]))') -ge $((seq0 + 20000)) ]"
-buffered=$(status_field "${http[$l]}" 'd["totals"]["outbox_messages"]')
+wait_for 60 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 '$root/bench/py/benchreport.py' status last-seq) -ge $((seq0 + 20000)) ]"
+buffered=$(status_field "${http[$l]}" outbox)
 t_start=$(date +%s%3N)
 "$here/pulsar.sh" start "$work/pulsar" > /dev/null
 t_ready=$(date +%s%3N)
-wait_for 300 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"totals\"][\"outbox_messages\"])') = 0 ]"
+wait_for 300 bash -c "[ \$(curl -fsS http://127.0.0.1:${http[$l]}/status | python3 '$root/bench/py/benchreport.py' status outbox) = 0 ]"
 t_done=$(date +%s%3N)
 echo "{\"buffered\": $buffered, \"pulsar_start_ms\": $((t_ready - t_start)), \"drain_ms\": $((t_done - t_ready))}" > "$work/outage.json"
 log "  $(cat "$work/outage.json")"
@@ -420,7 +350,7 @@ start_naive "$ntopic" "$run"
 for rate in $steps; do
   r=$(step "$rate" "$step_secs" "$ntopic" "$run-n$rate")
   echo "$r" >> "$work/naive.jsonl"
-  log "  $rate msg/s: $(echo "$r" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("kept up" if d["kept_up"] else "fell behind", "copies/msg", round(d["probe"]["copies_per_message"],2))')"
+  log "  $rate msg/s: $(echo "$r" | report describe-step naive)"
 done
 
 stop_pids "${naive_pids[@]}" || true
@@ -434,133 +364,4 @@ log "sync: one durable flush against sled's own, on this disk"
 log "window: disk bytes per key at $window_keys keys, on the state machine alone"
 "$bench" window --keys "$window_keys" > "$work/window.json"
 
-python3 - "$work" "$peak_secs" "$root/bench-results/result.json" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}" "${rss[1]}" "${rss[2]}" "${rss[3]}" "$peak_window" <<'PY'
-import json, os, platform, sys
-work, peak_secs, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-cpu = [float(x) for x in sys.argv[4:7]]; rss = [float(x) for x in sys.argv[7:10]]
-window_secs = int(sys.argv[10])
-load = lambda name: json.load(open(f"{work}/{name}"))
-peak = load("peak.json"); status = load("status.json"); raft = load("raft.json")
-naive_peak = load("naive-peak.json")
-sus = [json.loads(l) for l in open(f"{work}/sustained.jsonl")]
-naive = [json.loads(l) for l in open(f"{work}/naive.jsonl")]
-fan = load("fanout.json"); window = load("window.json")
-failovers = [json.loads(l) for l in open(f"{work}/failovers.jsonl")]
-outage = load("outage.json"); syncs = load("syncs.json"); sync = load("sync.json")
-verify_ok = open(f"{work}/verify.ok").read().strip() == "true"
-best = lambda rows: max([r["load"]["unique"] / r["load"]["secs"] for r in rows if r["kept_up"]] or [0])
-keys = status["totals"]["window_keys"]
-
-# RSS per node over the peak: MB per minute, fitted over the samples taken
-# after the window filled (keys expire as fast as they arrive from then on).
-samples = [[float(x) for x in l.split()] for l in open(f"{work}/rss.txt") if l.strip()]
-def slope(points):
-    if len(points) < 3:
-        return None
-    n = len(points); mx = sum(p[0] for p in points) / n; my = sum(p[1] for p in points) / n
-    den = sum((p[0] - mx) ** 2 for p in points)
-    return round(60 * sum((p[0] - mx) * (p[1] - my) for p in points) / den, 2) if den else None
-steady = [s for s in samples if s[0] >= window_secs + 10]
-rss_series = {"t_secs": [s[0] for s in samples], "mb_per_node": [[s[i] for s in samples] for i in (1, 2, 3)]}
-rss_steady = {
-    "from_secs": window_secs + 10,
-    "mb_per_minute_per_node": [slope([(s[0], s[i]) for s in steady]) for i in (1, 2, 3)],
-    "first_mb_per_node": [steady[0][i] for i in (1, 2, 3)] if steady else None,
-    "last_mb_per_node": [steady[-1][i] for i in (1, 2, 3)] if steady else None,
-}
-def failover_row(f):
-    fp = f["probe"]
-    return {
-        "killed_node": f["killed_node"],
-        "publishing_resumed_after_ms": fp["fault"]["resumed_after_mark_ms"] if fp["fault"] else None,
-        "silence_ms": fp["fault"]["gap_ms"] if fp["fault"] else None,
-        "exactly_once": fp["verify_clean"] and fp["unique"] == fp["expected"],
-        "unique": fp["unique"], "expected": fp["expected"],
-        "catch_up": f["catch_up"],
-    }
-runs = [failover_row(f) for f in failovers]
-resumed = sorted(r["publishing_resumed_after_ms"] for r in runs if r["publishing_resumed_after_ms"] is not None)
-result = {
-  "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-  "peak": {
-    "rate": 2000, "secs": peak_secs, "window_secs": window_secs,
-    "latency_ms": peak["probe"]["latency_ms"],
-    "exactly_once": peak["probe"]["verify_clean"] and peak["probe"]["unique"] == peak["probe"]["expected"],
-    "copies_per_message": peak["probe"]["copies_per_message"],
-    "unique_per_sec": round(peak["probe"]["unique"] / peak_secs, 1),
-    "cpu_seconds_per_node": cpu, "cpu_share_per_node": [round(c / peak_secs, 3) for c in cpu],
-    # The naive forwarders' CPU share over the same peak, each.
-    "naive_cpu_share": [float(x) for x in open(f"{work}/naive-cpu.txt").read().split()],
-    "peak_rss_mb_per_node": rss,
-    "rss": rss_series, "rss_steady": rss_steady,
-    "raft_entries_per_sec": round(raft["entries"] / peak_secs, 1),
-    "raft_bytes_per_sec": round(raft["bytes"] / peak_secs),
-    "disk_bytes": status["disk_bytes"],
-    "disk_bytes_per_key": round(status["disk_bytes"] / keys, 1) if keys else None,
-    "state_disk_bytes": status["state_disk_bytes"],
-    "state_disk_bytes_per_key": round(status["state_disk_bytes"] / keys, 1) if keys else None,
-    "window_keys": keys,
-    "snapshot_export_ms": [int(x) for x in open(f"{work}/export-ms.txt").read().split()],
-    "log_syncs_per_node": syncs,
-    "naive_latency_ms": naive_peak["probe"]["latency_ms"],
-    # Split at the producer's send: before it Mosquitto and the forwarder,
-    # after it Pulsar and the consumer.
-    "split_ms": peak["probe"]["split_ms"], "naive_split_ms": naive_peak["probe"]["split_ms"],
-    "naive_slow_seconds": naive_peak["probe"]["slow_seconds"],
-    "slow_seconds": peak["probe"]["slow_seconds"],
-  },
-  "sustained": {"steps": sus, "max_rate": best(sus)},
-  "failover": {
-    "runs": runs,
-    "publishing_resumed_median_ms": resumed[len(resumed) // 2] if resumed else None,
-    "exactly_once": all(r["exactly_once"] for r in runs),
-  },
-  "sync": sync,
-  "outage": {**outage, "drain_per_sec": round(outage["buffered"] / (outage["drain_ms"] / 1000)) if outage["drain_ms"] else None},
-  "verify_all_clean": verify_ok,
-  "naive": {"steps": naive, "max_rate": best(naive)},
-  "fanout": fan,
-  "window": window,
-}
-result["ratios"] = {
-  "cluster_vs_naive": round(result["sustained"]["max_rate"] / result["naive"]["max_rate"], 3) if result["naive"]["max_rate"] else None,
-  "cluster_vs_fanout": round(result["sustained"]["max_rate"] / fan["rate_per_subscriber"], 3) if fan["rate_per_subscriber"] else None,
-}
-json.dump(result, open(out, "w"), indent=2)
-p = result["peak"]; f = result["failover"]; o = result["outage"]
-c0 = f["runs"][0]["catch_up"] if f["runs"] else {"missed_entries": None, "secs": None, "entries_per_sec": None}
-rows = [
-  ("HSL peak p50 / p99 / max latency (ms)", f"{p['latency_ms']['p50']:.1f} / {p['latency_ms']['p99']:.1f} / {p['latency_ms']['max']:.0f}"),
-  ("  the same peak, naive forwarders (ms)", f"{p['naive_latency_ms']['p50']:.1f} / {p['naive_latency_ms']['p99']:.1f} / {p['naive_latency_ms']['max']:.0f}"),
-  ("  to the producer's send p50 / p99, cluster and naive (ms)", f"{p['split_ms']['to_producer_send']['p50']:.1f} / {p['split_ms']['to_producer_send']['p99']:.1f}, {p['naive_split_ms']['to_producer_send']['p50']:.1f} / {p['naive_split_ms']['to_producer_send']['p99']:.1f}"),
-  ("  after the send p50 / p99, cluster and naive (ms)", f"{p['split_ms']['after_send']['p50']:.1f} / {p['split_ms']['after_send']['p99']:.1f}, {p['naive_split_ms']['after_send']['p50']:.1f} / {p['naive_split_ms']['after_send']['p99']:.1f}"),
-  ("  p99 cluster / naive", round(p['latency_ms']['p99'] / p['naive_latency_ms']['p99'], 2) if p['naive_latency_ms']['p99'] else None),
-  ("HSL peak exactly once (probe's audit)", p["exactly_once"]),
-  ("HSL peak unique msg/s into Pulsar", p["unique_per_sec"]),
-  ("HSL peak CPU share per node", ", ".join(str(c) for c in p["cpu_share_per_node"])),
-  ("naive forwarders' CPU share on the same peak", ", ".join(str(c) for c in p["naive_cpu_share"])),
-  ("HSL peak peak RSS per node (MB)", ", ".join(str(r) for r in p["peak_rss_mb_per_node"])),
-  ("RSS slope once the window is full (MB/min)", ", ".join(str(r) for r in rss_steady["mb_per_minute_per_node"])),
-  ("Raft entries/s, bytes/s (leader's log)", f"{p['raft_entries_per_sec']}, {p['raft_bytes_per_sec']}"),
-  ("log fdatasyncs/s per node at the peak", ", ".join(str(n["log_syncs_per_sec"]) for n in p["log_syncs_per_node"])),
-  ("mean log sync per node at the peak (ms)", ", ".join(str(n["mean_sync_ms"]) for n in p["log_syncs_per_node"])),
-  ("one sync: sled flush / + fdatasync (mean us)", f"{sync['sled_flush_only']['mean_us']:.0f} / {sync['durable_sync']['mean_us']:.0f}"),
-  ("node disk bytes per window key: state + log", f"{p['disk_bytes_per_key']} ({p['window_keys']} keys)"),
-  ("node disk bytes per window key: state alone", f"{p['state_disk_bytes_per_key']} ({p['window_keys']} keys)"),
-  ("state machine disk bytes per key (window profile)", f"{window['bytes_per_key']} ({window['window_keys']} keys)"),
-  ("max sustained, 3-node cluster (msg/s)", f"{result['sustained']['max_rate']:.0f}"),
-  ("max sustained, naive HA forwarders (msg/s)", f"{result['naive']['max_rate']:.0f}"),
-  ("mosquitto fan-out to 3 subscribers (msg/s)", f"{fan['rate_per_subscriber']:.0f}"),
-  ("cluster / naive", result["ratios"]["cluster_vs_naive"]),
-  ("cluster / fan-out ceiling", result["ratios"]["cluster_vs_fanout"]),
-  ("leader SIGKILL -> publishing resumed (ms), runs", ", ".join(str(r["publishing_resumed_after_ms"]) for r in f["runs"])),
-  ("  median (ms); exactly once", f"{f['publishing_resumed_median_ms']}; {f['exactly_once']}"),
-  ("restarted node catch-up (entries, s, /s)", f"{c0['missed_entries']}, {c0['secs']}, {c0['entries_per_sec']}"),
-  ("outbox drain after Pulsar outage (msgs, ms, /s)", f"{o['buffered']}, {o['drain_ms']}, {o['drain_per_sec']}"),
-  ("verify over the whole run", verify_ok),
-]
-print()
-for name, value in rows:
-    print(f"{name:<48} {str(value):>28}")
-print(f"\nwritten to {out}")
-PY
+report result "$work" "$peak_secs" "$root/bench-results/result.json" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}" "${rss[1]}" "${rss[2]}" "${rss[3]}" "$peak_window"

@@ -33,6 +33,8 @@ cargo test --workspace --no-fail-fast "$@" -- --test-threads="${FIRSTSEEN_TEST_T
 
 log "nemesis unit tests (schedule, checker, broker-log tap)"
 python3 -m unittest discover -s "$root/tests/nemesis" || status=1
+log "benchmark report unit tests (bench/py)"
+python3 -m unittest discover -s "$root/bench/py" || status=1
 
 if [ $# -eq 0 ] && [ "${FIRSTSEEN_NEMESIS:-1}" != 0 ]; then
   log "a short nemesis campaign (docs/reliability.md)"
