@@ -285,3 +285,134 @@ fn every_lock_follows_the_one_poisoning_policy() {
     }
     assert!(offenders.is_empty(), "{offenders:#?}");
 }
+
+/// The modules of one crate (`dir` its `src`), by path (`cluster::wire`),
+/// each with the product code of its file.
+fn modules(dir: &Path) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    sources(dir, &mut files);
+    files
+        .iter()
+        .filter(|f| !f.ends_with("main.rs"))
+        .map(|f| {
+            let rel = f.strip_prefix(dir).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+                parts.pop();
+            }
+            (parts.join("::"), product_code(f))
+        })
+        .collect()
+}
+
+/// The module a path names: the longest prefix of it that is a module.
+fn module_of<'a>(path: &[&str], known: &'a [(String, String)]) -> Option<&'a str> {
+    (1..=path.len()).rev().find_map(|n| {
+        let name = path[..n].join("::");
+        known
+            .iter()
+            .find(|(m, _)| *m == name)
+            .map(|(m, _)| m.as_str())
+    })
+}
+
+/// What module `at` uses, by the paths in its code that start at the crate
+/// (`crate::a::b`, `crate::a::{b, c}`) or at its parent (`super::b`).
+fn uses(at: &str, code: &str, known: &[(String, String)]) -> Vec<String> {
+    let code: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    let parent: Vec<&str> = at.split("::").filter(|s| !s.is_empty()).collect();
+    let parent = &parent[..parent.len().saturating_sub(1)];
+    let mut out = Vec::new();
+    for (prefix, base) in [("crate::", Vec::new()), ("super::", parent.to_vec())] {
+        for (i, _) in code.match_indices(prefix) {
+            // Not the tail of a longer name (`my_crate::`).
+            if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &code[i + prefix.len()..];
+            let head: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let mut path: Vec<&str> = base.clone();
+            path.extend(head.split("::").filter(|s| !s.is_empty()));
+            let group = rest[head.len()..]
+                .strip_prefix('{')
+                .and_then(|g| g.split('}').next());
+            let mut named = vec![path.clone()];
+            if let Some(group) = group {
+                for item in group.split(',') {
+                    let item = item.split(" as ").next().unwrap_or_default().trim();
+                    let mut p = path.clone();
+                    p.extend(item.split("::").filter(|s| !s.is_empty() && *s != "self"));
+                    named.push(p);
+                }
+            }
+            for p in named {
+                if let Some(m) = module_of(&p, known) {
+                    // The crate root re-exports; an arrow to it is not one
+                    // to a module of the pipeline.
+                    if m != at && !m.is_empty() {
+                        out.push(m.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// No circle between the modules of a crate: a module that uses another
+/// (through a `crate::` or `super::` path) is not used back by it, however
+/// far round. A parent naming its own children is the tree, not an arrow,
+/// and the crate root only re-exports, so neither is counted.
+#[test]
+fn no_circle_between_modules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut circles = Vec::new();
+    for dir in ["src", "store/src", "raft/src"] {
+        let known = modules(&root.join(dir));
+        let edges: std::collections::BTreeMap<&str, std::collections::BTreeSet<String>> = known
+            .iter()
+            .map(|(m, code)| (m.as_str(), uses(m, code, &known).into_iter().collect()))
+            .collect();
+        // Depth-first from every module; a module met again on the current
+        // path closes a circle.
+        fn walk<'a>(
+            at: &'a str,
+            edges: &'a std::collections::BTreeMap<&str, std::collections::BTreeSet<String>>,
+            path: &mut Vec<&'a str>,
+            done: &mut std::collections::BTreeSet<&'a str>,
+            found: &mut Vec<String>,
+        ) {
+            if let Some(i) = path.iter().position(|m| *m == at) {
+                found.push(format!("{} -> {at}", path[i..].join(" -> ")));
+                return;
+            }
+            if !done.insert(at) {
+                return;
+            }
+            path.push(at);
+            for next in edges.get(at).into_iter().flatten() {
+                walk(next.as_str(), edges, path, done, found);
+            }
+            path.pop();
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for m in edges.keys() {
+            walk(m, &edges, &mut Vec::new(), &mut done, &mut circles);
+        }
+        assert!(
+            edges.values().map(|e| e.len()).sum::<usize>() > 10,
+            "{dir}: found almost no arrows between modules; the parsing is broken"
+        );
+    }
+    assert!(
+        circles.is_empty(),
+        "modules that use each other:\n{}",
+        circles.join("\n")
+    );
+}

@@ -26,7 +26,7 @@ fn coverage_of(n: &Node, node: u64) -> f64 {
 /// again. rumqttc 0.25 treats the broker's resent PUBREL for an exchange the
 /// killed process began as unsolicited and drops the connection, forever;
 /// the session marks every packet id for a PUBREL after each reset
-/// (src/ingest/adapter.rs), and this test fails without that.
+/// (src/ingest/adapter/), and this test fails without that.
 #[test]
 fn qos2_through_a_node_kill_and_a_broker_restart_is_exactly_once() {
     let Some(pulsar) =

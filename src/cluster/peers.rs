@@ -494,7 +494,7 @@ impl Peers {
                     Ok(l) => l,
                     Err(e) => break e.to_string(),
                 };
-                let body = match super::server::read_body(&mut rd, len).await {
+                let body = match wire::read_body(&mut rd, len).await {
                     Ok(b) => b,
                     Err(e) => break e.to_string(),
                 };

@@ -30,24 +30,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests of one connection served at once; more wait to be read.
 const IN_FLIGHT_PER_CONN: usize = 256;
-/// What a frame body is given before its bytes arrive; it grows as they do.
-const FIRST_BODY_ALLOCATION: usize = 64 * 1024;
-
-/// Reads a frame body of `len` bytes (already checked against
-/// `wire::MAX_FRAME`), allocating as bytes arrive: a peer that announces a
-/// 256 MiB frame and sends nothing more costs no more than what it sent.
-pub(super) async fn read_body<R>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>>
-where
-    R: tokio::io::AsyncRead + Unpin,
-{
-    let mut body = Vec::with_capacity(len.min(FIRST_BODY_ALLOCATION));
-    let got = rd.take(len as u64).read_to_end(&mut body).await?;
-    if got < len {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(body)
-}
-
 /// Connections that have not yet authenticated, served at once. A real
 /// cluster needs a handful (one per peer, once); a flood of half-open
 /// connections is refused beyond this instead of each holding a task, a
@@ -240,7 +222,7 @@ async fn connection(
             Err(source) => break Err(ConnectionError::Frame { node, source }),
         };
         let read = async {
-            let body = read_body(&mut rd, len).await?;
+            let body = wire::read_body(&mut rd, len).await?;
             let mut mac = [0u8; wire::FRAME_MAC];
             rd.read_exact(&mut mac).await?;
             Ok::<_, std::io::Error>((body, mac))

@@ -410,6 +410,25 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     Ok(out)
 }
 
+/// What a frame body is given before its bytes arrive; it grows as they do.
+const FIRST_BODY_ALLOCATION: usize = 64 * 1024;
+
+/// Reads a frame body of `len` bytes (already checked against
+/// [`MAX_FRAME`]), allocating as bytes arrive: a peer that announces a
+/// 256 MiB frame and sends nothing more costs no more than what it sent.
+pub async fn read_body<R>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let mut body = Vec::with_capacity(len.min(FIRST_BODY_ALLOCATION));
+    use tokio::io::AsyncReadExt;
+    let got = rd.take(len as u64).read_to_end(&mut body).await?;
+    if got < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(body)
+}
+
 /// Checks a frame header before its body is read.
 pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
     let len = u32::from_be_bytes(header);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::config::problem::Problems;
-use crate::ingest::route::filter_is_valid;
+use crate::ingest::filter::filter_is_valid;
 use crate::key::KeySpec;
 use crate::publish::format::Format;
 

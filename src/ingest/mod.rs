@@ -11,6 +11,7 @@ pub mod adapter;
 pub mod bound;
 pub mod config;
 pub mod deadletter;
+pub mod filter;
 pub mod port;
 pub mod route;
 

@@ -7,7 +7,7 @@
 //! - [`UpstreamSession`] is the half that reads: it connects, reconnects
 //!   when polled after a failure, and reports [`Event`]s.
 //!
-//! A node plugs in rumqttc (`adapter.rs`); `tests/simulate_cluster.rs`
+//! A node plugs in rumqttc (`adapter/`); `tests/simulate_cluster.rs`
 //! plugs in a model of a broker with persistent sessions, so the ingest
 //! loop, its reconnects and the ack gate's epochs run under the
 //! simulation's faults.
