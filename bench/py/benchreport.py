@@ -25,7 +25,7 @@ def read(path):
         return f.read()
 
 
-def load(path):
+def load_json(path):
     return json.loads(read(path))
 
 
@@ -310,7 +310,7 @@ def table(result):
 
 
 def read_inputs(work, peak_secs, cpu, rss, window_secs):
-    file = lambda name: load(f"{work}/{name}")
+    file = lambda name: load_json(f"{work}/{name}")
     lines = lambda name: [json.loads(l) for l in read(f"{work}/{name}").splitlines() if l.strip()]
     return {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -333,9 +333,9 @@ def read_inputs(work, peak_secs, cpu, rss, window_secs):
 
 def peak_summary(work, peak_secs, cpu):
     """What BENCH_ONLY_PEAK prints: the lines to compare two builds by."""
-    probe = load(f"{work}/peak.json")["probe"]
-    naive = load(f"{work}/naive-peak.json")["probe"]
-    status = load(f"{work}/status.json")
+    probe = load_json(f"{work}/peak.json")["probe"]
+    naive = load_json(f"{work}/naive-peak.json")["probe"]
+    status = load_json(f"{work}/status.json")
     keys = max(1, status["totals"]["window_keys"])
     pick = lambda p, names: json.dumps({k: p[k] for k in names})
     return [
@@ -362,8 +362,8 @@ def main(argv):
     if cmd == "status":
         print(status_query(args[0], json.load(sys.stdin)))
     elif cmd == "step":
-        load, probe = load(args[0]), load(args[1])
-        print(json.dumps(step(load, probe, float(args[2]), float(args[3]))))
+        sent, probe = load_json(args[0]), load_json(args[1])
+        print(json.dumps(step(sent, probe, float(args[2]), float(args[3]))))
     elif cmd == "describe-step":
         print(describe_step(json.loads(sys.stdin.read()), naive=args[:1] == ["naive"]))
     elif cmd == "stages":
@@ -375,13 +375,13 @@ def main(argv):
     elif cmd == "catch-up":
         print(json.dumps(catch_up(args[0], int(args[1]), int(args[2]), int(args[3]))))
     elif cmd == "failover":
-        f = load(args[0])
-        f["catch_up"] = load(args[1])
+        f = load_json(args[0])
+        f["catch_up"] = load_json(args[1])
         f["killed_node"] = int(read(args[2]))
         print(json.dumps(f))
     elif cmd == "describe-failover":
-        f = load(args[0])["probe"]
-        c = load(args[1])
+        f = load_json(args[0])["probe"]
+        c = load_json(args[1])
         resumed = f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?"
         print(f"publishing resumed {resumed} ms after the kill; catch-up {c}")
     elif cmd == "peak-summary":

@@ -1,8 +1,10 @@
 """Tests of the benchmark's arithmetic (run by scripts/test.sh)."""
 
 import contextlib
+import io
 import json
 import os
+import sys
 import tempfile
 import unittest
 
@@ -192,6 +194,66 @@ class Result(unittest.TestCase):
                 written = json.load(f)
         self.assertEqual(written["ratios"], br.build_result(i)["ratios"])
         self.assertEqual(written["peak"]["snapshot_export_ms"], [12, 15])
+
+
+class CommandLine(unittest.TestCase):
+    """Every subcommand bench.sh calls, through `main`, as bench.sh calls it."""
+
+    def run_main(self, *argv, stdin=None):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            if stdin is None:
+                br.main(list(argv))
+            else:
+                real = sys.stdin
+                sys.stdin = io.StringIO(stdin)
+                try:
+                    br.main(list(argv))
+                finally:
+                    sys.stdin = real
+        return out.getvalue().strip()
+
+    def test_every_subcommand_runs(self):
+        with tempfile.TemporaryDirectory() as work:
+            def put(name, value):
+                with open(os.path.join(work, name), "w") as f:
+                    f.write(value if isinstance(value, str) else json.dumps(value))
+                return os.path.join(work, name)
+
+            sent = put("load.json", {"unique": 100, "secs": 10})
+            seen = put("probe.json", probe(fault={"resumed_after_mark_ms": 1200, "gap_ms": 1100}))
+            row = json.loads(self.run_main("step", sent, seen, "10", "5"))
+            self.assertTrue(row["kept_up"])
+            self.assertEqual(self.run_main("describe-step", stdin=json.dumps(row)), "kept up p99 50.0 ms")
+            self.assertEqual(self.run_main("describe-step", "naive", stdin=json.dumps(row)), "kept up copies/msg 1.0")
+            status = {"leader": 2, "last_applied": 9, "topics": [{"last_seq": 5}],
+                      "totals": {"observed": 6, "outbox_messages": 0, "window_keys": 4},
+                      "disk_bytes": 400, "state_disk_bytes": 100}
+            self.assertEqual(self.run_main("status", "leader", stdin=json.dumps(status)), "2")
+            catchup = put("catchup.json", {"missed_entries": 1, "secs": 1.0, "entries_per_sec": 1, "caught_up": True})
+            killed = put("killed", "3\n")
+            # A failover step's output is a step row, as `step` printed it.
+            stepped = put("failover.json", row)
+            f = json.loads(self.run_main("failover", stepped, catchup, killed))
+            self.assertEqual((f["killed_node"], f["catch_up"]["caught_up"]), (3, True))
+            self.assertTrue(br.failover_row(f)["exactly_once"])
+            self.assertIn("publishing resumed 1200 ms", self.run_main("describe-failover", stepped, catchup))
+            self.assertEqual(json.loads(self.run_main("syncs", "10", "0 0 0", "100 0.5 100")),
+                             [{"log_syncs_per_sec": 10.0, "mean_sync_ms": 5.0}])
+            for i in (1, 2, 3):
+                put(f"metrics0-{i}.txt", SCRAPE_0)
+                put(f"metrics1-{i}.txt", SCRAPE_1)
+            self.assertEqual(len(json.loads(self.run_main("stages", work))), 3)
+            put("peak.json", {"probe": probe()})
+            put("naive-peak.json", {"probe": probe()})
+            put("status.json", status)
+            put("export-ms.txt", "7\n")
+            put("naive-cpu.txt", "0.1 0.1 0.1 ")
+            put("syncs.json", "[]")
+            put("stages.json", "[]")
+            summary = self.run_main("peak-summary", work, "60", "30", "15", "15")
+            self.assertIn("node CPU over the peak (core-seconds per second): 0.5 0.25 0.25", summary)
+            self.assertIn("disk per window key: state+log 100.0 state 25.0 keys 4", summary)
 
 
 if __name__ == "__main__":
