@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh                 every target, 60 s each
 #   scripts/fuzz.sh peer_frame      one target
 #   FUZZ_SECONDS=600 scripts/fuzz.sh
+#   FUZZ_JOBS=1 scripts/fuzz.sh     one target at a time (default: one per core)
 #
 # Targets: peer_frame (frame header and bincode body of peer requests and
 # replies), handshake (both sides of the peer handshake, fed forged messages),
@@ -44,15 +45,37 @@ log "building the fuzz targets"
 cargo fuzz build -s none --fuzz-dir fuzz
 work=$(mktemp -d -t firstseen-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-status=0
-for t in "${targets[@]}"; do
+# One target per core at a time: each libFuzzer run is one process, so on
+# CI's two cores two targets run in the time of one, with the same fuzzing
+# each.
+jobs=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() {
+  local t=$1
   mkdir -p "$work/$t" "fuzz/artifacts/$t"
-  log "fuzzing $t for ${seconds}s"
   # -rss_limit_mb: an input that makes a decoder allocate without bound is
   # a finding, not an out-of-memory machine.
-  if ! cargo fuzz run -s none --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
+  if cargo fuzz run -s none --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
       -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="fuzz/artifacts/$t/" >"$work/$t.log" 2>&1; then
+    echo ok > "$work/$t.result"
+  else
+    echo failed > "$work/$t.result"
+  fi
+}
+running=0
+for t in "${targets[@]}"; do
+  log "fuzzing $t for ${seconds}s"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+status=0
+for t in "${targets[@]}"; do
+  if [ "$(cat "$work/$t.result" 2>/dev/null)" != ok ]; then
     log "$t FAILED; the last lines of its log:"
     tail -40 "$work/$t.log" >&2
     status=1
