@@ -169,6 +169,15 @@ pub async fn run(
         None => None,
     };
 
+    // The last step that can fail comes before the first task starts, so a
+    // start that fails leaves nothing running.
+    let (listener, accepting) = http::listener::Listener::start(
+        listener,
+        http_tls,
+        stages.token(observe),
+        stages.tracker(),
+    )?;
+
     stages.spawn(proposals, "coalescer", core.coalescer);
 
     let stop = stages.token(group);
@@ -191,11 +200,9 @@ pub async fn run(
     let following = crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), stop.clone());
     stages.spawn(group, "heartbeats", following);
     let leadership = crate::cluster::log_leadership(cluster.raft.clone(), stop);
-
     stages.spawn(group, "leadership log", leadership);
+
     let stop = stages.token(observe);
-    let (listener, accepting) =
-        http::listener::Listener::start(listener, http_tls, stop.clone(), stages.tracker())?;
     stages.spawn(observe, "http accept", accepting);
     stages.spawn(
         observe,
