@@ -420,8 +420,8 @@ pub async fn read_body<R>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>>
 where
     R: tokio::io::AsyncRead + Unpin,
 {
-    let mut body = Vec::with_capacity(len.min(FIRST_BODY_ALLOCATION));
     use tokio::io::AsyncReadExt;
+    let mut body = Vec::with_capacity(len.min(FIRST_BODY_ALLOCATION));
     let got = rd.take(len as u64).read_to_end(&mut body).await?;
     if got < len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());

@@ -248,7 +248,7 @@ pub async fn run(
     let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
     tracing::info!(
         bound_secs = bound.as_secs(),
-        "shutting down: ingest, batcher, publisher, raft, storage"
+        "shutting down: the stages in reverse (intake, batch, acks, publish, observe, cluster, proposals), then raft and storage"
     );
     // A stage that does not end in time is abandoned. Nothing is lost by
     // that: a batch that was not committed was not acked either, and the
