@@ -8,6 +8,14 @@
 #   BENCH_ONLY_PEAK=1 scripts/bench.sh       the peak alone, with the latency
 #                    split at the producer's send and the stage histograms
 #   BENCH_PERF=1     adds a perf profile of the nodes over the peak
+#   BENCH_FLAME=1    records the leader's call stacks over the peak and draws
+#                    bench-results/flame-peak.svg (perf and inferno)
+#   BENCH_BENTHOS=0  leaves out the Benthos baselines
+#   BENCH_PIN=1      the measured system on core 1, the brokers, load and
+#                    probe on core 0
+#   BENCH_PULSAR_WARMUP_SECS=60  load through a naive forwarder before
+#                    anything is measured, so that no system pays for
+#                    Pulsar's JIT (0: none, as runs before 4 December 2026)
 #
 # Profiles, in order, on one cluster:
 #   peak       the HSL peak: 2,000 msg/s of synthetic HFP for BENCH_PEAK_SECS
@@ -27,6 +35,11 @@
 #   naive      baseline (a): three forwarders without Raft or dedup, same steps,
 #              on a fresh Mosquitto (the clusters' persistent sessions would
 #              otherwise go on queuing every message during its steps)
+#   benthos    baseline (c), what users run instead: Benthos v4.27 (mqtt ->
+#              dedupe -> pulsar) built from the Go module proxy, alone with a
+#              memory cache (default and tuned max_in_flight) and three
+#              sharing a Redis cache; the same peak, and in the full run the
+#              same steps
 #   fanout     baseline (b): Mosquitto's delivery rate to three plain
 #              subscribers, on a fresh Mosquitto too
 #   sync       what one durable flush costs on this disk: sled's flush alone
@@ -74,7 +87,45 @@ start_mosquitto "$work/mosquitto" "$work/pids"
 tail -n 1 "$work/pids" > "$work/mosquitto-pid"
 run=$(date +%s)
 
+# BENCH_PIN=1: the system measured (the three nodes, or a baseline's
+# processes) gets core 1 to itself, and everything else (Pulsar, Mosquitto,
+# the load and the probe) shares core 0: the ceiling of one group when the
+# brokers are not on its cores, as far as two cores allow. Everything this
+# script starts inherits core 0; pin_system moves a process to core 1.
+if [ -n "${BENCH_PIN:-}" ]; then
+  taskset -p -c 0 $$ > /dev/null
+fi
+pin_system() {
+  [ -n "${BENCH_PIN:-}" ] || return 0
+  local p
+  for p in "$@"; do taskset -a -p -c 1 "$p" > /dev/null; done
+}
+
+# Baseline (c): Benthos v4.27.0, built from the Go module proxy
+# (bench/benthos), and Debian's Redis for its shared cache.
+benthos_bin="$root/target/benthos-4.27"
+if [ "${BENCH_BENTHOS:-1}" != 0 ]; then
+  if [ ! -x "$benthos_bin" ] || [ "$root/bench/benthos/go.sum" -nt "$benthos_bin" ]; then
+    log "building Benthos v4.27.0 from the Go module proxy (bench/benthos)"
+    (cd "$root/bench/benthos" && go build -o "$benthos_bin" .)
+  fi
+  if ! command -v redis-server >/dev/null; then
+    log "installing redis-server with apt"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+  fi
+fi
+if [ -n "${BENCH_FLAME:-}" ] && ! command -v inferno-flamegraph >/dev/null; then
+  log "installing inferno (flame graphs) from crates.io"
+  cargo install -q --locked inferno
+fi
+
 cpu_secs() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
+# Pulsar's own CPU (core-seconds): the broker and bookie share one JVM.
+pulsar_cpu() { cpu_secs "$(cat "$work/pulsar/pid")"; }
+# Core-seconds per second between two readings $1 and $2 over $3 seconds.
+share() { awk -v a="$2" -v b="$1" -v s="$3" 'BEGIN { printf "%.3f", (a - b) / s }'; }
 peak_rss_mb() { awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 rss_mb() { awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 # Sum of one metric's series on node $1 (HTTP port).
@@ -111,10 +162,31 @@ step() {
   report step "$work/load-$id.json" "$work/probe-$id.json" "$secs" "$slack"
 }
 
+# Pulsar's JIT compiles its hot paths during the first minutes of load, and
+# the system measured first would pay for that in latency and in Pulsar's
+# CPU (the compiler threads are Pulsar's). So every system meets a broker
+# already warm: load through one naive forwarder, on a Mosquitto of its own
+# (its persistent session would otherwise queue everything after it).
+pulsar_warm=${BENCH_PULSAR_WARMUP_SECS:-60}
+if [ "$pulsar_warm" -gt 0 ]; then
+  log "Pulsar warm-up: 2000 msg/s for ${pulsar_warm}s through a naive forwarder (not measured)"
+  main_mqtt=$mqtt_port
+  start_mosquitto "$work/mosquitto-warm" "$work/pids"
+  warm_mosquitto=$(tail -n 1 "$work/pids")
+  "$bench" naive --port "$mqtt_port" --client-id "warm-$run" --pulsar "$PULSAR_URL" --topic "persistent://public/default/bench-warm-$run" > "$work/pulsar-warm.log" 2>&1 &
+  warm_forwarder=$!; echo "$warm_forwarder" >> "$work/pids"
+  sleep 3
+  "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$pulsar_warm" --dup-every 20 --run "$run-pulsar-warm" > /dev/null
+  stop_pids "$warm_forwarder" "$warm_mosquitto" || true
+  mqtt_port=$main_mqtt
+fi
+
 log "cluster: three nodes in three zones"
 topic="persistent://public/default/bench-$run"
 cdir="$work/peak"; mkdir -p "$cdir"
 FIRSTSEEN__DEDUP__WINDOW_SECS=$peak_window start_cluster "$cdir" "$fs" "$mqtt_port" "/hfp/#" "$topic" "$work/pids"
+pin_system "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")"
+pin_system "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")"
 
 log "warm-up: 2000 msg/s for ${warm_secs}s (not measured)"
 "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-warm" > /dev/null
@@ -148,23 +220,40 @@ log "profile peak: 2000 msg/s for ${peak_secs}s (window ${peak_window}s)"
 sampler=$!
 # BENCH_PERF=1: a flat CPU profile of the three nodes over the peak
 # (perf record at 499 Hz), printed per node and symbol at the end.
+if [ -n "${BENCH_FLAME:-}" ]; then
+  # The leader alone, with call stacks unwound from DWARF CFI (the release
+  # build keeps its symbols and .eh_frame), at 99 Hz to keep the file small.
+  perf record -q -F 99 --call-graph dwarf,16384 -o "$work/flame.data" \
+    -p "$(cat "$cdir/node-$l.pid")" -- sleep "$((peak_secs + warm_secs))" > "$work/flame.log" 2>&1 &
+  flame_pid=$!
+fi
 if [ -n "${BENCH_PERF:-}" ]; then
   perf record -q -F 499 -o "$work/perf.data" \
     -p "$(cat "$cdir/node-1.pid"),$(cat "$cdir/node-2.pid"),$(cat "$cdir/node-3.pid")" \
     -- sleep "$((peak_secs + warm_secs))" > "$work/perf.log" 2>&1 &
   perf_pid=$!
 fi
+pulsar0=$(pulsar_cpu)
 peak=$(step 2000 "$peak_secs" "$topic" "$run-peak")
+share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-firstseen.txt"
 kill "$sampler"
 if [ -n "${BENCH_PERF:-}" ]; then
   kill -INT "$perf_pid" 2>/dev/null || true
   wait "$perf_pid" || true
+fi
+if [ -n "${BENCH_FLAME:-}" ]; then
+  kill -INT "$flame_pid" 2>/dev/null || true
+  wait "$flame_pid" || true
+  perf script -i "$work/flame.data" 2>/dev/null | inferno-collapse-perf > "$work/flame.folded"
+  inferno-flamegraph --title "firstseen leader, 2,000 msg/s (run $run)" < "$work/flame.folded" > "$root/bench-results/flame-peak.svg"
+  log "flame graph: bench-results/flame-peak.svg"
 fi
 for i in 1 2 3; do
   pid=$(cat "$cdir/node-$i.pid")
   cpu[$i]=$(awk -v a="$(cpu_secs "$pid")" -v b="${cpu0[$i]}" 'BEGIN { printf "%.2f", a - b }')
   rss[$i]=$(peak_rss_mb "$pid")
 done
+awk -v a="${cpu[1]}" -v b="${cpu[2]}" -v c="${cpu[3]}" -v s="$peak_secs" 'BEGIN { printf "%.3f", (a + b + c) / s }' > "$work/cpu-firstseen.txt"
 raft1=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
 echo "{\"entries\": $((raft1[0] - raft0[0])), \"bytes\": $((raft1[1] - raft0[1]))}" > "$work/raft.json"
 sync1=($(sync_stats))
@@ -208,16 +297,125 @@ stop_cluster
 fresh_mosquitto naive-peak
 nptopic="persistent://public/default/bench-naive-peak-$run"
 start_naive "$nptopic" "$run-np"
+pin_system "${naive_pids[@]}"
 "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-np-warm" > /dev/null
 # Their CPU over the same peak: the baseline for the nodes' CPU.
 for i in 0 1 2; do ncpu0[$i]=$(cpu_secs "${naive_pids[$i]}"); done
+pulsar0=$(pulsar_cpu)
 step 2000 "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
+share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-naive.txt"
 for i in 0 1 2; do
   awk -v a="$(cpu_secs "${naive_pids[$i]}")" -v b="${ncpu0[$i]}" -v s="$peak_secs" 'BEGIN { printf "%.3f ", (a - b) / s }'
 done > "$work/naive-cpu.txt"
+awk '{ s = 0; for (i = 1; i <= NF; i++) s += $i; printf "%.3f", s }' "$work/naive-cpu.txt" > "$work/cpu-naive.txt"
 stop_pids "${naive_pids[@]}" || true
 # Their persistent sessions would queue the next profiles' messages.
 fresh_mosquitto after-naive-peak
+
+# Benthos instance $1 with cache $2 (memory or redis) and the Pulsar
+# output's max_in_flight $3, into topic $4, named after run $5. The dedupe
+# key is the payload's xxhash64, Benthos's own cheap hash (firstseen keys on
+# blake3). Appends the pid to benthos_pids.
+start_benthos() {
+  local i=$1 cache=$2 inflight=$3 topic=$4 id=$5 conf="$work/benthos-$5-$1.yaml"
+  {
+    cat <<YAML
+http:
+  enabled: false
+logger:
+  level: warn
+input:
+  mqtt:
+    urls: [ "tcp://127.0.0.1:$mqtt_port" ]
+    topics: [ "/hfp/#" ]
+    client_id: "benthos-$i-$id"
+    qos: 1
+pipeline:
+  processors:
+    - dedupe:
+        cache: keys
+        key: '\${! content().hash("xxhash64").encode("hex") }'
+output:
+  pulsar:
+    url: "$PULSAR_URL"
+    topic: "$topic"
+    max_in_flight: $inflight
+cache_resources:
+  - label: keys
+YAML
+    if [ "$cache" = redis ]; then
+      printf '    redis:\n      url: "redis://127.0.0.1:%s"\n      default_ttl: 60s\n' "$redis_port"
+    else
+      printf '    memory:\n      default_ttl: 60s\n'
+    fi
+  } > "$conf"
+  "$benthos_bin" -c "$conf" > "$work/benthos-$id-$i.log" 2>&1 &
+  echo $! >> "$work/pids"
+  benthos_pids+=($!)
+}
+
+# A Benthos baseline: $1 names it, $2 instances, $3 cache, $4 max_in_flight,
+# $5 the run id. Starts Redis for the redis cache (its pid in redis_pid, or
+# empty). Sets benthos_pids.
+start_competitor() {
+  local name=$1 n=$2 cache=$3 inflight=$4 id=$5 topic=$6 i
+  benthos_pids=(); redis_pid=""
+  if [ "$cache" = redis ]; then
+    redis_port=$(free_port)
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no > "$work/redis-$id.log" 2>&1 &
+    redis_pid=$!; echo "$redis_pid" >> "$work/pids"
+    wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$redis_port"
+  fi
+  for i in $(seq 1 "$n"); do start_benthos "$i" "$cache" "$inflight" "$topic" "$id"; done
+  pin_system "${benthos_pids[@]}" $redis_pid
+  sleep 3
+}
+stop_competitor() { stop_pids "${benthos_pids[@]}" $redis_pid || true; }
+
+# Core-seconds so far of every process in "$@".
+cpu_sum() {
+  local p total=0
+  for p in "$@"; do total=$(awk -v a="$total" -v b="$(cpu_secs "$p")" 'BEGIN { print a + b }'); done
+  echo "$total"
+}
+
+# Steps of BENCH_STEPS against topic $1 (run ids $2<rate>), one row each
+# into $3, for a system that settles by itself (the baselines); the log says
+# copies per message.
+baseline_steps() {
+  local topic=$1 prefix=$2 out=$3 rate r
+  : > "$out"
+  for rate in $steps; do
+    r=$(step "$rate" "$step_secs" "$topic" "$prefix$rate")
+    echo "$r" >> "$out"
+    log "  $rate msg/s: $(echo "$r" | report describe-step naive)"
+  done
+}
+
+# The competitors as "name instances cache max_in_flight".
+competitors=()
+if [ "${BENCH_BENTHOS:-1}" != 0 ]; then
+  competitors=("benthos 1 memory 64" "benthos-tuned 1 memory 1024" "benthos-ha 3 redis 64")
+fi
+for c in "${competitors[@]}"; do
+  read -r name n cache inflight <<< "$c"
+  log "the same peak through $name ($n instance(s), $cache cache, max_in_flight $inflight)"
+  fresh_mosquitto "$name-peak"
+  ctopic="persistent://public/default/bench-$name-peak-$run"
+  start_competitor "$name" "$n" "$cache" "$inflight" "$run-$name-peak" "$ctopic"
+  "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-$name-warm" > /dev/null
+  c0=$(cpu_sum "${benthos_pids[@]}")
+  r0=0; [ -n "$redis_pid" ] && r0=$(cpu_secs "$redis_pid")
+  pulsar0=$(pulsar_cpu)
+  step 2000 "$peak_secs" "$ctopic" "$run-$name-peak" > "$work/$name-peak.json"
+  share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-$name.txt"
+  c1=$(cpu_sum "${benthos_pids[@]}")
+  r1=0; [ -n "$redis_pid" ] && r1=$(cpu_secs "$redis_pid")
+  echo "$(share "$c0" "$c1" "$peak_secs") $(share "$r0" "$r1" "$peak_secs")" > "$work/cpu-$name.txt"
+  stop_competitor
+  log "  $(report describe-peak "$work/$name-peak.json") CPU $(cat "$work/cpu-$name.txt") Pulsar $(cat "$work/pulsar-cpu-$name.txt")"
+done
+fresh_mosquitto after-competitor-peaks
 
 # Waits until the cluster is idle: the leader's outbox is empty and no node
 # has proposed anything for 3 s (a node behind on its upstream backlog is
@@ -241,6 +439,7 @@ settle() {
 if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
   report peak-summary "$work" "$peak_secs" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}"
+  report competitors "$work" "$peak_secs"
   if [ -n "${BENCH_PERF:-}" ]; then
     echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
     perf report -q -i "$work/perf.data" --sort pid,sym --percent-limit 0.7 2>/dev/null | head -80
@@ -253,6 +452,7 @@ stop_cluster
 cdir="$work/main"; mkdir -p "$cdir"
 topic="persistent://public/default/bench-$run-main"
 start_cluster "$cdir" "$fs" "$mqtt_port" "/hfp/#" "$topic" "$work/pids"
+pin_system "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")"
 "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-warm2" > /dev/null
 settle
 
@@ -299,6 +499,7 @@ failover() {
   restarted=$(date +%s%3N)
   "$fs" run --config "$cdir/node-$k.toml" >> "$cdir/node-$k.log" 2>&1 &
   echo $! >> "$work/pids"; echo $! > "$cdir/node-$k.pid"
+  pin_system $!
   catch_up "$k" "$restarted" "$at_kill" "$target" > "$work/catchup-$1.json"
 } >&2
 
@@ -346,14 +547,21 @@ fresh_mosquitto naive
 log "baseline naive: three forwarders without Raft or dedup"
 ntopic="persistent://public/default/bench-naive-$run"
 start_naive "$ntopic" "$run"
-: > "$work/naive.jsonl"
-for rate in $steps; do
-  r=$(step "$rate" "$step_secs" "$ntopic" "$run-n$rate")
-  echo "$r" >> "$work/naive.jsonl"
-  log "  $rate msg/s: $(echo "$r" | report describe-step naive)"
-done
+pin_system "${naive_pids[@]}"
+baseline_steps "$ntopic" "$run-n" "$work/naive.jsonl"
 
 stop_pids "${naive_pids[@]}" || true
+
+for c in "${competitors[@]}"; do
+  read -r name n cache inflight <<< "$c"
+  fresh_mosquitto "$name"
+  log "baseline $name: the same steps"
+  ctopic="persistent://public/default/bench-$name-$run"
+  start_competitor "$name" "$n" "$cache" "$inflight" "$run-$name" "$ctopic"
+  baseline_steps "$ctopic" "$run-$name" "$work/$name.jsonl"
+  stop_competitor
+done
+
 fresh_mosquitto fanout
 log "baseline fanout: Mosquitto to three subscribers (nothing else subscribed)"
 "$bench" fanout --port "$mqtt_port" --subs 3 --count 100000 > "$work/fanout.json"

@@ -224,6 +224,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Time for sled's flush and the fdatasync after it, per db",
     ),
     (
+        "firstseen_stage_seconds",
+        "histogram",
+        "Per message, time spent in each stage: receive (upstream hand-over to the batch's proposal), commit (proposal to commit, on the receiving node), publish (applied on the leader to handed to the producer), receipt (handed to Pulsar's receipt)",
+    ),
+    (
         "firstseen_publish_batch_seconds",
         "histogram",
         "Time to send a publish batch and receive every receipt",
@@ -280,11 +285,62 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The stages of `firstseen_stage_seconds`, in the order a message
+/// passes them. Their sum is a message's time inside firstseen, from the
+/// upstream's hand-over to Pulsar's receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Upstream hand-over to the start of its batch's proposal: the batch's
+    /// linger, and the wait behind the batch before it (one proposal in
+    /// flight per node).
+    Receive,
+    /// Proposal to commit, on the node that received it: the forward to
+    /// the leader, its coalescing, the log appends and syncs, the apply.
+    Commit,
+    /// Applied on the leader to handed to the Pulsar producer: the
+    /// publisher's wake-up, its lease check and the outbox read.
+    Publish,
+    /// Handed to the producer to Pulsar's receipt, observed by the
+    /// publisher (so it includes the publisher's own delay in noticing).
+    Receipt,
+}
+
+impl Stage {
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Receive => "receive",
+            Stage::Commit => "commit",
+            Stage::Publish => "publish",
+            Stage::Receipt => "receipt",
+        }
+    }
+}
+
+/// Records `messages` messages that each spent `spent` in `stage`.
+pub fn stage(stage: Stage, spent: std::time::Duration, messages: u64) {
+    if messages == 0 {
+        return;
+    }
+    let h = metrics::histogram!("firstseen_stage_seconds", "stage" => stage.label());
+    let secs = spent.as_secs_f64();
+    if messages == 1 {
+        h.record(secs);
+    } else {
+        h.record_many(secs, messages as usize);
+    }
+}
+
 /// Installs the Prometheus recorder with `node` and `zone` on every series,
 /// and registers every metric so each exists from the first scrape.
 pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<PrometheusHandle> {
     let seconds = [
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    // The stages are each a few milliseconds at the HSL peak: finer buckets
+    // there, so that a bench run reads their medians, not just their tails.
+    let stages = [
+        0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
+        1.0, 2.5, 5.0, 10.0,
     ];
     let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
     let builder = PrometheusBuilder::new()
@@ -293,6 +349,9 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full("firstseen_batch_messages".into()), &sizes)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("firstseen_stage_seconds".into()), &stages)
         });
     let handle = match builder.and_then(|b| b.install_recorder()) {
         Ok(h) => h,

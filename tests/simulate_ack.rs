@@ -110,6 +110,7 @@ fn received(message: u64, epoch: u64, pkid: u16) -> Received {
             pkid,
             qos: 1,
         }),
+        received_at: tokio::time::Instant::now(),
     }
 }
 

@@ -75,17 +75,21 @@ def describe_step(row, naive=False):
 # --- Prometheus text: the stage histograms over the peak ------------------
 
 STAGE_HISTOGRAMS = ("firstseen_commit_seconds", "firstseen_publish_batch_seconds")
+# firstseen_stage_seconds, by its stage label, in the order a message
+# passes them (src/telemetry.rs, `Stage`).
+STAGES = ("receive", "commit", "publish", "receipt")
 TAIL_BOUNDS = ("0.01", "0.025", "0.05", "0.1")
 
 
-def histogram(text, name):
+def histogram(text, name, label=None):
     """One histogram's series summed over labels: {(kind, le): value}, kind
-    being bucket, sum or count (le empty but for buckets)."""
+    being bucket, sum or count (le empty but for buckets). With `label`
+    (like 'stage="commit"'), only the series that carry it."""
     out = {}
     pattern = re.compile(r"^" + re.escape(name) + r"_(bucket|sum|count)\{(.*)\} (\S+)$")
     for line in text.splitlines():
         m = pattern.match(line)
-        if not m:
+        if not m or (label is not None and label not in m.group(2)):
             continue
         le = re.search(r'le="([^"]+)"', m.group(2))
         key = (m.group(1), le.group(1) if le else "")
@@ -93,17 +97,33 @@ def histogram(text, name):
     return out
 
 
-def stage_summary(before, after, name):
-    """The histogram over the interval between two scrapes: count, mean and
-    the share of observations above each tail bound. None when nothing was
-    observed."""
-    a, b = histogram(before, name), histogram(after, name)
+def quantile(buckets, n, q):
+    """The q-quantile of a histogram with `n` observations, from its
+    cumulative buckets {le: count}, interpolated linearly inside the
+    bucket it falls in (as Prometheus's histogram_quantile does)."""
+    rank, lower, below = q * n, 0.0, 0.0
+    for le, count in sorted(((float(le), c) for le, c in buckets.items() if le != "+Inf")):
+        if count >= rank:
+            inside = count - below
+            return lower + (le - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = le, count
+    return None
+
+
+def stage_summary(before, after, name, label=None):
+    """The histogram over the interval between two scrapes: count, mean,
+    interpolated p50 and p99 and the share of observations above each tail
+    bound. None when nothing was observed."""
+    a, b = histogram(before, name, label), histogram(after, name, label)
     d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
     n = d.get(("count", ""), 0.0)
     if n <= 0:
         return None
     over = {le: round(1 - d[("bucket", le)] / n, 4) for le in TAIL_BOUNDS if ("bucket", le) in d}
-    return {"count": int(n), "mean_ms": round(1000 * d[("sum", "")] / n, 2), "share_over_s": over}
+    buckets = {le: v for (kind, le), v in d.items() if kind == "bucket"}
+    ms = lambda q: None if (v := quantile(buckets, n, q)) is None else round(1000 * v, 2)
+    return {"count": int(n), "mean_ms": round(1000 * d[("sum", "")] / n, 2),
+            "p50_ms": ms(0.5), "p99_ms": ms(0.99), "share_over_s": over}
 
 
 def stages(work, nodes=(1, 2, 3)):
@@ -116,6 +136,10 @@ def stages(work, nodes=(1, 2, 3)):
             s = stage_summary(before, after, name)
             if s is not None:
                 node[name.removeprefix("firstseen_")] = s
+        for stage in STAGES:
+            s = stage_summary(before, after, "firstseen_stage_seconds", f'stage="{stage}"')
+            if s is not None:
+                node[f"stage_{stage}"] = s
         out.append(node)
     return out
 
@@ -328,6 +352,121 @@ def read_inputs(work, peak_secs, cpu, rss, window_secs):
     }
 
 
+# --- the competitors: every system over the same peak ----------------------
+
+# (name, what the table calls it, its peak's file). Baselines that did not
+# run (BENCH_BENTHOS=0) have no file and are left out.
+SYSTEMS = (
+    ("firstseen", "firstseen, 3 nodes, fsync", "peak.json"),
+    ("naive", "naive x3 (no dedup)", "naive-peak.json"),
+    ("benthos", "Benthos, one process", "benthos-peak.json"),
+    ("benthos-tuned", "Benthos, max_in_flight 1024", "benthos-tuned-peak.json"),
+    ("benthos-ha", "Benthos x3 + Redis", "benthos-ha-peak.json"),
+)
+STEP_FILES = {"firstseen": "sustained.jsonl", "naive": "naive.jsonl"}
+
+
+def competitor_row(name, label, peak, cpu, pulsar, steps, peak_secs):
+    """One system over the peak. `cpu` is its processes' core-seconds per
+    second (then Redis's, for the HA Benthos), `pulsar` Pulsar's own, both
+    over the same peak; `steps` its sustained steps, if the full run ran
+    them."""
+    probe = peak["probe"]
+    lat = probe["latency_ms"]
+    unique_rate = probe["unique"] / peak_secs
+    written_rate = probe["received"] / peak_secs
+    once = probe["unique"] == probe["expected"] and probe["received"] == probe["unique"]
+    if name == "firstseen":
+        once = once and probe["verify_clean"]
+    total = sum(cpu)
+    return {
+        "system": name, "label": label,
+        "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+        "unique": probe["unique"], "expected": probe["expected"],
+        "copies_per_message": round(probe["copies_per_message"], 3),
+        "exactly_once": once,
+        "cpu_share": round(total, 3), "cpu_parts": cpu,
+        "cpu_us_per_message": round(1e6 * total / unique_rate, 1) if unique_rate else None,
+        "pulsar_cpu_share": pulsar,
+        # Per message Pulsar stored: the naive forwarders make it store three.
+        "pulsar_cpu_us_per_message": round(1e6 * pulsar / written_rate, 1) if written_rate else None,
+        "max_rate": best_rate(steps) if steps else None,
+    }
+
+
+def competitors(work, peak_secs):
+    rows = []
+    for name, label, peak_file in SYSTEMS:
+        if not os.path.exists(f"{work}/{peak_file}"):
+            continue
+        words = read(f"{work}/cpu-{name}.txt").split()
+        steps_file = f"{work}/{STEP_FILES.get(name, name + '.jsonl')}"
+        steps = None
+        if os.path.exists(steps_file):
+            steps = [json.loads(l) for l in read(steps_file).splitlines() if l.strip()]
+        rows.append(competitor_row(
+            name, label, load_json(f"{work}/{peak_file}"), [float(w) for w in words],
+            float(read(f"{work}/pulsar-cpu-{name}.txt")), steps, peak_secs))
+    return {"systems": rows, "against_benthos": against_benthos(rows)}
+
+
+def against_benthos(rows):
+    """firstseen's ratios to the Benthos baselines, each with the target
+    issue 35 set: p50 and p99 to the single Benthos, the highest rate kept
+    up to the tuned one, the CPU to three Benthos with Redis, and Pulsar's
+    CPU per message to what the single Benthos makes it spend."""
+    by = {r["system"]: r for r in rows}
+    fs = by.get("firstseen")
+    if fs is None:
+        return []
+    out = []
+
+    def ratio(what, mine, theirs, target, higher_is_better=False):
+        if mine is None or not theirs:
+            return
+        r = round(mine / theirs, 2)
+        met = r >= target if higher_is_better else r <= target
+        out.append({"figure": what, "firstseen": mine, "baseline": theirs, "ratio": r,
+                    "target": f"{'>=' if higher_is_better else '<='} {target}", "met": met})
+
+    single, tuned, ha = by.get("benthos"), by.get("benthos-tuned"), by.get("benthos-ha")
+    if single:
+        ratio("p50 at 2,000 msg/s / single Benthos", fs["p50_ms"], single["p50_ms"], 1.1)
+        ratio("p99 at 2,000 msg/s / single Benthos", fs["p99_ms"], single["p99_ms"], 1.25)
+        ratio("Pulsar CPU per message / single Benthos", fs["pulsar_cpu_us_per_message"],
+              single["pulsar_cpu_us_per_message"], 1.0)
+    if tuned:
+        ratio("highest rate kept up / tuned Benthos", fs["max_rate"], tuned["max_rate"], 1.25, True)
+    if ha:
+        ratio("CPU at 2,000 msg/s / Benthos x3 + Redis", fs["cpu_share"], ha["cpu_share"], 1.0)
+    return out
+
+
+def competitor_table(result):
+    """The comparison as Markdown: one row per system, then the ratios."""
+    lines = [
+        "| system | p50 / p99 ms | exactly once | copies | CPU (core-s/s) | CPU us/msg | Pulsar CPU (core-s/s) | Pulsar us per stored msg | highest rate kept up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["systems"]:
+        parts = " + ".join(str(c) for c in r["cpu_parts"]) if len(r["cpu_parts"]) > 1 else str(r["cpu_share"])
+        lines.append(
+            f'| {r["label"]} | {r["p50_ms"]:.1f} / {r["p99_ms"]:.1f} | {"yes" if r["exactly_once"] else "no"} '
+            f'| {r["copies_per_message"]} | {parts} | {r["cpu_us_per_message"]} | {r["pulsar_cpu_share"]} '
+            f'| {r["pulsar_cpu_us_per_message"]} | {r["max_rate"] if r["max_rate"] is not None else "-"} |')
+    if result["against_benthos"]:
+        lines += ["", "| figure | firstseen | baseline | ratio | target | met |", "|---|---|---|---|---|---|"]
+        for a in result["against_benthos"]:
+            lines.append(f'| {a["figure"]} | {a["firstseen"]} | {a["baseline"]} | {a["ratio"]} | {a["target"]} | {"yes" if a["met"] else "no"} |')
+    return lines
+
+
+def describe_peak(peak):
+    p = peak["probe"]
+    return (f'p50 / p99 {p["latency_ms"]["p50"]:.1f} / {p["latency_ms"]["p99"]:.1f} ms, '
+            f'{p["unique"]} of {p["expected"]} unique, copies {round(p["copies_per_message"], 3)}')
+
+
 # --- the peak alone (BENCH_ONLY_PEAK) ----------------------------------------
 
 
@@ -384,6 +523,13 @@ def main(argv):
         c = load_json(args[1])
         resumed = f["fault"]["resumed_after_mark_ms"] if f["fault"] else "?"
         print(f"publishing resumed {resumed} ms after the kill; catch-up {c}")
+    elif cmd == "describe-peak":
+        print(describe_peak(load_json(args[0])))
+    elif cmd == "competitors":
+        result = competitors(args[0], float(args[1]))
+        with open(f"{args[0]}/competitors.json", "w") as f:
+            json.dump(result, f, indent=2)
+        print("\n".join(competitor_table(result)))
     elif cmd == "peak-summary":
         cpu = [float(x) for x in args[2:5]]
         print("\n".join(peak_summary(args[0], float(args[1]), cpu)))
@@ -392,11 +538,14 @@ def main(argv):
         cpu = [float(x) for x in args[3:6]]
         rss = [float(x) for x in args[6:9]]
         result = build_result(read_inputs(work, peak_secs, cpu, rss, int(args[9])))
+        result["competitors"] = competitors(work, peak_secs)
         with open(out, "w") as f:
             json.dump(result, f, indent=2)
         print()
         for name, value in table(result):
             print(f"{name:<48} {str(value):>28}")
+        print()
+        print("\n".join(competitor_table(result["competitors"])))
         print(f"\nwritten to {out}")
     else:
         sys.exit(f"benchreport: unknown command {cmd!r}")

@@ -11,12 +11,12 @@ import unittest
 import benchreport as br
 
 
-def probe(unique=100, expected=100, secs=10.0, p99=50.0, clean=True, fault=None):
+def probe(unique=100, expected=100, secs=10.0, p99=50.0, clean=True, fault=None, copies=1):
     return {
-        "unique": unique, "expected": expected, "secs": secs,
+        "unique": unique, "expected": expected, "secs": secs, "received": unique * copies,
         "latency_ms": {"p50": 10.0, "p99": p99, "max": 90.0},
         "split_ms": {"to_producer_send": {"p50": 4.0, "p99": 9.0}, "after_send": {"p50": 6.0, "p99": 40.0}},
-        "verify_clean": clean, "copies_per_message": 1.0, "slow_seconds": [], "fault": fault,
+        "verify_clean": clean, "copies_per_message": float(copies), "slow_seconds": [], "fault": fault,
     }
 
 
@@ -79,6 +79,24 @@ class Histograms(unittest.TestCase):
         self.assertEqual(s["count"], 100)
         self.assertEqual(s["mean_ms"], 30.0)
         self.assertEqual(s["share_over_s"], {"0.01": 0.5, "0.025": 0.2, "0.05": 0.2, "0.1": 0.1})
+        self.assertEqual(s["p50_ms"], 10.0)
+        self.assertIsNone(s["p99_ms"], "beyond the last finite bucket")
+
+    def test_quantiles_interpolate_inside_their_bucket(self):
+        buckets = {"0.001": 10.0, "0.002": 30.0, "0.005": 40.0, "+Inf": 40.0}
+        self.assertAlmostEqual(br.quantile(buckets, 40, 0.5), 0.0015)
+        self.assertAlmostEqual(br.quantile(buckets, 40, 0.125), 0.0005)
+        self.assertAlmostEqual(br.quantile(buckets, 40, 0.875), 0.0035)
+
+    def test_a_stage_is_read_by_its_label_alone(self):
+        before = 'firstseen_stage_seconds_bucket{stage="commit",le="0.005"} 0\n'
+        after = ("".join(f'firstseen_stage_seconds_{k}{{stage="{st}"{le}}} {v}\n' for st, k, le, v in (
+            ("commit", "bucket", ',le="0.005"', 4), ("commit", "bucket", ',le="+Inf"', 4),
+            ("commit", "sum", "", 0.008), ("commit", "count", "", 4),
+            ("publish", "bucket", ',le="0.005"', 1), ("publish", "bucket", ',le="+Inf"', 9),
+            ("publish", "sum", "", 1.0), ("publish", "count", "", 9))))
+        s = br.stage_summary(before, after, "firstseen_stage_seconds", 'stage="commit"')
+        self.assertEqual((s["count"], s["mean_ms"], s["p50_ms"]), (4, 2.0, 2.5))
 
     def test_a_histogram_nothing_observed_gives_no_summary(self):
         self.assertIsNone(br.stage_summary(SCRAPE_1, SCRAPE_1, "firstseen_commit_seconds"))
@@ -183,6 +201,8 @@ class Result(unittest.TestCase):
             texts = {
                 "rss.txt": "".join(" ".join(str(x) for x in s) + "\n" for s in i["rss_samples"]),
                 "naive-cpu.txt": "0.1 0.1 0.1 ", "export-ms.txt": "12\n15\n", "verify.ok": "true\n",
+                "cpu-firstseen.txt": "1.0", "pulsar-cpu-firstseen.txt": "0.3",
+                "cpu-naive.txt": "0.3", "pulsar-cpu-naive.txt": "0.2",
             }
             for name, text in texts.items():
                 with open(os.path.join(work, name), "w") as f:
@@ -194,6 +214,41 @@ class Result(unittest.TestCase):
                 written = json.load(f)
         self.assertEqual(written["ratios"], br.build_result(i)["ratios"])
         self.assertEqual(written["peak"]["snapshot_export_ms"], [12, 15])
+        # No Benthos ran (BENCH_BENTHOS=0): two systems, no ratios to it.
+        self.assertEqual([r["system"] for r in written["competitors"]["systems"]], ["firstseen", "naive"])
+        self.assertEqual(written["competitors"]["against_benthos"], [])
+
+
+class Competitors(unittest.TestCase):
+    def test_a_row_counts_cpu_per_message_and_pulsar_per_message_it_stored(self):
+        naive = br.competitor_row("naive", "naive", {"probe": probe(unique=2000, copies=3)},
+                                  [0.1, 0.1, 0.1], 0.6, None, 1.0)
+        self.assertFalse(naive["exactly_once"], "three copies of each")
+        self.assertEqual(naive["cpu_us_per_message"], 150.0)
+        self.assertEqual(naive["pulsar_cpu_us_per_message"], 100.0, "per message stored: 6,000 a second")
+        self.assertIsNone(naive["max_rate"])
+        fs = br.competitor_row("firstseen", "fs", {"probe": probe(unique=2000, clean=False)},
+                               [0.5], 0.2, None, 1.0)
+        self.assertFalse(fs["exactly_once"], "firstseen also needs the audit clean")
+
+    def test_ratios_to_benthos_say_which_targets_are_met(self):
+        steps = lambda best: [br.step({"unique": best * 10, "secs": 10}, probe(unique=best * 10, expected=best * 10), 10, 5)]
+        row = lambda name, p99, cpu, pulsar, best: br.competitor_row(
+            name, name, {"probe": probe(unique=2000, expected=2000, p99=p99)}, cpu, pulsar, steps(best), 1.0)
+        rows = [
+            row("firstseen", 30.0, [0.5], 0.2, 16000),
+            row("benthos", 20.0, [0.1], 0.1, 16000),
+            row("benthos-tuned", 20.0, [0.1], 0.1, 12000),
+            row("benthos-ha", 20.0, [0.3, 0.1], 0.1, 8000),
+        ]
+        got = {a["figure"]: (a["ratio"], a["met"]) for a in br.against_benthos(rows)}
+        self.assertEqual(got["p50 at 2,000 msg/s / single Benthos"], (1.0, True))
+        self.assertEqual(got["p99 at 2,000 msg/s / single Benthos"], (1.5, False))
+        self.assertEqual(got["highest rate kept up / tuned Benthos"], (1.33, True))
+        self.assertEqual(got["CPU at 2,000 msg/s / Benthos x3 + Redis"], (1.25, False))
+        self.assertEqual(got["Pulsar CPU per message / single Benthos"], (2.0, False))
+        table = "\n".join(br.competitor_table({"systems": rows, "against_benthos": br.against_benthos(rows)}))
+        self.assertIn("| benthos-ha | 10.0 / 20.0 | yes | 1.0 | 0.3 + 0.1 |", table)
 
 
 class CommandLine(unittest.TestCase):
@@ -251,6 +306,17 @@ class CommandLine(unittest.TestCase):
             put("naive-cpu.txt", "0.1 0.1 0.1 ")
             put("syncs.json", "[]")
             put("stages.json", "[]")
+            for name in ("firstseen", "naive"):
+                put(f"cpu-{name}.txt", "0.5")
+                put(f"pulsar-cpu-{name}.txt", "0.25")
+            put("benthos-peak.json", {"probe": probe()})
+            put("cpu-benthos.txt", "0.1")
+            put("pulsar-cpu-benthos.txt", "0.05")
+            self.assertEqual(self.run_main("describe-peak", os.path.join(work, "benthos-peak.json")),
+                             "p50 / p99 10.0 / 50.0 ms, 100 of 100 unique, copies 1.0")
+            self.assertIn("| Benthos, one process | 10.0 / 50.0 | yes |", self.run_main("competitors", work, "60"))
+            with open(os.path.join(work, "competitors.json")) as f:
+                self.assertEqual(len(json.load(f)["systems"]), 3)
             summary = self.run_main("peak-summary", work, "60", "30", "15", "15")
             self.assertIn("node CPU over the peak (core-seconds per second): 0.5 0.25 0.25", summary)
             self.assertIn("disk per window key: state+log 100.0 state 25.0 keys 4", summary)

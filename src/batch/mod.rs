@@ -70,26 +70,35 @@ impl Pending {
     }
 }
 
+/// A received message for the batcher's tests: key byte 0 is `tag`, the
+/// payload `bytes` long, received now.
+#[cfg(test)]
+pub(crate) fn test_message(tag: u8, bytes: usize) -> Received {
+    let mut key = [0; 32];
+    key[0] = tag;
+    Received {
+        observation: Some(firstseen_store::Observation {
+            key,
+            mqtt_topic: String::new(),
+            pulsar_topic: "t".into(),
+            payload: vec![tag; bytes],
+            qos: 1,
+            retain: false,
+            node: 1,
+            received_ms: 0,
+        }),
+        properties: None,
+        ack: None,
+        received_at: Instant::now(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use firstseen_store::Observation;
 
     fn item(bytes: usize) -> Received {
-        Received {
-            observation: Some(Observation {
-                key: [0; 32],
-                mqtt_topic: String::new(),
-                pulsar_topic: "t".into(),
-                payload: vec![0; bytes],
-                qos: 1,
-                retain: false,
-                node: 1,
-                received_ms: 0,
-            }),
-            properties: None,
-            ack: None,
-        }
+        test_message(0, bytes)
     }
 
     #[test]
@@ -125,6 +134,7 @@ mod tests {
                 observation: None,
                 properties: None,
                 ack: None,
+                received_at: Instant::now(),
             },
             Instant::now(),
         );

@@ -12,6 +12,7 @@ use super::{BatchPolicy, Pending};
 use crate::ingest::ack::AckToken;
 use crate::ingest::Received;
 use crate::propose::ProposeError;
+use crate::telemetry::{self, Stage};
 use firstseen_store::{Outcome, StateStore};
 
 /// What the batcher needs besides its input.
@@ -36,14 +37,33 @@ pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
     let mut pending = Pending::default();
     loop {
         let Some(first) = rx.recv().await else { break };
-        // tokio's clock, so that a simulation on a paused clock drives the
-        // linger as it drives everything else.
-        pending.push(first, Instant::now());
+        // The linger runs from the first message's arrival, not from when
+        // the batcher got to it: a message that waited out the previous
+        // batch's commit in the channel has lingered already. Counting from
+        // the pick-up made it wait a commit and then a whole linger (tokio's
+        // clock, so that a simulation on a paused clock drives it too).
+        let arrived = first.received_at;
+        pending.push(first, arrived);
         let mut closed = false;
         while !pending.is_full(&b.policy) {
             let deadline = pending
                 .deadline(&b.policy)
                 .expect("batch has a first message");
+            if deadline <= Instant::now() {
+                // Lingered enough: what is already queued goes along, and
+                // nothing waits for more.
+                while !pending.is_full(&b.policy) {
+                    match rx.try_recv() {
+                        Ok(item) => pending.push(item, Instant::now()),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                }
+                break;
+            }
             tokio::select! {
                 item = rx.recv() => match item {
                     Some(item) => pending.push(item, Instant::now()),
@@ -76,6 +96,9 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
             return false;
         }
         let started = Instant::now();
+        for i in items.iter().filter(|i| i.observation.is_some()) {
+            telemetry::stage(Stage::Receive, started - i.received_at, 1);
+        }
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
             let leader = b.group.leader();
@@ -115,7 +138,9 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         metrics::counter!("firstseen_first_seen_total").increment(first);
         metrics::counter!("firstseen_duplicates_total").increment(dups);
         metrics::counter!("firstseen_batches_total").increment(1);
-        metrics::histogram!("firstseen_commit_seconds").record(started.elapsed().as_secs_f64());
+        let commit = started.elapsed();
+        metrics::histogram!("firstseen_commit_seconds").record(commit.as_secs_f64());
+        telemetry::stage(Stage::Commit, commit, observations.len() as u64);
         metrics::histogram!("firstseen_batch_messages").record(observations.len() as f64);
     }
     // G4: everything in `items` is now either committed (its entry, or an
@@ -180,5 +205,105 @@ async fn wait_for_quota(b: &Batcher) -> bool {
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             _ = b.shutdown.cancelled() => return false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{test_message, BatchPolicy};
+    use crate::ingest::ack::AckStats;
+    use firstseen_raft::NodeId;
+    use firstseen_store::Batch;
+    use futures::future::BoxFuture;
+    use std::sync::Mutex;
+
+    /// A group that commits after `commit`, recording when each batch was
+    /// proposed and how many messages it held.
+    struct Slow {
+        commit: Duration,
+        proposed: Mutex<Vec<(Instant, usize)>>,
+    }
+
+    impl Commit for Slow {
+        fn propose(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ProposeError>> {
+            self.proposed
+                .lock()
+                .unwrap()
+                .push((Instant::now(), batch.observations.len()));
+            Box::pin(async move {
+                tokio::time::sleep(self.commit).await;
+                Ok(batch
+                    .observations
+                    .iter()
+                    .map(|_| Outcome::FirstSeen { seq: 1 })
+                    .collect())
+            })
+        }
+        fn leader(&self) -> Option<NodeId> {
+            Some(1)
+        }
+        fn leader_moves(&self, _: Option<NodeId>, _: Duration) -> BoxFuture<'_, ()> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    struct NoAcks;
+    impl Acks for NoAcks {
+        fn upstreams(&self) -> usize {
+            0
+        }
+        fn ack(&self, _: usize, _: &[AckToken]) -> AckStats {
+            AckStats::default()
+        }
+    }
+
+    /// Messages that arrive while a batch commits have waited a commit's
+    /// time already: the next batch leaves as soon as the commit returns,
+    /// not a whole linger later. Before the fix the second proposal came at
+    /// 12 ms (the commit ending at 10 ms, then a 2-ms linger from the
+    /// pick-up).
+    #[tokio::test(start_paused = true)]
+    async fn messages_that_waited_out_a_commit_do_not_linger_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let group = Arc::new(Slow {
+            commit: Duration::from_millis(8),
+            proposed: Mutex::new(Vec::new()),
+        });
+        let batcher = Batcher {
+            policy: BatchPolicy {
+                max_messages: 100,
+                max_bytes: 1 << 20,
+                linger: Duration::from_millis(2),
+            },
+            group: group.clone(),
+            acks: Arc::new(NoAcks),
+            state: StateStore::open(&db).unwrap(),
+            quota_bytes: u64::MAX,
+            disk: crate::diskspace::DiskSpace::new(dir.path().to_path_buf(), 0),
+            shutdown: CancellationToken::new(),
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let t0 = Instant::now();
+        let task = tokio::spawn(run(batcher, rx));
+        tx.send(test_message(1, 1)).await.unwrap();
+        // Lingers 2 ms for company, then commits for 8 ms; two more arrive
+        // at 4 and 5 ms, during the commit.
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        tx.send(test_message(2, 1)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tx.send(test_message(3, 1)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(tx);
+        task.await.unwrap();
+        let proposed: Vec<(u128, usize)> = group
+            .proposed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(at, n)| ((*at - t0).as_millis(), *n))
+            .collect();
+        assert_eq!(proposed, vec![(2, 1), (10, 2)]);
     }
 }

@@ -42,6 +42,10 @@ pub struct Received {
     pub properties: Option<Box<firstseen_store::Properties>>,
     /// `None` for QoS 0, which is never acked.
     pub ack: Option<AckToken>,
+    /// When the upstream's event loop handed it over: the start of the
+    /// `receive` stage of `firstseen_stage_seconds`. Tokio's clock, the
+    /// batcher's.
+    pub received_at: tokio::time::Instant,
 }
 
 /// Live state of one upstream, read by status and readiness.
@@ -228,6 +232,7 @@ impl Upstream {
 
     /// Turns one PUBLISH into what the batcher needs.
     async fn receive(&self, p: Message) -> Received {
+        let received_at = tokio::time::Instant::now();
         let now = self.clock.now_ms();
         self.status.received.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("firstseen_messages_received_total", "upstream" => self.config.name.clone()).increment(1);
@@ -244,6 +249,7 @@ impl Upstream {
                 observation: None,
                 properties: None,
                 ack,
+                received_at,
             };
         };
         if let Err(why) = self
@@ -267,6 +273,7 @@ impl Upstream {
                 observation: None,
                 properties: None,
                 ack,
+                received_at,
             };
         }
         let key = match crate::key::key(&route.key, &p.topic, &p.payload) {
@@ -294,6 +301,7 @@ impl Upstream {
                             observation: None,
                             properties: None,
                             ack,
+                            received_at,
                         };
                     }
                 }
@@ -313,6 +321,7 @@ impl Upstream {
             observation: Some(observation),
             properties: p.properties,
             ack,
+            received_at,
         }
     }
 

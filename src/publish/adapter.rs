@@ -348,6 +348,10 @@ impl Outbox for StateOutbox {
         Ok(self.outbox.read(topic, from, limit)?)
     }
 
+    fn applied_at(&self, topic: &str, seq: u64) -> Option<std::time::Instant> {
+        self.state.applied_at(topic, seq)
+    }
+
     async fn grown(&mut self) {
         loop {
             // The data metrics also change with replication progress; only

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PulsarConfig;
+use crate::telemetry::{self, Stage};
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
 use port::{Broker, Group, Outbox, Receipt, Sending, Session};
@@ -268,8 +269,9 @@ impl<P> TopicPublisher<P> {
             }
             let batch = self.in_flight.pop_front().expect("front exists");
             metrics::counter!("firstseen_published_total").increment(batch.messages);
-            metrics::histogram!("firstseen_publish_batch_seconds")
-                .record(batch.started.elapsed().as_secs_f64());
+            let spent = batch.started.elapsed();
+            metrics::histogram!("firstseen_publish_batch_seconds").record(spent.as_secs_f64());
+            telemetry::stage(Stage::Receipt, spent, batch.messages);
             upto = Some(batch.last);
         }
         Ok(upto)
@@ -613,7 +615,9 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let mut receipts = VecDeque::with_capacity(batch.len());
         let mut last = tp.next_seq;
         let limit = self.limit(tp.limit);
+        let mut applied = Vec::with_capacity(batch.len());
         for (seq, m) in batch {
+            applied.extend(self.outbox.applied_at(&tp.topic, seq));
             let set_aside = self
                 .set_aside(&tp.topic, seq, &m, limit, &tp.refusals, tp.format)
                 .await?;
@@ -624,6 +628,10 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             };
             receipts.push_back(session.send(producer, seq, m, how).await?);
             last = seq;
+        }
+        let handed = std::time::Instant::now();
+        for at in applied {
+            telemetry::stage(Stage::Publish, handed.saturating_duration_since(at), 1);
         }
         tp.in_flight.push_back(InFlight {
             receipts,

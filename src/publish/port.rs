@@ -136,6 +136,14 @@ pub trait Outbox: Send + Sync {
         limit: usize,
     ) -> Result<Vec<(u64, OutboxMessage)>, Error>;
 
+    /// When the entry that assigned `seq` of `topic` was applied on this
+    /// node, if it knows: where the `publish` stage of
+    /// `firstseen_stage_seconds` starts. A measurement only; the models
+    /// keep none.
+    fn applied_at(&self, _topic: &str, _seq: u64) -> Option<std::time::Instant> {
+        None
+    }
+
     /// Resolves once the outbox may have grown since it last resolved (an
     /// entry was applied), at once if it already has. Cancel-safe.
     fn grown(&mut self) -> impl Future<Output = ()> + Send;

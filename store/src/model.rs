@@ -235,6 +235,16 @@ impl Command {
         }
     }
 
+    /// The observations, if it carries any.
+    pub fn observations(&self) -> Option<&Vec<Observation>> {
+        match self {
+            Command::Observe { observations, .. }
+            | Command::ObserveWithProperties { observations, .. }
+            | Command::ObserveSlim { observations, .. } => Some(observations),
+            Command::Published { .. } => None,
+        }
+    }
+
     /// The observations, to take payloads out of without copying them.
     pub fn observations_mut(&mut self) -> Option<&mut Vec<Observation>> {
         match self {

@@ -30,6 +30,7 @@
 //! deletes entries, so the log always holds what a recovered state needs.
 //!
 
+mod applied;
 mod apply;
 mod checkpoint;
 mod memory;
@@ -74,6 +75,8 @@ pub struct StateStore {
     inline: sled::Tree,
     meta: sled::Tree,
     inner: Arc<Mutex<Memory>>,
+    /// When each entry's messages were applied (a measurement only).
+    applied_at: Arc<Mutex<applied::AppliedAt>>,
     /// Synced before every checkpoint: the Raft log's database.
     log_db: Option<Db>,
 }
@@ -129,6 +132,7 @@ impl StateStore {
             inline: sled.open_tree(TREES[3])?,
             meta: sled.open_tree(TREES[4])?,
             inner: Arc::default(),
+            applied_at: Arc::default(),
             log_db,
         };
         store.reload()?;
@@ -233,10 +237,32 @@ impl StateStore {
     ) -> Result<Response, StoreError> {
         let mut memory = self.lock();
         let response = memory.apply(self, cmd, log_index, applied)?;
+        if let Some(observations) = cmd.and_then(Command::observations) {
+            let now = Instant::now();
+            let mut at = crate::sync::lock(&self.applied_at);
+            let mut last: Option<&str> = None;
+            for o in observations {
+                // Usually one topic per entry: look each up once per run.
+                if last == Some(o.pulsar_topic.as_str()) {
+                    continue;
+                }
+                last = Some(o.pulsar_topic.as_str());
+                if let Some(t) = memory.head.topics.get(&o.pulsar_topic) {
+                    at.note(&o.pulsar_topic, t.last_seq, now);
+                }
+            }
+        }
         if memory.checkpoint_due(Instant::now()) {
             self.checkpoint_locked(&mut memory)?;
         }
         Ok(response)
+    }
+
+    /// When the entry that assigned `seq` of `topic` was applied here, if
+    /// this process applied it and still remembers (about the last 4,096
+    /// entries per topic). For the `publish` stage's measurement only.
+    pub fn applied_at(&self, topic: &str, seq: u64) -> Option<Instant> {
+        crate::sync::lock(&self.applied_at).find(topic, seq)
     }
 
     /// The state database's directory, for errors that name its files.

@@ -1,0 +1,3 @@
+module inet.af/peercred
+
+go 1.16
