@@ -442,6 +442,12 @@ def against_benthos(rows):
     return out
 
 
+def figure(x):
+    """A figure as the tables print it: three decimals for shares, one for
+    milliseconds and microseconds, none for rates."""
+    return round(x, 3) if abs(x) < 5 else round(x, 1) if abs(x) < 1000 else round(x)
+
+
 def competitor_table(result):
     """The comparison as Markdown: one row per system, then the ratios."""
     lines = [
@@ -453,11 +459,11 @@ def competitor_table(result):
         lines.append(
             f'| {r["label"]} | {r["p50_ms"]:.1f} / {r["p99_ms"]:.1f} | {"yes" if r["exactly_once"] else "no"} '
             f'| {r["copies_per_message"]} | {parts} | {r["cpu_us_per_message"]} | {r["pulsar_cpu_share"]} '
-            f'| {r["pulsar_cpu_us_per_message"]} | {r["max_rate"] if r["max_rate"] is not None else "-"} |')
+            f'| {r["pulsar_cpu_us_per_message"]} | {"-" if r["max_rate"] is None else round(r["max_rate"])} |')
     if result["against_benthos"]:
         lines += ["", "| figure | firstseen | baseline | ratio | target | met |", "|---|---|---|---|---|---|"]
         for a in result["against_benthos"]:
-            lines.append(f'| {a["figure"]} | {a["firstseen"]} | {a["baseline"]} | {a["ratio"]} | {a["target"]} | {"yes" if a["met"] else "no"} |')
+            lines.append(f'| {a["figure"]} | {figure(a["firstseen"])} | {figure(a["baseline"])} | {a["ratio"]} | {a["target"]} | {"yes" if a["met"] else "no"} |')
     return lines
 
 
