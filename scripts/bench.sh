@@ -8,6 +8,7 @@
 #   BENCH_ONLY_PEAK=1 scripts/bench.sh       the peak alone, with the latency
 #                    split at the producer's send and the stage histograms
 #   BENCH_PERF=1     adds a perf profile of the nodes over the peak
+#   BENCH_PEAK_RATE  the peak profiles' rate (2000)
 #   BENCH_FLAME=1    records the leader's call stacks over the peak and draws
 #                    bench-results/flame-peak.svg (perf and inferno)
 #   BENCH_BENTHOS=0  leaves out the Benthos baselines
@@ -52,6 +53,9 @@ root="$(cd "$here/.." && pwd)"
 . "$here/lib.sh"
 data="${FIRSTSEEN_DATA:-$root/../shared/data/hfp-5000.txt}"
 peak_secs=${BENCH_PEAK_SECS:-60}
+# The peak profiles' rate (the HSL peak); another rate, with BENCH_ONLY_PEAK
+# and BENCH_FLAME, profiles the node nearer its ceiling.
+peak_rate=${BENCH_PEAK_RATE:-2000}
 warm_secs=${BENCH_WARMUP_SECS:-10}
 steps=${BENCH_STEPS:-"2000 4000 8000 12000 14000 16000"}
 step_secs=${BENCH_STEP_SECS:-10}
@@ -188,8 +192,8 @@ FIRSTSEEN__DEDUP__WINDOW_SECS=$peak_window start_cluster "$cdir" "$fs" "$mqtt_po
 pin_system "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")"
 pin_system "$(cat "$cdir/node-1.pid")" "$(cat "$cdir/node-2.pid")" "$(cat "$cdir/node-3.pid")"
 
-log "warm-up: 2000 msg/s for ${warm_secs}s (not measured)"
-"$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-warm" > /dev/null
+log "warm-up: $peak_rate msg/s for ${warm_secs}s (not measured)"
+"$bench" load --port "$mqtt_port" --template "$data" --rate "$peak_rate" --secs "$warm_secs" --dup-every 20 --run "$run-warm" > /dev/null
 l=$(leader_index)
 for i in 1 2 3; do cpu0[$i]=$(cpu_secs "$(cat "$cdir/node-$i.pid")"); done
 raft0=("$(metric "${http[$l]}" firstseen_raft_log_entries_total)" "$(metric "${http[$l]}" firstseen_raft_log_bytes_total)")
@@ -209,7 +213,7 @@ sync0=($(sync_stats))
 # (commit, publish batch) over the peak alone are their difference.
 for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics0-$i.txt"; done
 
-log "profile peak: 2000 msg/s for ${peak_secs}s (window ${peak_window}s)"
+log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s)"
 # RSS of every node every 5 s: flat at a constant rate, or growing?
 (
   t0=$(date +%s)
@@ -234,7 +238,7 @@ if [ -n "${BENCH_PERF:-}" ]; then
   perf_pid=$!
 fi
 pulsar0=$(pulsar_cpu)
-peak=$(step 2000 "$peak_secs" "$topic" "$run-peak")
+peak=$(step "$peak_rate" "$peak_secs" "$topic" "$run-peak")
 share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-firstseen.txt"
 kill "$sampler"
 if [ -n "${BENCH_PERF:-}" ]; then
@@ -245,7 +249,7 @@ if [ -n "${BENCH_FLAME:-}" ]; then
   kill -INT "$flame_pid" 2>/dev/null || true
   wait "$flame_pid" || true
   perf script -i "$work/flame.data" 2>/dev/null | inferno-collapse-perf > "$work/flame.folded"
-  inferno-flamegraph --title "firstseen leader, 2,000 msg/s (run $run)" < "$work/flame.folded" > "$root/bench-results/flame-peak.svg"
+  inferno-flamegraph --title "firstseen leader, $peak_rate msg/s (run $run)" < "$work/flame.folded" > "$root/bench-results/flame-peak.svg"
   log "flame graph: bench-results/flame-peak.svg"
 fi
 for i in 1 2 3; do
@@ -298,11 +302,11 @@ fresh_mosquitto naive-peak
 nptopic="persistent://public/default/bench-naive-peak-$run"
 start_naive "$nptopic" "$run-np"
 pin_system "${naive_pids[@]}"
-"$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-np-warm" > /dev/null
+"$bench" load --port "$mqtt_port" --template "$data" --rate "$peak_rate" --secs "$warm_secs" --dup-every 20 --run "$run-np-warm" > /dev/null
 # Their CPU over the same peak: the baseline for the nodes' CPU.
 for i in 0 1 2; do ncpu0[$i]=$(cpu_secs "${naive_pids[$i]}"); done
 pulsar0=$(pulsar_cpu)
-step 2000 "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
+step "$peak_rate" "$peak_secs" "$nptopic" "$run-naive-peak" > "$work/naive-peak.json"
 share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-naive.txt"
 for i in 0 1 2; do
   awk -v a="$(cpu_secs "${naive_pids[$i]}")" -v b="${ncpu0[$i]}" -v s="$peak_secs" 'BEGIN { printf "%.3f ", (a - b) / s }'
@@ -403,11 +407,11 @@ for c in "${competitors[@]}"; do
   fresh_mosquitto "$name-peak"
   ctopic="persistent://public/default/bench-$name-peak-$run"
   start_competitor "$name" "$n" "$cache" "$inflight" "$run-$name-peak" "$ctopic"
-  "$bench" load --port "$mqtt_port" --template "$data" --rate 2000 --secs "$warm_secs" --dup-every 20 --run "$run-$name-warm" > /dev/null
+  "$bench" load --port "$mqtt_port" --template "$data" --rate "$peak_rate" --secs "$warm_secs" --dup-every 20 --run "$run-$name-warm" > /dev/null
   c0=$(cpu_sum "${benthos_pids[@]}")
   r0=0; [ -n "$redis_pid" ] && r0=$(cpu_secs "$redis_pid")
   pulsar0=$(pulsar_cpu)
-  step 2000 "$peak_secs" "$ctopic" "$run-$name-peak" > "$work/$name-peak.json"
+  step "$peak_rate" "$peak_secs" "$ctopic" "$run-$name-peak" > "$work/$name-peak.json"
   share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-$name.txt"
   c1=$(cpu_sum "${benthos_pids[@]}")
   r1=0; [ -n "$redis_pid" ] && r1=$(cpu_secs "$redis_pid")
