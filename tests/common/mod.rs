@@ -54,13 +54,26 @@ pub fn free_port_on(ip: std::net::IpAddr) -> u16 {
         .unwrap()
         .as_nanos() as u64
         ^ ((std::process::id() as u64) << 32);
+    // Ports already handed out in this process. A port is only checked free
+    // here and bound later by the process it is meant for, so two picks in
+    // one test binary (three nodes' HTTP ports, or two tests' clusters
+    // running side by side) could get the same one, and the second node to
+    // start failed with "Address already in use" (seen in CI: a node that
+    // never started, and a test waiting on it).
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<(std::net::IpAddr, u16)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut x = seed ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
     for _ in 0..1000 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let port = 20_000 + (x % 12_000) as u16;
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.contains(&(ip, port)) {
+            continue;
+        }
         if std::net::TcpListener::bind((ip, port)).is_ok() {
+            given.insert((ip, port));
             return port;
         }
     }
