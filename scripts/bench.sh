@@ -358,11 +358,11 @@ YAML
   benthos_pids+=($!)
 }
 
-# A Benthos baseline: $1 names it, $2 instances, $3 cache, $4 max_in_flight,
-# $5 the run id. Starts Redis for the redis cache (its pid in redis_pid, or
-# empty). Sets benthos_pids.
+# A Benthos baseline: $1 instances, $2 cache, $3 max_in_flight, $4 the run
+# id, $5 its topic. Starts Redis for the redis cache (its pid in redis_pid,
+# or empty). Sets benthos_pids.
 start_competitor() {
-  local name=$1 n=$2 cache=$3 inflight=$4 id=$5 topic=$6 i
+  local n=$1 cache=$2 inflight=$3 id=$4 topic=$5 i
   benthos_pids=(); redis_pid=""
   if [ "$cache" = redis ]; then
     redis_port=$(free_port)
@@ -406,7 +406,7 @@ for c in "${competitors[@]}"; do
   log "the same peak through $name ($n instance(s), $cache cache, max_in_flight $inflight)"
   fresh_mosquitto "$name-peak"
   ctopic="persistent://public/default/bench-$name-peak-$run"
-  start_competitor "$name" "$n" "$cache" "$inflight" "$run-$name-peak" "$ctopic"
+  start_competitor "$n" "$cache" "$inflight" "$run-$name-peak" "$ctopic"
   "$bench" load --port "$mqtt_port" --template "$data" --rate "$peak_rate" --secs "$warm_secs" --dup-every 20 --run "$run-$name-warm" > /dev/null
   c0=$(cpu_sum "${benthos_pids[@]}")
   r0=0; [ -n "$redis_pid" ] && r0=$(cpu_secs "$redis_pid")
@@ -561,7 +561,7 @@ for c in "${competitors[@]}"; do
   fresh_mosquitto "$name"
   log "baseline $name: the same steps"
   ctopic="persistent://public/default/bench-$name-$run"
-  start_competitor "$name" "$n" "$cache" "$inflight" "$run-$name" "$ctopic"
+  start_competitor "$n" "$cache" "$inflight" "$run-$name" "$ctopic"
   baseline_steps "$ctopic" "$run-$name" "$work/$name.jsonl"
   stop_competitor
 done

@@ -237,6 +237,8 @@ impl StateStore {
     ) -> Result<Response, StoreError> {
         let mut memory = self.lock();
         let response = memory.apply(self, cmd, log_index, applied)?;
+        // Noted on every node, though only the leader reads it: a follower
+        // elected leader then measures the backlog it takes over too.
         if let Some(observations) = cmd.and_then(Command::observations) {
             let now = Instant::now();
             let mut at = crate::sync::lock(&self.applied_at);
