@@ -136,6 +136,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Outgoing peer connection attempts (one long-lived connection per peer; more means reconnects)",
     ),
     (
+        "firstseen_peer_wrong_node_total",
+        "counter",
+        "Outgoing peer connections refused because another member answered at the address dialled (a stale address, a reused IP or a relay)",
+    ),
+    (
         "firstseen_peer_accepted_total",
         "counter",
         "Incoming peer connections authenticated",

@@ -438,6 +438,7 @@ impl SimCall {
 impl Call for SimCall {
     fn call<'a>(
         &'a self,
+        _node: NodeId,
         addr: &'a str,
         request: &'a Request,
         timeout: Duration,

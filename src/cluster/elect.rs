@@ -229,7 +229,7 @@ async fn rejoin_step(
             return true;
         };
         match peers
-            .call(&addr, &Request::ReadIndex, timing.confirm_timeout() * 2)
+            .call(leader, &addr, &Request::ReadIndex, timing.confirm_timeout() * 2)
             .await
         {
             Ok(Reply::ReadIndex(Ok(index))) => {
@@ -351,7 +351,7 @@ pub async fn drive(
         let asks = voters.iter().map(|(id, addr)| {
             let (peers, req) = (peers.clone(), Request::PreVote(req.clone()));
             async move {
-                let r = peers.call(addr, &req, timing.confirm_timeout()).await;
+                let r = peers.call(*id, addr, &req, timing.confirm_timeout()).await;
                 (*id, r)
             }
         });

@@ -53,7 +53,9 @@ const WRITE_TTL_FLOOR: Duration = Duration::from_millis(500);
 impl PeerClient {
     fn map_err<E: std::error::Error>(&self, e: CallError) -> RPCError<NodeId, Member, E> {
         match e {
-            CallError::Unreachable { .. } | CallError::Handshake { .. } => {
+            CallError::Unreachable { .. }
+            | CallError::Handshake { .. }
+            | CallError::WrongPeer { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             other => RPCError::Network(NetworkError::new(&other)),
@@ -92,7 +94,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         };
         match self
             .peers
-            .call(&self.addr, &Request::AppendEntries(rpc), ttl)
+            .call(self.target, &self.addr, &Request::AppendEntries(rpc), ttl)
             .await
         {
             Ok(Reply::AppendEntries(Ok(r))) => Ok(r),
@@ -116,6 +118,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         match self
             .peers
             .call(
+                self.target,
                 &self.addr,
                 &Request::InstallSnapshot(rpc),
                 option.hard_ttl(),
@@ -138,7 +141,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
-        match self.peers.call(&self.addr, &Request::Vote(rpc), ttl).await {
+        match self.peers.call(self.target, &self.addr, &Request::Vote(rpc), ttl).await {
             Ok(Reply::Vote(Ok(r))) => Ok(r),
             Ok(Reply::Vote(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
             Ok(_) => Err(self.unexpected()),

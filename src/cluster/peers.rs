@@ -73,16 +73,31 @@ pub enum CallError {
     Timeout { addr: String, timeout: Duration },
     #[error("{addr}: {reason}")]
     Protocol { addr: String, reason: String },
+    /// The node that answered at `addr` proved it is a member, but not the
+    /// one dialled: a stale or wrong address, a reused IP, or a relay that
+    /// forwards one member's port to another's. Its answers must not count
+    /// as the dialled node's (two votes or acks from one node), so the
+    /// connection is dropped and the link backs off as for an unreachable
+    /// node.
+    #[error("{addr} answered as node {answered}, not node {expected}")]
+    WrongPeer {
+        addr: String,
+        expected: NodeId,
+        answered: NodeId,
+    },
 }
 
-/// The peer network as the node's core sees it: one request to the peer at
-/// `addr`, answered or failed within `timeout`. [`Peers`] carries it over
+/// The peer network as the node's core sees it: one request to member
+/// `node` at `addr`, answered or failed within `timeout`. An answer comes
+/// only from `node` itself: a connection whose handshake proves another
+/// member fails with [`CallError::WrongPeer`]. [`Peers`] carries it over
 /// authenticated TCP (or TLS); the whole-cluster simulation carries it in
 /// memory, through its nemesis. openraft's network ([`Network`]), the
 /// proposer's forwards and the pre-votes all go through this one door.
 pub trait Call: Send + Sync + 'static {
     fn call<'a>(
         &'a self,
+        node: NodeId,
         addr: &'a str,
         request: &'a Request,
         timeout: Duration,
@@ -92,11 +107,12 @@ pub trait Call: Send + Sync + 'static {
 impl Call for Peers {
     fn call<'a>(
         &'a self,
+        node: NodeId,
         addr: &'a str,
         request: &'a Request,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(Peers::call(self, addr, request, timeout))
+        Box::pin(Peers::call(self, node, addr, request, timeout))
     }
 }
 
@@ -155,8 +171,11 @@ impl Backoff {
     }
 }
 
-/// Everything about one peer address.
+/// Everything about one member at one address.
 struct Link {
+    /// The member this link reaches; a handshake that proves another one
+    /// fails.
+    node: NodeId,
     addr: String,
     conn: Mutex<Option<Arc<Conn>>>,
     /// The dial under way, if any: concurrent callers share one attempt, and
@@ -175,7 +194,10 @@ struct Inner {
     /// tests' proxies, rely on it).
     source_ip: Option<IpAddr>,
     tls: Option<PeerTls>,
-    links: Mutex<HashMap<String, Arc<Link>>>,
+    /// One link per member and address: keyed by both, so that an address
+    /// that moves from one member to another (a replaced node) is a new
+    /// link, never the old member's connection.
+    links: Mutex<HashMap<(NodeId, String), Arc<Link>>>,
     liveness: Arc<Liveness>,
     /// Ends every connection's tasks when the node stops.
     stop: CancellationToken,
@@ -219,11 +241,12 @@ impl Peers {
         self.inner.stop.cancel();
     }
 
-    fn link(&self, addr: &str) -> Arc<Link> {
+    fn link(&self, node: NodeId, addr: &str) -> Arc<Link> {
         lock(&self.inner.links)
-            .entry(addr.to_string())
+            .entry((node, addr.to_string()))
             .or_insert_with(|| {
                 Arc::new(Link {
+                    node,
                     addr: addr.to_string(),
                     conn: Mutex::new(None),
                     dial: Mutex::new(None),
@@ -316,7 +339,7 @@ impl Peers {
     async fn dial_and_publish(self, link: Arc<Link>, done: watch::Sender<DialOutcome>) {
         metrics::counter!("firstseen_peer_connects_total").increment(1);
         let dialled = tokio::select! {
-            d = self.dial(&link.addr) => d,
+            d = self.dial(link.node, &link.addr) => d,
             _ = self.inner.stop.cancelled() => {
                 *lock(&link.dial) = None;
                 return; // dropping `done` wakes the waiters
@@ -355,8 +378,12 @@ impl Peers {
         let _ = done.send(Some(result));
     }
 
-    /// Connects, runs TLS if configured, and authenticates.
-    async fn dial(&self, addr: &str) -> Result<(BoxStream, NodeId, Seals), CallError> {
+    /// Connects, runs TLS if configured, and authenticates member `node`.
+    async fn dial(
+        &self,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<(BoxStream, NodeId, Seals), CallError> {
         let unreachable = |reason: String| CallError::Unreachable {
             addr: addr.to_string(),
             reason,
@@ -414,6 +441,14 @@ impl Peers {
                 addr: addr.into(),
                 reason: "timed out".into(),
             })??;
+        if peer != node {
+            metrics::counter!("firstseen_peer_wrong_node_total").increment(1);
+            return Err(CallError::WrongPeer {
+                addr: addr.into(),
+                expected: node,
+                answered: peer,
+            });
+        }
         Ok((s, peer, seals))
     }
 
@@ -527,11 +562,12 @@ impl Peers {
     /// and a repeated forward yields duplicates.
     pub async fn call(
         &self,
+        node: NodeId,
         addr: &str,
         request: &Request,
         timeout: Duration,
     ) -> Result<Reply, CallError> {
-        let link = self.link(addr);
+        let link = self.link(node, addr);
         let conn = self.connection(&link).await?;
         let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
         let frame =
@@ -661,7 +697,7 @@ mod tests {
             // As openraft does: the whole call, dial included, is cut at
             // the budget.
             if let Ok(Ok(reply)) =
-                tokio::time::timeout(budget, peers.call(&addr, &request, budget)).await
+                tokio::time::timeout(budget, peers.call(2, &addr, &request, budget)).await
             {
                 answered = Some((attempt, reply));
                 break;
@@ -671,6 +707,50 @@ mod tests {
         let (attempt, reply) = answered.expect("no call got through in 20 attempts");
         assert!(matches!(reply, Reply::PreVote(r) if r.granted));
         assert!(attempt >= 2, "the handshake alone takes 300 ms");
+    }
+
+    /// A relay, a reused IP or a wrong address puts member 2 where member 3
+    /// is dialled. Member 2 knows the secret, so the handshake passes; its
+    /// answers must still not count as member 3's (a vote or an ack counted
+    /// twice). Before the check, this call came back granted.
+    #[tokio::test]
+    async fn a_member_answering_for_another_is_refused() {
+        let key = ClusterKey::from_secret(b"secret");
+        // The peer proves it is node 2.
+        let addr = slow_peer(key.clone(), Duration::ZERO).await;
+        let peers = Peers::new(
+            1,
+            key,
+            None,
+            None,
+            Arc::new(Liveness::new()),
+            TaskTracker::new(),
+        );
+        let request = Request::PreVote(wire::PreVote {
+            candidate: 1,
+            term: 1,
+            last_log: None,
+        });
+        let wrong = peers
+            .call(3, &addr, &request, Duration::from_secs(5))
+            .await;
+        assert!(
+            matches!(
+                wrong,
+                Err(CallError::WrongPeer {
+                    expected: 3,
+                    answered: 2,
+                    ..
+                })
+            ),
+            "{wrong:?}"
+        );
+        // The same address called as the node it is answers.
+        let right = peers
+            .call(2, &addr, &request, Duration::from_secs(5))
+            .await;
+        assert!(matches!(&right, Ok(Reply::PreVote(r)) if r.granted), "{right:?}");
+        peers.close();
     }
 
     #[test]

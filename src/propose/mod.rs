@@ -148,7 +148,7 @@ impl Proposer {
                 let mut batch = batch;
                 restamp(&mut batch, self.node_id, self.clock.now_ms());
                 let request = Request::Forward(batch);
-                let call = self.peers.call(&addr, &request, FORWARD_TIMEOUT);
+                let call = self.peers.call(l, &addr, &request, FORWARD_TIMEOUT);
                 tokio::select! {
                     r = call => match r {
                         Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),

@@ -118,11 +118,21 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the two sides hold the same keys, each exactly once.
+    /// Whether there is anything to compare: at least one key in the window
+    /// on either side. Two empty sides (a wrong topic name, a window before
+    /// either pipeline ran) are not "identical": they prove nothing.
+    pub fn compared_anything(&self) -> bool {
+        self.union_keys > 0
+    }
+
+    /// Whether the two sides hold the same keys, each exactly once, and
+    /// there was at least one key to compare.
     pub fn identical(&self) -> bool {
-        self.sides
-            .iter()
-            .all(|s| s.lacks == 0 && s.extra_copies == 0 && s.undecodable == 0)
+        self.compared_anything()
+            && self
+                .sides
+                .iter()
+                .all(|s| s.lacks == 0 && s.extra_copies == 0 && s.undecodable == 0)
     }
 }
 
@@ -338,7 +348,9 @@ impl std::fmt::Display for Report {
         write!(
             f,
             "verdict         {}",
-            if self.identical() {
+            if !self.compared_anything() {
+                "NOTHING TO COMPARE (no key in the window on either side)"
+            } else if self.identical() {
                 "IDENTICAL"
             } else {
                 "DIFFERENT"
@@ -430,6 +442,23 @@ mod tests {
         c.push(1, msg(9_000, "t", "y"));
         assert_eq!(c.overlap(1_000), Some(window(3_000, 8_000)));
         assert_eq!(c.overlap(4_000), None);
+    }
+
+    /// Two topics with no key in the window prove nothing: a typo in a
+    /// topic name or a window before either pipeline ran used to compare
+    /// "identical" and exit 0.
+    #[test]
+    fn nothing_to_compare_is_not_identical() {
+        let c = Comparison::new(KeySpec::TOPIC_PAYLOAD, ("old", "a"), ("new", "b"));
+        let r = c.finish(window(0, 10), 5);
+        assert!(!r.compared_anything());
+        assert!(!r.identical(), "{r}");
+        assert!(r.to_string().contains("NOTHING TO COMPARE"), "{r}");
+        // Messages outside the window count as nothing too.
+        let mut c = Comparison::new(KeySpec::TOPIC_PAYLOAD, ("old", "a"), ("new", "b"));
+        c.push(0, msg(500, "t", "x"));
+        c.push(1, msg(500, "t", "x"));
+        assert!(!c.finish(window(0, 10), 5).identical());
     }
 
     #[test]
