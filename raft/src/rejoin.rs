@@ -18,8 +18,11 @@
 //!   and pre-vote and never campaigns until it has caught up.
 //! - Caught up means: once it has taken an append from the leader (so the
 //!   leader has found where its log now ends and no longer counts what it
-//!   acknowledged before), it asks the leader for its read index, which is
-//!   at or above every entry committed so far; when it has applied up to
+//!   acknowledged before), it asks the leader for its read index: the
+//!   leader's last log index once a quorum confirmed it, which is at or
+//!   above every entry ever committed (not openraft's read index, whose
+//!   commit index can lag after a power cut of every node:
+//!   `src/cluster/elect.rs`, `read_index`); when it has applied up to
 //!   there, its log holds every entry committed before the damage, and it
 //!   votes normally again (the election driver in the node does this).
 //!

@@ -26,8 +26,9 @@
 //!
 //! A node whose damaged log was set aside (`firstseen_raft::rejoin`)
 //! abstains: it refuses every pre-vote and vote and does not campaign until
-//! it has applied up to the leader's read index, which it asks for with
-//! [`Request::ReadIndex`]; the driver ends the abstention.
+//! it has applied up to the leader's read index (its confirmed last log
+//! index, [`read_index`]), which it asks for with [`Request::ReadIndex`];
+//! the driver ends the abstention.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,15 +153,32 @@ pub fn refuse_vote(raft: &Raft) -> openraft::raft::VoteResponse<NodeId> {
     openraft::raft::VoteResponse::new(vote, last_log, false)
 }
 
-/// The leader's answer to [`Request::ReadIndex`]: openraft's linearizable
-/// read index, at or above every entry committed before the call, after a
+/// The leader's answer to [`Request::ReadIndex`]: its last log id, once a
 /// quorum confirmed the leadership.
+///
+/// Not openraft's read index. That is the larger of the leader's first entry
+/// of its term and its commit index, and the commit index is stored without
+/// a sync: after every node lost power, a leader restored at start (its own
+/// committed vote makes it leader again without an election, reusing its
+/// first entry of the term, perhaps long ago) answered a commit index below
+/// entries that had been committed and acked before the cut. A node that set
+/// its damaged log aside voted again once it had applied to there, and could
+/// elect a candidate lacking an entry it had itself acknowledged. Every entry
+/// in the leader's log is committed while it leads, and the log holds every
+/// entry ever committed, so its last index covers them all (the publisher's
+/// read barrier waits for the same).
 pub async fn read_index(
     raft: &Raft,
     timing: &Timing,
 ) -> Result<Option<LogId<NodeId>>, ReadIndexError> {
     use openraft::error::{CheckIsLeaderError, RaftError};
-    match tokio::time::timeout(timing.confirm_timeout(), raft.ensure_linearizable()).await {
+    let confirmed = async {
+        raft.ensure_linearizable().await?;
+        // Read after the confirmation: it holds whatever any predecessor
+        // committed, and this leader commits all of it while it leads.
+        Ok(raft.data_metrics().borrow().last_log)
+    };
+    match tokio::time::timeout(timing.confirm_timeout(), confirmed).await {
         Ok(Ok(index)) => Ok(index),
         Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
             Err(ReadIndexError::NotLeader {
