@@ -22,6 +22,11 @@ impl Outbox {
         Self { state, log }
     }
 
+    /// The Raft log it reads from.
+    pub fn log(&self) -> &LogStore {
+        &self.log
+    }
+
     /// Up to `limit` unpublished messages of `topic` from sequence `from`, in
     /// order, each log entry read and decoded once.
     pub fn read(

@@ -117,6 +117,7 @@ impl Core {
                 window_ms: config.dedup.window_secs * 1_000,
                 max_bytes: config.batch.max_bytes,
                 clock: ports.clock.clone(),
+                log: parts.outbox.log().clone(),
             },
             parts.disk.clone(),
             stops.proposals,

@@ -86,6 +86,39 @@ pub struct Settings {
     /// Bounds a merged entry like a batch: the first batch always goes in,
     /// later ones only while they fit.
     pub max_bytes: usize,
+    /// The Raft log, for the window's time when the applied state is behind
+    /// it ([`window_clock`]).
+    pub log: firstseen_raft::LogStore,
+}
+
+/// The window clock a new stamp builds on: the applied state's, or the last
+/// stamp in this leader's log when that is later.
+///
+/// A leader's state can be behind its log, even empty (the previous term's
+/// entries not yet applied, or re-applied after a restart with its state
+/// rebuilt). Its window clock then read 0, and `window::leader_stamp`
+/// takes 0 for "nothing stamped yet": the leader's own clock went through
+/// uncapped, and a clock a day ahead stamped an entry that, applied after
+/// the older ones, moved the window a day and expired every key. Every
+/// entry in the leader's log is applied before anything it appends, so the
+/// log's last stamp is a floor the state will reach. Read once per term:
+/// after that the state holds this leader's own stamps. An error reading
+/// either is an error: there is no safe guess.
+fn window_clock(
+    state: &firstseen_store::StateStore,
+    log: &firstseen_raft::LogStore,
+    floor: &mut Option<(u64, u64)>,
+    term: u64,
+) -> Result<u64, firstseen_store::StoreError> {
+    let from_log = match *floor {
+        Some((t, ms)) if t == term => ms,
+        _ => {
+            let ms = log.last_stamp()?.unwrap_or(0);
+            *floor = Some((term, ms));
+            ms
+        }
+    };
+    Ok(state.totals()?.clock_ms.max(from_log))
 }
 
 impl Coalescer {
@@ -137,6 +170,8 @@ async fn run(
     let mut entries = JoinSet::new();
     let mut watermarks = JoinSet::new();
     let mut clocks = Clocks::default();
+    // The log's last stamp, read once per term (see [`window_clock`]).
+    let mut floor: Option<(u64, u64)> = None;
     // How often this node notes the window clock it has applied, leader or
     // not: a new leader's first stamp may then move the window clock by
     // the time since it saw the last one applied (at most this much late).
@@ -160,13 +195,25 @@ async fn run(
             for (b, _) in &group {
                 clocks.saw(&b.observations, now);
             }
-            let (me, voters) = {
+            let (me, voters, term) = {
                 let m = raft.metrics();
                 let m = m.borrow();
                 let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
-                (m.id, voters)
+                (m.id, voters, m.current_term)
             };
-            let window_clock = state.totals().map(|t| t.clock_ms).unwrap_or(0);
+            let window_clock = match window_clock(&state, &settings.log, &mut floor, term) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the window clock: batches not committed");
+                    let detail = format!("window clock: {e}");
+                    for (_, reply) in group {
+                        let _ = reply.send(Err(ForwardError::NotCommitted {
+                            detail: detail.clone(),
+                        }));
+                    }
+                    continue;
+                }
+            };
             let stamped_ms = clocks.stamp(&voters, me, settings.clock.now_ms(), window_clock, now);
             entries.spawn(entry(
                 raft.clone(),
@@ -426,5 +473,55 @@ mod tests {
         assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![5]);
         assert_eq!(q.len(), 1);
         assert!(next_group(&mut VecDeque::<(Batch, u8)>::new(), 100).is_empty());
+    }
+
+    /// A leader whose applied state is behind its log, even empty (its state
+    /// rebuilt, or the previous term's entries not yet applied), with its
+    /// clock a day ahead. The window clock it stamps from is the log's last
+    /// stamp, so the stamp stays at the window's time. From the empty
+    /// state's 0, `leader_stamp` took the leader's clock uncapped: applied
+    /// after the older entries, that stamp moved the window a day and
+    /// expired every key (this test fails that way without the log's floor:
+    /// the stamp is a day ahead).
+    #[tokio::test]
+    async fn a_leader_whose_state_is_behind_its_log_stamps_from_the_log() {
+        use openraft::storage::RaftLogStorageExt;
+        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+        const T0: u64 = 1_700_000_000_000;
+        const DAY: u64 = 86_400_000;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut storage = firstseen_raft::open(tmp.path()).await.unwrap();
+        let id = |i| LogId::new(CommittedLeaderId::new(5, 1), i);
+        let mut entries = vec![Entry::<firstseen_raft::TypeConfig> {
+            log_id: id(0),
+            payload: EntryPayload::Blank,
+        }];
+        for i in 1..=3u64 {
+            entries.push(Entry {
+                log_id: id(i),
+                payload: EntryPayload::Normal(Command::Observe {
+                    stamped_ms: T0 + i,
+                    window_ms: 3_600_000,
+                    observations: Vec::new(),
+                }),
+            });
+        }
+        // A receipt after the last observing entry: passed over.
+        entries.push(Entry {
+            log_id: id(4),
+            payload: EntryPayload::Normal(Command::Published {
+                pulsar_topic: "t".into(),
+                seq: 1,
+            }),
+        });
+        storage.log.blocking_append(entries).await.unwrap();
+        assert_eq!(storage.state.totals().unwrap().clock_ms, 0, "nothing applied");
+
+        let mut floor = None;
+        let clock = window_clock(&storage.state, &storage.log, &mut floor, 5).unwrap();
+        assert_eq!(clock, T0 + 3);
+        assert_eq!(floor, Some((5, T0 + 3)), "read once per term");
+        let stamp = Clocks::default().stamp(&[1, 2, 3], 1, T0 + DAY, clock, Instant::now());
+        assert_eq!(stamp, T0 + 3, "the leader's day-ahead clock is capped");
     }
 }

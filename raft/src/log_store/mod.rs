@@ -36,6 +36,10 @@ const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 
 /// Log entries keyed by big-endian index, plus a small metadata tree.
+/// How many entries back [`LogStore::last_stamp`] looks: past the receipts
+/// and membership entries that follow the last observing one.
+const LAST_STAMP_SCAN: usize = 256;
+
 #[derive(Clone)]
 pub struct LogStore {
     db: Db,
@@ -282,6 +286,31 @@ impl LogStore {
                 "entry {index} holds no observations"
             ))),
         }
+    }
+
+    /// The leader's stamp of the last observing entry in the log, looking
+    /// back at most [`LAST_STAMP_SCAN`] entries; `None` when there is none
+    /// there (an empty or purged log: the state's window clock, restored
+    /// from the snapshot, is then the whole story).
+    ///
+    /// A new leader's applied state can be behind its log (the entries of
+    /// the previous term are applied after the election, or re-applied after
+    /// a restart), even empty; its window clock then reads 0 and used to let
+    /// the leader's own clock through uncapped: one clock a day ahead
+    /// stamped an entry that, applied after the older ones, expired every
+    /// key. The log knows the window's time before the state does.
+    pub fn last_stamp(&self) -> Result<Option<u64>, StoreError> {
+        for item in self.log.iter().rev().take(LAST_STAMP_SCAN) {
+            let (_, raw) = item.map_err(StoreError::Sled)?;
+            let entry: Entry<TypeConfig> =
+                decode(&raw).map_err(|e| StoreError::Log(format!("last stamp: {e}")))?;
+            if let EntryPayload::Normal(cmd) = &entry.payload {
+                if let Some((stamped_ms, _, _)) = cmd.as_observe() {
+                    return Ok(Some(stamped_ms));
+                }
+            }
+        }
+        Ok(None)
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
