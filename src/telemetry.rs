@@ -123,7 +123,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_http_connections_closed_total",
         "counter",
-        "HTTP(S) connections closed to keep one client from holding the API: too many from one address, or idle too long",
+        "HTTP(S) connections closed to keep clients from holding the API: too many from one address or in all, or idle too long",
     ),
     (
         "firstseen_peer_refused_total",

@@ -48,9 +48,9 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
         if rpc.entries.is_empty() {
             Ok(AppendEntriesResponse::Success)
         } else {
-            Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-                "takes no entries",
-            ))))
+            Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::other("takes no entries"),
+            )))
         }
     }
 
@@ -62,9 +62,9 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-            "takes no snapshots",
-        ))))
+        Err(RPCError::Unreachable(Unreachable::new(
+            &std::io::Error::other("takes no snapshots"),
+        )))
     }
 
     async fn vote(
@@ -72,9 +72,9 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
         _rpc: VoteRequest<NodeId>,
         _option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-            "no votes",
-        ))))
+        Err(RPCError::Unreachable(Unreachable::new(
+            &std::io::Error::other("no votes"),
+        )))
     }
 }
 

@@ -519,16 +519,17 @@ fn plain_http_admin_requests_are_accepted_only_from_loopback() {
     assert_eq!(c.node(1).metric("firstseen_admin_refused_total"), 1.0);
 }
 
-/// A sustained flood of connections that never authenticate, from one
-/// host, at every peer port of a three-node cluster: one address holds at
-/// most 8 handshakes at once (the rest are refused at accept), each is cut
-/// after the 5 s handshake limit, every refusal is counted, the log says so
-/// at a bounded rate, and the members still reach each other. A node
-/// restarted during the flood rejoins, and messages are published once.
-/// With the per-address cap lifted this test still passed except for the
-/// per-address log line: the member got in through slots freed by the 5 s
-/// handshake timeout. It shows the cluster carries on under such a flood,
-/// not yet the harm the cap prevents.
+/// A sustained flood of connections that never authenticate, from nine
+/// addresses (127.0.0.2 to .10) at every peer port of a three-node cluster,
+/// each address holding its 8 handshake slots and replacing every one the
+/// node closes at once: together they want more than the 64 slots there
+/// are. Members connect from 127.0.0.1 (through the test's proxies), an
+/// address the nodes know as a member's, whose handshakes take slots of
+/// their own. A follower restarted during the flood must rejoin, and
+/// messages are published once; every refusal is counted and the log says
+/// so at a bounded rate. Without the members' reserve, the flood held every
+/// slot and the restarted follower did not get back in (seen with the
+/// reserve removed: the wait for it to be ready timed out).
 #[test]
 fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
     let Some(pulsar) =
@@ -540,40 +541,22 @@ fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
     let topic = unique_topic("flood");
     let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
     c.wait_ready();
-    let targets: Vec<String> = (1..=3).map(|id| c.node(id).spec.peer_listen()).collect();
-    // The flooder: keeps opening connections that never send a byte, from
-    // 127.0.0.1 (the members speak from their own addresses), dropping each
-    // after 6 s, for as long as the test runs.
+    let targets: Vec<std::net::SocketAddr> = (1..=3)
+        .map(|id| c.node(id).spec.peer_listen().parse().unwrap())
+        .collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let (stop, targets) = (stop.clone(), targets.clone());
-        std::thread::spawn(move || {
-            let mut open: std::collections::VecDeque<(std::time::Instant, std::net::TcpStream)> =
-                Default::default();
-            let mut opened = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for t in &targets {
-                    for _ in 0..20 {
-                        if let Ok(s) = std::net::TcpStream::connect(t) {
-                            open.push_back((std::time::Instant::now(), s));
-                            opened += 1;
-                        }
-                    }
-                }
-                // At most 600 held at once: the test process's own file
-                // descriptors are not the subject.
-                while open.len() > 600
-                    || open
-                        .front()
-                        .is_some_and(|(at, _)| at.elapsed() > Duration::from_secs(6))
-                {
-                    open.pop_front();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            opened
+    let flooders: Vec<_> = (2..=10u8)
+        .map(|last| {
+            let (stop, targets) = (stop.clone(), targets.clone());
+            std::thread::spawn(move || {
+                flood_from(
+                    std::net::Ipv4Addr::new(127, 0, 0, last).into(),
+                    &targets,
+                    &stop,
+                )
+            })
         })
-    };
+        .collect();
     let flood_began = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(3));
     // A follower restarts in the middle of the flood and must rejoin.
@@ -590,7 +573,7 @@ fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
             .wait_published(hfp_pairs(Some(200)).len() as u64, Duration::from_secs(60));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let opened = flooder.join().unwrap();
+    let opened: u64 = flooders.into_iter().map(|f| f.join().unwrap()).sum();
     let flooded = flood_began.elapsed().as_secs();
     assert!(opened > 1000, "only {opened} connections opened");
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(Some(200)));
@@ -601,8 +584,9 @@ fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
         let log = std::fs::read_to_string(c.node(id).log_path()).unwrap();
         let lines = log.matches("peer connection refused").count();
         // One line per kind of refusal every 10 s, for the few kinds a
-        // flood makes (refused at accept, timed out, reset).
-        let bound = 4 * (flooded / 10 + 1) as usize;
+        // flood makes (refused at accept per address and in all, timed
+        // out, reset).
+        let bound = 5 * (flooded / 10 + 1) as usize;
         assert!(
             lines <= bound,
             "node {id}: {lines} log lines for {refused} refusals in {flooded} s"
@@ -613,6 +597,57 @@ fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
             c.node(id).log_tail(20)
         );
     }
+}
+
+/// Keeps ten connections per target open from `source`, each silent, and
+/// replaces any the target closes (or refuses) at once, until `stop`.
+/// Returns how many it opened.
+fn flood_from(
+    source: std::net::IpAddr,
+    targets: &[std::net::SocketAddr],
+    stop: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    use std::io::Read;
+    let connect = |t: &std::net::SocketAddr| -> Option<std::net::TcpStream> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+        s.bind(&std::net::SocketAddr::new(source, 0).into()).ok()?;
+        s.connect_timeout(&(*t).into(), Duration::from_millis(500))
+            .ok()?;
+        let s: std::net::TcpStream = s.into();
+        s.set_nonblocking(true).ok()?;
+        Some(s)
+    };
+    let mut open: Vec<Vec<Option<std::net::TcpStream>>> = targets
+        .iter()
+        .map(|_| (0..10).map(|_| None).collect())
+        .collect();
+    let mut opened = 0u64;
+    let mut buf = [0u8; 256];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for (t, conns) in targets.iter().zip(open.iter_mut()) {
+            for slot in conns.iter_mut() {
+                let alive = match slot {
+                    // The server's hello is read and ignored; an end or an
+                    // error means the node closed it.
+                    Some(s) => loop {
+                        match s.read(&mut buf) {
+                            Ok(0) => break false,
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
+                            Err(_) => break false,
+                        }
+                    },
+                    None => false,
+                };
+                if !alive {
+                    *slot = connect(t);
+                    opened += slot.is_some() as u64;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    opened
 }
 
 /// A wrong address (a reused IP, a stale entry, a relay between zones)
@@ -663,7 +698,9 @@ fn a_member_answering_at_another_s_address_is_not_counted_for_it() {
     }
     assert!(c.node(1).metric("firstseen_peer_wrong_node_total") > 0.0);
     assert!(
-        c.node(1).log_tail(400).contains("answered as node 1, not node 3"),
+        c.node(1)
+            .log_tail(400)
+            .contains("answered as node 1, not node 3"),
         "{}",
         c.node(1).log_tail(40)
     );

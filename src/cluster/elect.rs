@@ -247,7 +247,12 @@ async fn rejoin_step(
             return true;
         };
         match peers
-            .call(leader, &addr, &Request::ReadIndex, timing.confirm_timeout() * 2)
+            .call(
+                leader,
+                &addr,
+                &Request::ReadIndex,
+                timing.confirm_timeout() * 2,
+            )
             .await
         {
             Ok(Reply::ReadIndex(Ok(index))) => {

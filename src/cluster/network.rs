@@ -55,9 +55,7 @@ impl PeerClient {
         match e {
             CallError::Unreachable { .. }
             | CallError::Handshake { .. }
-            | CallError::WrongPeer { .. } => {
-                RPCError::Unreachable(Unreachable::new(&e))
-            }
+            | CallError::WrongPeer { .. } => RPCError::Unreachable(Unreachable::new(&e)),
             other => RPCError::Network(NetworkError::new(&other)),
         }
     }
@@ -141,7 +139,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
-        match self.peers.call(self.target, &self.addr, &Request::Vote(rpc), ttl).await {
+        match self
+            .peers
+            .call(self.target, &self.addr, &Request::Vote(rpc), ttl)
+            .await
+        {
             Ok(Reply::Vote(Ok(r))) => Ok(r),
             Ok(Reply::Vote(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
             Ok(_) => Err(self.unexpected()),

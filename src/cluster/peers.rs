@@ -731,9 +731,7 @@ mod tests {
             term: 1,
             last_log: None,
         });
-        let wrong = peers
-            .call(3, &addr, &request, Duration::from_secs(5))
-            .await;
+        let wrong = peers.call(3, &addr, &request, Duration::from_secs(5)).await;
         assert!(
             matches!(
                 wrong,
@@ -746,10 +744,11 @@ mod tests {
             "{wrong:?}"
         );
         // The same address called as the node it is answers.
-        let right = peers
-            .call(2, &addr, &request, Duration::from_secs(5))
-            .await;
-        assert!(matches!(&right, Ok(Reply::PreVote(r)) if r.granted), "{right:?}");
+        let right = peers.call(2, &addr, &request, Duration::from_secs(5)).await;
+        assert!(
+            matches!(&right, Ok(Reply::PreVote(r)) if r.granted),
+            "{right:?}"
+        );
         peers.close();
     }
 

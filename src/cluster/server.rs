@@ -35,11 +35,15 @@ const IN_FLIGHT_PER_CONN: usize = 256;
 /// connections is refused beyond this instead of each holding a task, a
 /// socket and a TLS state for the handshake timeout.
 const MAX_HANDSHAKES: usize = 64;
-/// Of those, what one address may hold. Without it a single host opening
-/// connections faster than they time out holds all 64, and a member's
-/// connection gets in only when one times out (G8: a host that is not a
-/// member cannot keep members from reaching each other).
+/// Of those, what one address (an IPv6 /64) may hold. Without it a single
+/// host opening connections faster than they time out holds all 64, and a
+/// member's connection gets in only when one times out.
 const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
+/// Handshakes each member address may have under way, apart from the 64:
+/// a flood from other addresses, however many, cannot hold these (G8: a
+/// host that is not a member cannot keep members from reaching each other).
+/// A member opens one connection per peer, so a few are plenty.
+const MEMBER_HANDSHAKES: usize = 4;
 /// Commits batches that followers forward to this node while it leads.
 /// The proposer implements it (`crate::propose`); the network only carries
 /// the request and the answer.
@@ -71,8 +75,14 @@ pub struct PeerService {
 /// Accepts peer connections until `shutdown`, and waits for them to end.
 pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let per_address = crate::peraddr::PerAddress::new(MAX_HANDSHAKES_PER_ADDRESS);
+    let admission = Arc::new(crate::peraddr::Admission::new(
+        MAX_HANDSHAKES_PER_ADDRESS,
+        MAX_HANDSHAKES,
+        MEMBER_HANDSHAKES,
+    ));
+    for ip in member_ips(&service.raft).await {
+        admission.learn(ip);
+    }
     let refusals = Arc::new(RefusalLog::new(
         "firstseen_peer_refused_total",
         "peer connection",
@@ -89,25 +99,28 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
             },
             _ = shutdown.cancelled() => break,
         };
-        let Some(own) = per_address.take(peer.ip()) else {
-            refusals.refused(
-                peer,
-                "too many connections from one address still authenticating",
-            );
-            continue;
+        let slot = match admission.take(peer.ip()) {
+            Ok(slot) => slot,
+            Err(crate::peraddr::Full::Client) => {
+                refusals.refused(
+                    peer,
+                    "too many connections from one address still authenticating",
+                );
+                continue;
+            }
+            Err(crate::peraddr::Full::All) => {
+                refusals.refused(peer, "too many connections still authenticating");
+                continue;
+            }
         };
-        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-            refusals.refused(peer, "too many connections still authenticating");
-            continue;
-        };
-        let permit = (permit, own);
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         let stop = shutdown.clone();
         let refusals = refusals.clone();
+        let admission = admission.clone();
         tracker.spawn(async move {
             tokio::select! {
-                r = connection(stream, peer, &service, &stop, permit) => {
+                r = connection(stream, peer, &service, &stop, slot, &admission) => {
                     if let Err(reason) = r {
                         refusals.refused(peer, &reason.to_string());
                     }
@@ -118,6 +131,32 @@ pub async fn serve(listener: TcpListener, service: Arc<PeerService>, shutdown: C
     }
     tracker.close();
     tracker.wait().await;
+}
+
+/// The addresses the configured members' peer addresses resolve to: the
+/// members' reserve before any of them has connected. Where a member dials
+/// from another address (a proxy, a NAT), its first authenticated
+/// connection teaches it.
+async fn member_ips(raft: &Raft) -> Vec<std::net::IpAddr> {
+    let addrs: Vec<String> = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .nodes()
+        .map(|(_, m)| m.addr.clone())
+        .collect();
+    let mut ips = Vec::new();
+    for addr in addrs {
+        if let Ok(Ok(found)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::lookup_host(addr.as_str()),
+        )
+        .await
+        {
+            ips.extend(found.map(|a| a.ip()));
+        }
+    }
+    ips
 }
 
 /// Why a peer connection was refused or ended other than cleanly.
@@ -164,7 +203,8 @@ async fn connection(
     peer: SocketAddr,
     svc: &Arc<PeerService>,
     stop: &CancellationToken,
-    handshake_slot: (tokio::sync::OwnedSemaphorePermit, crate::peraddr::Slot),
+    handshake_slot: crate::peraddr::Slot,
+    admission: &crate::peraddr::Admission,
 ) -> Result<(), ConnectionError> {
     let s = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut s: BoxStream = match &svc.tls {
@@ -183,6 +223,9 @@ async fn connection(
     .map_err(|_| ConnectionError::HandshakeTimeout)??;
     let (s, node, mut seal, mut check) = (s.0, s.1, s.2, s.3);
     drop(handshake_slot);
+    // It proved the secret: its address gets the members' reserve from now
+    // on, so a flood cannot keep it out when it connects again.
+    admission.learn(peer.ip());
     tracing::debug!(peer = %peer, node, "peer authenticated");
     metrics::counter!("firstseen_peer_accepted_total").increment(1);
     let (mut rd, mut wr) = tokio::io::split(s);

@@ -34,9 +34,15 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// accept instead of each holding a task and a TLS state.
 const MAX_HANDSHAKES: usize = 64;
 
-/// Connections one client address may hold open at once; more are closed
-/// at accept. Far above what a browser, a scraper and a probe need.
+/// Connections one client address (an IPv6 /64) may hold open at once;
+/// more are closed at accept. Far above what a browser, a scraper and a
+/// probe need.
 pub const MAX_PER_ADDRESS: usize = 32;
+/// Connections every client together may hold open at once: without it a
+/// few dozen addresses, each within its own cap, held enough connections to
+/// run the node out of file descriptors, and the readiness probe and the
+/// peer port with it.
+pub const MAX_CONNECTIONS: usize = 512;
 /// A connection that sends nothing for this long, with no request waiting
 /// for its answer, is closed: a keep-alive client opens a new one.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -178,7 +184,7 @@ async fn accept_loop(
     tasks: TaskTracker,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let per_address = crate::peraddr::PerAddress::new(MAX_PER_ADDRESS);
+    let per_address = crate::peraddr::PerAddress::with_total(MAX_PER_ADDRESS, MAX_CONNECTIONS);
     loop {
         let (stream, addr) = tokio::select! {
             a = tcp.accept() => match a {
@@ -193,10 +199,17 @@ async fn accept_loop(
             _ = shutdown.cancelled() => return,
             _ = ready.closed() => return,
         };
-        let Some(slot) = per_address.take(addr.ip()) else {
-            metrics::counter!("firstseen_http_connections_closed_total", "reason" => "per_address")
-                .increment(1);
-            continue;
+        let slot = match per_address.take(addr.ip()) {
+            Ok(slot) => slot,
+            Err(full) => {
+                let reason = match full {
+                    crate::peraddr::Full::Client => "per_address",
+                    crate::peraddr::Full::All => "total",
+                };
+                metrics::counter!("firstseen_http_connections_closed_total", "reason" => reason)
+                    .increment(1);
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let Some(acceptor) = tls.clone() else {

@@ -515,7 +515,11 @@ mod tests {
             }),
         });
         storage.log.blocking_append(entries).await.unwrap();
-        assert_eq!(storage.state.totals().unwrap().clock_ms, 0, "nothing applied");
+        assert_eq!(
+            storage.state.totals().unwrap().clock_ms,
+            0,
+            "nothing applied"
+        );
 
         let mut floor = None;
         let clock = window_clock(&storage.state, &storage.log, &mut floor, 5).unwrap();
