@@ -26,7 +26,7 @@
 //! `1.0`, `1e0` and `100e-2` are all `1`), otherwise in Rust's shortest
 //! round-trip form of the f64 (`0.5`, `1.25`).
 
-use firstseen_store::Key;
+use firstseen_store::{Key, KeyKind};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -88,6 +88,18 @@ impl Default for KeySpec {
 impl KeySpec {
     pub const TOPIC_PAYLOAD: KeySpec = KeySpec::Bytes(ByteKey::TopicPayload);
     pub const PAYLOAD: KeySpec = KeySpec::Bytes(ByteKey::Payload);
+
+    /// The kind of key this rule makes: from cluster level 2 the window
+    /// holds a key in its kind's domain, so a key of one kind never stands
+    /// for a key of another (`firstseen_store::window::identity`). A field
+    /// key that falls back to the bytes is of kind `topic+payload`.
+    pub fn kind(&self) -> KeyKind {
+        match self {
+            KeySpec::Bytes(ByteKey::TopicPayload) => KeyKind::TopicPayload,
+            KeySpec::Bytes(ByteKey::Payload) => KeyKind::Payload,
+            KeySpec::Fields(_) => KeyKind::Fields,
+        }
+    }
 
     /// Every problem with the spec, for `check-config`: (the key below
     /// `key`, what is wrong).

@@ -88,6 +88,21 @@ enum Command {
         #[arg(long, global = true, env = "FIRSTSEEN_CA_FILE")]
         ca_file: Option<PathBuf>,
     },
+    /// Raise the cluster level to the highest every member's release runs
+    /// (needed with cluster.upgrade = "manual"; see docs/operations.md,
+    /// "Upgrading"). Refused, with the reason, while a member runs an older
+    /// release. Exit 2 if it was not raised.
+    Upgrade {
+        /// Base URL of any node's HTTP API.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The admin token file (or the cluster secret), as for `members`.
+        #[arg(long, env = "FIRSTSEEN_SECRET_FILE", alias = "token-file")]
+        secret_file: Option<PathBuf>,
+        /// CA (PEM) to trust for an https:// URL, besides the system's roots.
+        #[arg(long, env = "FIRSTSEEN_CA_FILE")]
+        ca_file: Option<PathBuf>,
+    },
     /// Show a node's view of the cluster, from its HTTP API.
     Status {
         /// Base URL of any node's HTTP API.
@@ -160,6 +175,11 @@ fn main() -> ExitCode {
                 secret_file,
                 ca_file,
             } => cli::members::run(action, url, secret_file, ca_file).await,
+            Command::Upgrade {
+                url,
+                secret_file,
+                ca_file,
+            } => cli::members::send(cli::members::Admin::Upgrade, url, secret_file, ca_file).await,
         }
     });
     // Blocking work still running (a sync that a stopped stage left behind)

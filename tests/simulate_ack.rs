@@ -104,6 +104,7 @@ fn received(message: u64, epoch: u64, pkid: u16) -> Received {
             received_ms: 0,
         }),
         properties: None,
+        kind: firstseen_store::KeyKind::TopicPayload,
         ack: Some(AckToken {
             upstream: 0,
             epoch,

@@ -512,6 +512,19 @@ fn key_of(message: u64) -> [u8; 32] {
     )
 }
 
+/// Message `m`'s first-seen record in `state`, found as apply finds it
+/// (bare before the cluster level rises, by topic and kind after).
+fn lookup(
+    state: &firstseen_store::StateStore,
+    m: u64,
+) -> Result<Option<firstseen_store::FirstSeen>, firstseen_store::StoreError> {
+    state.lookup_copy(
+        TOPICS[(m % 2) as usize],
+        firstseen_store::KeyKind::TopicPayload,
+        &key_of(m),
+    )
+}
+
 /// The message a key in Pulsar is the key of.
 fn message_of(key: &[u8; 32]) -> u64 {
     static KEYS: OnceLock<HashMap<[u8; 32], u64>> = OnceLock::new();
@@ -715,12 +728,12 @@ fn flush_acks(w: &mut World, node: NodeId, pkids: Vec<u16>) {
         let applied = w.applied.contains(m)
             || w.states
                 .values()
-                .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))));
+                .any(|state| matches!(lookup(state, *m), Ok(Some(_))));
         if !applied {
             let seen: Vec<String> = w
                 .states
                 .iter()
-                .map(|(id, state)| format!("{id}: {:?}", state.lookup(&key_of(*m))))
+                .map(|(id, state)| format!("{id}: {:?}", lookup(state, *m)))
                 .collect();
             let line = format!(
                 "node {node}: message {m} acked before any node applied it (G4); running nodes' lookups: {seen:?}"
@@ -923,8 +936,9 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     // Paused as SIGSTOP pauses a process: not polled at all, timers counting
     // on, whatever came due firing when it resumes.
     let gate = Gate(pause_of(world, id));
-    let node_tasks: [Task; 7] = [
+    let node_tasks: [Task; 8] = [
         core.coalescer,
+        core.levels,
         Box::pin(group.reaper),
         core.elections,
         core.lease,
@@ -969,7 +983,7 @@ fn note_applied(w: &mut World) {
         .filter(|m| {
             w.states
                 .values()
-                .any(|state| matches!(state.lookup(&key_of(*m)), Ok(Some(_))))
+                .any(|state| matches!(lookup(state, *m), Ok(Some(_))))
         })
         .collect();
     for m in now {
@@ -1198,6 +1212,18 @@ fn check(w: &World, outboxes: &Outboxes, windows: &Windows) -> Vec<String> {
             problems.push(format!(
                 "node {node} left {} messages unacked",
                 s.unacked.len()
+            ));
+        }
+    }
+    // Every member runs this release, so the leader raised the level
+    // during the run, while the faults went on; the rest of the check is of
+    // a run that crossed it.
+    for (node, state) in &w.states {
+        if state.level() < firstseen_store::level::SUPPORTED {
+            problems.push(format!(
+                "node {node}: the cluster level is {}, though every member runs level {}",
+                state.level(),
+                firstseen_store::level::SUPPORTED
             ));
         }
     }

@@ -40,7 +40,8 @@ pub(crate) fn store_damage(e: &firstseen_store::StoreError) -> bool {
     match e {
         S::Damaged { .. } | S::Corrupt(_) | S::Codec(_) => true,
         S::Sled(s) => sled_damage(s),
-        S::Log(_) | S::Io(_) | S::File { .. } => false,
+        // Sound data of a newer release: rebuilding it would not help.
+        S::Log(_) | S::Io(_) | S::File { .. } | S::TooNew(_) => false,
     }
 }
 

@@ -88,6 +88,7 @@ pub(crate) fn test_message(tag: u8, bytes: usize) -> Received {
             received_ms: 0,
         }),
         properties: None,
+        kind: firstseen_store::KeyKind::TopicPayload,
         ack: None,
         received_at: Instant::now(),
     }
@@ -133,6 +134,7 @@ mod tests {
             Received {
                 observation: None,
                 properties: None,
+                kind: firstseen_store::KeyKind::Unknown,
                 ack: None,
                 received_at: Instant::now(),
             },

@@ -87,7 +87,7 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
     let mut batch = firstseen_store::Batch::default();
     for i in &items {
         if let Some(o) = &i.observation {
-            batch.push(o.clone(), i.properties.clone());
+            batch.push_kind(o.clone(), i.properties.clone(), i.kind);
         }
     }
     let observations = &batch.observations;

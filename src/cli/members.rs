@@ -1,5 +1,5 @@
-//! `firstseen members add|remove`: membership changes through any node,
-//! which forwards the operator to the leader.
+//! `firstseen members add|remove` and `firstseen upgrade`: admin requests
+//! through any node, which forwards the operator to the leader.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,9 +29,27 @@ pub enum Action {
     },
 }
 
+/// An admin request: a membership change, or raising the cluster level.
+pub enum Admin {
+    Members(Action),
+    /// Raise the cluster level to the highest every member runs
+    /// (`POST /admin/upgrade`).
+    Upgrade,
+}
+
 /// Sends `action` to the node at `url`, or to the leader it names.
 pub async fn run(
     action: Action,
+    url: String,
+    secret_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+) -> ExitCode {
+    send(Admin::Members(action), url, secret_file, ca_file).await
+}
+
+/// Sends `request` to the node at `url`, or to the leader it names.
+pub async fn send(
+    request: Admin,
     url: String,
     secret_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
@@ -71,16 +89,19 @@ pub async fn run(
     };
     // At most one hop: a follower answers 409 with the leader's address.
     for _ in 0..2 {
-        let request = match &action {
-            Action::Add {
+        let request = match &request {
+            Admin::Members(Action::Add {
                 id,
                 zone,
                 addr,
                 http,
-            } => client
+            }) => client
                 .post(format!("{base}/admin/members"))
                 .json(&serde_json::json!({"id": id, "zone": zone, "addr": addr, "http": http})),
-            Action::Remove { id } => client.delete(format!("{base}/admin/members/{id}")),
+            Admin::Members(Action::Remove { id }) => {
+                client.delete(format!("{base}/admin/members/{id}"))
+            }
+            Admin::Upgrade => client.post(format!("{base}/admin/upgrade")),
         };
         if let Err(why) = api::credential_may_go_to(&base) {
             eprintln!("error: {why}");
@@ -101,7 +122,7 @@ pub async fn run(
         }
         if status == reqwest::StatusCode::CONFLICT {
             if let Some(leader) = body["leader_http"].as_str().filter(|h| !h.is_empty()) {
-                eprintln!("members: {base} is not the leader; asking {leader}");
+                eprintln!("{base} is not the leader; asking {leader}");
                 base = format!("{scheme}://{leader}");
                 continue;
             }

@@ -8,7 +8,7 @@
 //! - [`compare`]: `compare`, two topics side by side (a shadow run).
 //! - [`api`]: the HTTP client the admin and status commands share, and the
 //!   rule for where the admin credential may travel.
-//! - [`members`]: `members add|remove`.
+//! - [`members`]: `members add|remove` and `upgrade`.
 //! - [`status`]: the `status` command.
 
 pub mod api;

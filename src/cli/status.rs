@@ -69,6 +69,23 @@ pub async fn run(url: String, json: bool, brief: bool, ca_file: Option<PathBuf>)
         "observed {}  duplicates {}  window keys {}  outbox {} msgs / {} bytes",
         t.observed, t.duplicates, t.window_keys, t.outbox_messages, t.outbox_bytes
     );
+    let l = &s.level;
+    println!(
+        "cluster level {}  this release {} (levels {} to {})  upgrade {:?}",
+        l.cluster, l.release, l.oldest, l.supported, l.mode
+    );
+    for m in &l.members {
+        match &m.levels {
+            Some(v) => println!(
+                "  node {} runs release {} (levels {} to {})",
+                m.node, v.release, v.oldest, v.supported
+            ),
+            None => println!("  node {}: {}", m.node, or_dash(m.error.as_ref())),
+        }
+    }
+    if let Some(why) = &l.waiting {
+        println!("  level held: {why}");
+    }
     println!(
         "\n{:<24} {:>10} {:>10}  last error",
         "upstream", "connected", "received"

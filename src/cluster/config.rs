@@ -10,6 +10,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::problem::Problems;
 
+/// Whether the leader raises the level on its own (`cluster.upgrade`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeMode {
+    /// As soon as every member runs a release that has the next level.
+    #[default]
+    Auto,
+    /// Only when an operator says so (`firstseen upgrade`), so that a node
+    /// can be taken back to the previous release until then.
+    Manual,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
@@ -52,6 +64,12 @@ pub struct ClusterConfig {
     pub election_timeout_min_ms: u64,
     #[serde(default = "default_election_max_ms")]
     pub election_timeout_max_ms: u64,
+    /// When the cluster level rises once every member runs a release that
+    /// has the next one: `"auto"` (at once) or `"manual"` (when an operator
+    /// runs `firstseen upgrade`; until then a node can go back to the
+    /// previous release). See docs/operations.md, "Upgrading".
+    #[serde(default)]
+    pub upgrade: UpgradeMode,
 }
 
 /// Mutual TLS between nodes: every node presents `cert_file` and accepts
@@ -86,6 +104,7 @@ impl Default for ClusterConfig {
             heartbeat_ms: default_heartbeat_ms(),
             election_timeout_min_ms: default_election_min_ms(),
             election_timeout_max_ms: default_election_max_ms(),
+            upgrade: Default::default(),
         }
     }
 }

@@ -567,6 +567,16 @@ impl Peers {
         request: &Request,
         timeout: Duration,
     ) -> Result<Reply, CallError> {
+        if request.may_be_unknown() {
+            return tokio::time::timeout(timeout, self.call_alone(node, addr, request))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::Timeout {
+                        addr: addr.into(),
+                        timeout,
+                    })
+                });
+        }
         let link = self.link(node, addr);
         let conn = self.connection(&link).await?;
         let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
@@ -609,6 +619,61 @@ impl Peers {
                 })
             }
         }
+    }
+}
+
+impl Peers {
+    /// One request on a connection of its own, closed after the answer: for
+    /// a request a node of an older release may not decode. Such a node
+    /// closes the connection it came on, and the shared one carries every
+    /// Raft RPC to it.
+    async fn call_alone(
+        &self,
+        node: NodeId,
+        addr: &str,
+        request: &Request,
+    ) -> Result<Reply, CallError> {
+        let (stream, _, (mut seal, mut check)) = self.dial(node, addr).await?;
+        let lost = |reason: String| CallError::Lost {
+            addr: addr.into(),
+            reason,
+        };
+        let mut frame = wire::encode(&Envelope {
+            id: 1,
+            body: request,
+        })
+        .map_err(|e| CallError::Protocol {
+            addr: addr.into(),
+            reason: e.to_string(),
+        })?;
+        seal.seal(&mut frame);
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        wr.write_all(&frame)
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        let mut header = [0u8; 4];
+        rd.read_exact(&mut header).await.map_err(|e| {
+            lost(format!(
+                "{e} (a node of a release that does not know the request closes the connection)"
+            ))
+        })?;
+        let len = wire::frame_len(header).map_err(|e| lost(e.to_string()))?;
+        let body = wire::read_body(&mut rd, len)
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        let mut mac = [0u8; wire::FRAME_MAC];
+        rd.read_exact(&mut mac)
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        if !check.open(&body, &mac) {
+            return Err(lost("a frame failed its integrity check".into()));
+        }
+        let env: Envelope<Reply> = wire::decode(&body).map_err(|e| CallError::Protocol {
+            addr: addr.into(),
+            reason: e.to_string(),
+        })?;
+        let _ = wr.shutdown().await;
+        Ok(env.body)
     }
 }
 

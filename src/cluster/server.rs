@@ -355,7 +355,12 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
     let writes = match &request {
         Request::AppendEntries(r) => !r.entries.is_empty(),
         Request::InstallSnapshot(_) => true,
-        Request::Vote(_) | Request::Forward(_) | Request::PreVote(_) | Request::ReadIndex => false,
+        Request::Vote(_)
+        | Request::Forward(_)
+        | Request::ForwardKinds { .. }
+        | Request::PreVote(_)
+        | Request::ReadIndex
+        | Request::Levels => false,
     };
     if writes {
         if let Some(reason) = svc.disk.reason() {
@@ -427,6 +432,15 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             Reply::InstallSnapshot(result)
         }
         Request::Forward(batch) => Reply::Forward(svc.forwarded.commit(batch).await),
+        Request::ForwardKinds { mut batch, kinds } => {
+            // As many kinds as copies, or none: a short list from a broken
+            // peer must not shift kinds onto the wrong copies.
+            if kinds.len() == batch.len() {
+                batch.kinds = kinds;
+            }
+            Reply::Forward(svc.forwarded.commit(batch).await)
+        }
+        Request::Levels => Reply::Levels(super::wire::Levels::this_release()),
         Request::PreVote(req) => Reply::PreVote(super::elect::answer(
             &svc.raft,
             &svc.liveness,

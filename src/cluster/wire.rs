@@ -333,6 +333,45 @@ pub enum Request {
     /// A node rejoining with a set-aside log asks the leader how far it must
     /// apply before it votes again (`firstseen_raft::rejoin`).
     ReadIndex,
+    /// Which cluster levels the asked node's release runs
+    /// (`firstseen_store::level`). A release from before levels cannot
+    /// decode it and closes the connection, so it is asked on a connection
+    /// of its own ([`super::peers::Peers::call`]).
+    Levels,
+    /// [`Request::Forward`] with each copy's key kind: sent from cluster
+    /// level 2, when every member reads it.
+    ForwardKinds {
+        batch: Batch,
+        kinds: Vec<firstseen_store::KeyKind>,
+    },
+}
+
+impl Request {
+    /// Whether a node of a release before levels may not read this request:
+    /// it goes on a connection of its own, whose loss costs nothing else.
+    pub fn may_be_unknown(&self) -> bool {
+        matches!(self, Request::Levels)
+    }
+}
+
+/// The levels a node's release runs, and the release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Levels {
+    pub oldest: u32,
+    pub supported: u32,
+    /// The release's version, for the operator.
+    pub release: String,
+}
+
+impl Levels {
+    /// This release's.
+    pub fn this_release() -> Self {
+        Self {
+            oldest: firstseen_store::level::OLDEST,
+            supported: firstseen_store::level::SUPPORTED,
+            release: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
 }
 
 /// Why the asked node gave no read index.
@@ -386,6 +425,7 @@ pub enum Reply {
     /// disk is below the reserve). The caller treats the node as unreachable
     /// and backs off.
     Refused(String),
+    Levels(Levels),
 }
 
 /// Why a frame could not be read.

@@ -1,4 +1,5 @@
-//! The admin endpoints: adding and removing members. Each request must come
+//! The admin endpoints: adding and removing members, and raising the
+//! cluster level. Each request must come
 //! over TLS, from loopback, or where the operator allowed plain HTTP; carry
 //! the admin token; and reach the leader (otherwise the reply names it).
 
@@ -93,6 +94,20 @@ pub async fn add_member(
     if let Err(r) = admin_gate(&app, client, &headers) {
         return r;
     }
+    // A node whose release cannot run the cluster's level would stop at
+    // the first entry it cannot read: refused before it is a member.
+    if let Err(why) = match app.levels.ask_one(m.id, &m.addr).await {
+        Ok(levels) => app.levels.admits(&levels),
+        Err(e) if app.state.level() > firstseen_store::level::BASE => Err(e),
+        // At the base level every release can join; one that cannot be
+        // asked yet is added as before and catches up.
+        Err(_) => Ok(()),
+    } {
+        return (
+            StatusCode::CONFLICT,
+            Json(serde_json::json!({"error": format!("node {} cannot join: {why}", m.id)})),
+        );
+    }
     tracing::info!(id = m.id, zone = %m.zone, addr = %m.addr, "adding member");
     let member = firstseen_raft::Member {
         addr: m.addr,
@@ -120,6 +135,29 @@ pub async fn remove_member(
     tracing::info!(id, "removing member");
     match crate::cluster::remove_member(&app.raft, id).await {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({"removed": id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+/// Raises the cluster level to the highest every member runs.
+pub async fn upgrade(
+    State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
+    headers: HeaderMap,
+) -> AdminReply {
+    if let Err(r) = admin_gate(&app, client, &headers) {
+        return r;
+    }
+    use crate::propose::level::RaiseError;
+    match app.levels.raise().await {
+        Ok(level) => (StatusCode::OK, Json(serde_json::json!({"level": level}))),
+        Err(e @ (RaiseError::Current(_) | RaiseError::Held(_))) => (
+            StatusCode::CONFLICT,
+            Json(serde_json::json!({"error": e.to_string(), "view": app.levels.view()})),
+        ),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(serde_json::json!({"error": e.to_string()})),

@@ -38,6 +38,8 @@ pub use status::{NotReady, Status};
 
 /// What the handlers read.
 pub struct AppState {
+    /// The cluster level: its status, and raising it (`/admin/upgrade`).
+    pub levels: crate::propose::level::LevelGate,
     pub node_id: u64,
     pub zone: String,
     pub raft: Raft,
@@ -79,6 +81,7 @@ pub async fn serve(listener: listener::Listener, app: Arc<AppState>, shutdown: C
         .route("/metrics", get(metrics))
         .route("/admin/members", post(admin::add_member))
         .route("/admin/members/{id}", delete(admin::remove_member))
+        .route("/admin/upgrade", post(admin::upgrade))
         .with_state(app);
     if let Err(e) = axum::serve(
         listener,

@@ -61,6 +61,9 @@ pub struct Status {
     pub clock_ms: u64,
     /// The last warnings and errors this node logged, newest first.
     pub recent_errors: Vec<crate::telemetry::LoggedEvent>,
+    /// The cluster level, this node's release, and on the leader each
+    /// member's release and why the level does not rise yet.
+    pub level: crate::propose::level::LevelView,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
@@ -224,6 +227,7 @@ impl AppState {
             ready: ready.is_ok(),
             not_ready_reason: ready.err().map(|e| e.to_string()),
             recent_errors: crate::telemetry::recent_events(),
+            level: self.levels.view(),
         })
         .map(|mut s: Status| {
             s.members = members;

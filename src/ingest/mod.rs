@@ -40,6 +40,9 @@ pub struct Received {
     pub observation: Option<Observation>,
     /// Its MQTT 5 properties, if it had any.
     pub properties: Option<Box<firstseen_store::Properties>>,
+    /// Which rule made its key (the route's kind, or `topic+payload` for a
+    /// field key that fell back to the bytes).
+    pub kind: firstseen_store::KeyKind,
     /// `None` for QoS 0, which is never acked.
     pub ack: Option<AckToken>,
     /// When the upstream's event loop handed it over: the start of the
@@ -248,6 +251,7 @@ impl Upstream {
             return Received {
                 observation: None,
                 properties: None,
+                kind: firstseen_store::KeyKind::Unknown,
                 ack,
                 received_at,
             };
@@ -272,12 +276,13 @@ impl Upstream {
             return Received {
                 observation: None,
                 properties: None,
+                kind: firstseen_store::KeyKind::Unknown,
                 ack,
                 received_at,
             };
         }
         let key = match crate::key::key(&route.key, &p.topic, &p.payload) {
-            Ok(k) => k,
+            Ok(k) => (route.key.kind(), k),
             Err(why) => {
                 let missing = match &route.key {
                     crate::key::KeySpec::Fields(f) => f.missing,
@@ -290,16 +295,20 @@ impl Upstream {
                 .increment(1);
                 tracing::debug!(upstream = %self.config.name, topic = %p.topic, reason = %why, "no field key");
                 match missing {
-                    crate::key::Missing::Bytes => crate::key::byte_key(
-                        crate::key::ByteKey::TopicPayload,
-                        &p.topic,
-                        &p.payload,
+                    crate::key::Missing::Bytes => (
+                        firstseen_store::KeyKind::TopicPayload,
+                        crate::key::byte_key(
+                            crate::key::ByteKey::TopicPayload,
+                            &p.topic,
+                            &p.payload,
+                        ),
                     ),
                     crate::key::Missing::DeadLetter => {
                         self.set_aside("key-field-missing", &p, now).await;
                         return Received {
                             observation: None,
                             properties: None,
+                            kind: firstseen_store::KeyKind::Unknown,
                             ack,
                             received_at,
                         };
@@ -307,6 +316,7 @@ impl Upstream {
                 }
             }
         };
+        let (kind, key) = key;
         let observation = Observation {
             key,
             mqtt_topic: p.topic,
@@ -320,6 +330,7 @@ impl Upstream {
         Received {
             observation: Some(observation),
             properties: p.properties,
+            kind,
             ack,
             received_at,
         }

@@ -93,6 +93,10 @@ pub struct Core {
     /// Ends once every sender of `received` is gone and the last batch is
     /// acked, or at `Stops::batch`.
     pub batcher: Task,
+    /// Raises the cluster level when every member can run the next one
+    /// (`cluster::level`); the status and the admin API hold its handle.
+    pub level_gate: crate::propose::level::LevelGate,
+    pub levels: Task,
 }
 
 impl Core {
@@ -122,12 +126,22 @@ impl Core {
             parts.disk.clone(),
             stops.proposals,
         );
+        let level_gate = crate::propose::level::LevelGate::new(
+            parts.raft.clone(),
+            id,
+            ports.call.clone(),
+            parts.state.clone(),
+            coalescer.clone(),
+            config.cluster.upgrade,
+        );
+        let levels = level_gate.clone().run(stops.services.clone());
         let proposer = Proposer {
             raft: parts.raft.clone(),
             node_id: id,
             peers: ports.call.clone(),
             coalescer,
             clock: ports.clock,
+            level: parts.state.level_cell(),
         };
         // Named from the cluster secret, the same on every node.
         let ours = crate::publish::tail::Ours::of(
@@ -219,6 +233,8 @@ impl Core {
             lease: Box::pin(lease),
             publisher: Box::pin(publisher),
             batcher: Box::pin(batcher),
+            level_gate,
+            levels: Box::pin(levels),
         }
     }
 }

@@ -160,6 +160,7 @@ pub async fn run(
         liveness: cluster.liveness.clone(),
         timing: cluster.timing,
         publishing: Default::default(),
+        levels: core.level_gate.clone(),
     });
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
@@ -196,6 +197,7 @@ pub async fn run(
         });
     }
     stages.spawn(group, "elections", core.elections);
+    stages.spawn(group, "cluster level", core.levels);
     stages.spawn(group, "lease", core.lease);
     let following = crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), stop.clone());
     stages.spawn(group, "heartbeats", following);

@@ -42,6 +42,12 @@ enum Work {
     /// entries rather than in their slot: the next batch need not wait for
     /// it, and apply keeps the larger of two receipts in any order.
     Watermark { topic: String, seq: u64 },
+    /// The cluster level rises (`crate::cluster::level`), answered once
+    /// committed.
+    Level {
+        level: u32,
+        reply: oneshot::Sender<Result<(), ForwardError>>,
+    },
 }
 
 /// Handle to the merging task; cheap to clone.
@@ -150,6 +156,15 @@ impl Coalescer {
         answer.await.map_err(|_| ForwardError::ShuttingDown)?
     }
 
+    /// Appends `Level{level}` and returns once it is committed.
+    pub async fn level(&self, level: u32) -> Result<(), ForwardError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Work::Level { level, reply })
+            .map_err(|_| ForwardError::ShuttingDown)?;
+        answer.await.map_err(|_| ForwardError::ShuttingDown)?
+    }
+
     /// Appends the receipt `Published{topic, seq}` without waiting for it.
     /// One that is lost (a stop, a lost leadership) is covered by the next.
     pub fn watermark(&self, topic: String, seq: u64) {
@@ -186,6 +201,9 @@ async fn run(
                 Work::Batch(b, reply) => queue.push_back((b, reply)),
                 Work::Watermark { topic, seq } => {
                     watermarks.spawn(watermark(raft.clone(), topic, seq));
+                }
+                Work::Level { level, reply } => {
+                    watermarks.spawn(raise_level(raft.clone(), level, reply));
                 }
             }
         }
@@ -242,6 +260,9 @@ async fn run(
                 Some(Work::Watermark { topic, seq }) => {
                     watermarks.spawn(watermark(raft.clone(), topic, seq));
                 }
+                Some(Work::Level { level, reply }) => {
+                    watermarks.spawn(raise_level(raft.clone(), level, reply));
+                }
                 None => open = false,
             },
             _ = stop.cancelled() => return,
@@ -265,9 +286,19 @@ async fn entry(
         merged.extend(b);
         replies.push(reply);
     }
-    let held = state.held(merged.observations.iter().map(|o| &o.key));
-    let stripped = slim::strip(&mut merged, |k| held.contains(k));
-    let result = commit_slim(&raft, window_ms, stamped_ms, merged, stripped).await;
+    // The formats of the level applied now: an entry appended after the
+    // level rose but written at the old one is read as copies of unknown
+    // kind, which apply handles.
+    let level = state.level();
+    let held = state.held(
+        merged
+            .observations
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o, merged.kind(i))),
+    );
+    let stripped = slim::strip(&mut merged, &held, level);
+    let result = commit_slim(&raft, level, window_ms, stamped_ms, merged, stripped).await;
     match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
@@ -288,19 +319,25 @@ async fn entry(
 /// copy, in order.
 async fn commit_slim(
     raft: &Raft,
+    level: u32,
     window_ms: u64,
     stamped_ms: u64,
     batch: Batch,
     stripped: slim::Stripped,
 ) -> Result<Vec<Outcome>, ForwardError> {
     let total = batch.len();
-    let cmd = batch.into_slim_command(stamped_ms, window_ms, stripped.positions.clone());
+    let cmd = batch.into_command_at(level, stamped_ms, window_ms, stripped.positions.clone());
     let mut outcomes = propose(raft, cmd, total).await?;
     let (positions, again) = slim::resend(stripped, &outcomes);
     if !again.is_empty() {
         metrics::counter!("firstseen_slim_resent_total").increment(again.len() as u64);
         let n = again.len();
-        let whole = propose(raft, again.into_command(stamped_ms, window_ms), n).await?;
+        let whole = propose(
+            raft,
+            again.into_command_at(level, stamped_ms, window_ms, Vec::new()),
+            n,
+        )
+        .await?;
         for (pos, outcome) in positions.into_iter().zip(whole) {
             outcomes[pos] = outcome;
         }
@@ -329,6 +366,22 @@ async fn watermark(raft: Raft, topic: String, seq: u64) {
         }
         None => tracing::debug!("watermark abandoned: no longer leading"),
     }
+}
+
+/// Appends the level entry and answers once it is committed.
+async fn raise_level(raft: Raft, level: u32, reply: oneshot::Sender<Result<(), ForwardError>>) {
+    let server = raft.server_metrics();
+    let result =
+        match until_deposed(raft.client_write(Command::Level { level }), server.clone()).await {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(ForwardError::NotCommitted {
+                detail: e.to_string(),
+            }),
+            None => Err(ForwardError::NotLeader {
+                leader: server.borrow().current_leader,
+            }),
+        };
+    let _ = reply.send(result);
 }
 
 /// One entry of `total` copies, with the stamp the leader chose: only a

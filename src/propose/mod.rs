@@ -10,9 +10,12 @@
 //! - [`clocks`]: the pure rule for the leader's stamp inputs (which clock
 //!   readings count);
 //! - [`coalesce`]: the leader's merging task, with its pure grouping rule.
+//! - [`level`]: the leader raises the cluster level once every member's
+//!   release has the next one.
 
 pub mod clocks;
 pub mod coalesce;
+pub mod level;
 pub mod slim;
 
 use std::sync::Arc;
@@ -66,6 +69,9 @@ pub struct Proposer {
     pub coalescer: coalesce::Coalescer,
     /// This node's wall clock: each forward carries a reading of it.
     pub clock: crate::clock::SharedClock,
+    /// The applied cluster level: it says how a forward is written. Not
+    /// the state itself: a forward in flight must not keep the storage open.
+    pub level: firstseen_store::level::LevelCell,
 }
 
 /// Sets this node's clock reading on its observations in a batch about to
@@ -147,7 +153,14 @@ impl Proposer {
                     .ok_or(ProposeError::NoAddress { leader: l })?;
                 let mut batch = batch;
                 restamp(&mut batch, self.node_id, self.clock.now_ms());
-                let request = Request::Forward(batch);
+                // From level 2 every member reads the kinds; below it the
+                // leader may be of a release from before them.
+                let request = if self.level.get() >= firstseen_store::level::KINDS {
+                    let kinds = (0..batch.len()).map(|i| batch.kind(i)).collect();
+                    Request::ForwardKinds { batch, kinds }
+                } else {
+                    Request::Forward(batch)
+                };
                 let call = self.peers.call(l, &addr, &request, FORWARD_TIMEOUT);
                 tokio::select! {
                     r = call => match r {

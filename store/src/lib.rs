@@ -15,13 +15,16 @@
 //! 6. [`disk`]: the one owner of durability for both of a node's sled
 //!    databases: sled's flush, then `fdatasync` of their files.
 //!
-//! [`sync`] holds the one mutex-poisoning policy of every firstseen crate.
+//! [`level`] is the cluster level: which of these formats and rules every
+//! member has agreed to. [`sync`] holds the one mutex-poisoning policy of
+//! every firstseen crate.
 //!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
 
 pub mod disk;
 pub mod index;
+pub mod level;
 pub mod model;
 pub mod record;
 pub mod state;
@@ -55,6 +58,9 @@ pub enum StoreError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// The cluster's level is past what this release runs.
+    #[error(transparent)]
+    TooNew(#[from] level::TooNew),
     /// A file on disk is damaged: the node must not run on it.
     #[error("{path} is damaged: {reason}")]
     Damaged {

@@ -11,6 +11,58 @@ pub type Key = [u8; 32];
 /// A raft node id, also used to attribute observations to zones.
 pub type NodeId = u64;
 
+/// Which rule made a key: the route's kind of key. Keys of different kinds
+/// are different messages even when their bytes are equal: a payload
+/// crafted on a `payload` route hashes to a `topic+payload` key of another
+/// route (blake3 of "a/b\0…" is both), and without the kind one made the
+/// other a duplicate, acked and never published. From cluster level 2 the
+/// window tells keys apart by kind and by Pulsar topic
+/// ([`crate::window::identity`]).
+///
+/// One byte in the log (bincode would spend four on an enum).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "u8", from = "u8")]
+pub enum KeyKind {
+    /// `blake3(topic ‖ 0x00 ‖ payload)`, and the fallback of a field key.
+    TopicPayload,
+    /// `blake3(payload)`.
+    Payload,
+    /// The canonical JSON fields of the route.
+    Fields,
+    /// Not known: a copy proposed by a node before the cluster reached
+    /// level 2 (its batch carried no kinds). Kept in the window by its bare
+    /// key, as level 1 does.
+    #[default]
+    Unknown,
+}
+
+impl From<KeyKind> for u8 {
+    fn from(k: KeyKind) -> u8 {
+        match k {
+            KeyKind::TopicPayload => 0,
+            KeyKind::Payload => 1,
+            KeyKind::Fields => 2,
+            KeyKind::Unknown => 255,
+        }
+    }
+}
+
+impl From<u8> for KeyKind {
+    fn from(b: u8) -> KeyKind {
+        match b {
+            0 => KeyKind::TopicPayload,
+            1 => KeyKind::Payload,
+            2 => KeyKind::Fields,
+            _ => KeyKind::Unknown,
+        }
+    }
+}
+
+impl KeyKind {
+    /// The kinds a copy of unknown kind may have been stored under.
+    pub const KNOWN: [KeyKind; 3] = [KeyKind::TopicPayload, KeyKind::Payload, KeyKind::Fields];
+}
+
 /// One copy of an upstream message, as a bridge node received it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
@@ -57,39 +109,61 @@ pub struct Properties {
     pub correlation_data: Option<Vec<u8>>,
 }
 
-/// Observations on their way to the log, with their MQTT 5 properties: what
-/// a batcher proposes and a follower forwards. `properties` is empty when no
-/// observation has any, else as long as `observations`.
+/// Observations on their way to the log, with their MQTT 5 properties and
+/// key kinds: what a batcher proposes and a follower forwards.
+/// `properties` is empty when no observation has any, else as long as
+/// `observations`; `kinds` is as long as `observations`.
+///
+/// `kinds` is not part of this type's encoding: a batch forwarded to a
+/// leader of a release before kinds (`Request::Forward`) is what it always
+/// was, and one forwarded at cluster level 2 carries them beside it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub observations: Vec<Observation>,
     pub properties: Vec<Option<Box<Properties>>>,
+    #[serde(skip)]
+    pub kinds: Vec<KeyKind>,
 }
 
 impl Batch {
+    /// Adds a copy of unknown kind.
     pub fn push(&mut self, o: Observation, p: Option<Box<Properties>>) {
+        self.push_kind(o, p, KeyKind::Unknown)
+    }
+
+    /// Adds a copy whose key is of `kind`.
+    pub fn push_kind(&mut self, o: Observation, p: Option<Box<Properties>>, kind: KeyKind) {
         if p.is_some() && self.properties.len() < self.observations.len() {
             self.properties.resize(self.observations.len(), None);
         }
+        self.kinds.resize(self.observations.len(), KeyKind::Unknown);
         self.observations.push(o);
+        self.kinds.push(kind);
         if p.is_some() || !self.properties.is_empty() {
             self.properties.push(p);
         }
     }
 
+    /// The kind of copy `pos`.
+    pub fn kind(&self, pos: usize) -> KeyKind {
+        self.kinds.get(pos).copied().unwrap_or_default()
+    }
+
     /// Appends every copy of `other`, in order.
     pub fn extend(&mut self, other: Batch) {
+        let kinds: Vec<KeyKind> = (0..other.len()).map(|i| other.kind(i)).collect();
         let Batch {
             observations,
             properties,
+            ..
         } = other;
         if properties.is_empty() {
-            for o in observations {
-                self.push(o, None);
+            for (o, k) in observations.into_iter().zip(kinds) {
+                self.push_kind(o, None, k);
             }
         } else {
-            for (o, p) in observations.into_iter().zip(properties) {
-                self.push(o, p);
+            for ((o, p), k) in observations.into_iter().zip(properties).zip(kinds) {
+                self.push_kind(o, p, k);
             }
         }
     }
@@ -119,6 +193,30 @@ impl Batch {
             observations: self.observations,
             properties: self.properties,
             slim,
+        }
+    }
+
+    /// The log entry for this batch at cluster level `level`: from level 2
+    /// [`Command::ObserveKinds`], which carries each copy's kind; below it
+    /// the commands every release reads.
+    pub fn into_command_at(
+        self,
+        level: u32,
+        stamped_ms: u64,
+        window_ms: u64,
+        slim: Vec<u32>,
+    ) -> Command {
+        if level < crate::level::KINDS {
+            return self.into_slim_command(stamped_ms, window_ms, slim);
+        }
+        let kinds = (0..self.len()).map(|i| self.kind(i)).collect();
+        Command::ObserveKinds {
+            stamped_ms,
+            window_ms,
+            observations: self.observations,
+            properties: self.properties,
+            slim,
+            kinds,
         }
     }
 }
@@ -165,6 +263,23 @@ pub enum Command {
         properties: Vec<Option<Box<Properties>>>,
         slim: Vec<u32>,
     },
+    /// The cluster's level rises to `level` (`crate::level`): the leader
+    /// proposes it once every member runs a release that has it, and from
+    /// this entry on every node applies and writes that level's formats.
+    /// Never goes back. A node whose release is older than `level` stops
+    /// at this entry with an error that says so.
+    Level { level: u32 },
+    /// [`Command::ObserveSlim`] with each copy's key kind (`kinds[i]` is
+    /// `observations[i]`'s), from cluster level 2. A slim copy keeps its
+    /// Pulsar topic: the window tells keys apart by topic and kind.
+    ObserveKinds {
+        stamped_ms: u64,
+        window_ms: u64,
+        observations: Vec<Observation>,
+        properties: Vec<Option<Box<Properties>>>,
+        slim: Vec<u32>,
+        kinds: Vec<KeyKind>,
+    },
 }
 
 impl Command {
@@ -210,8 +325,14 @@ impl Command {
                 window_ms,
                 observations,
                 ..
+            }
+            | Command::ObserveKinds {
+                stamped_ms,
+                window_ms,
+                observations,
+                ..
             } => Some((*stamped_ms, *window_ms, observations)),
-            Command::Published { .. } => None,
+            Command::Published { .. } | Command::Level { .. } => None,
         }
     }
 
@@ -219,7 +340,8 @@ impl Command {
     pub fn properties(&self, pos: usize) -> Option<&Properties> {
         match self {
             Command::ObserveWithProperties { properties, .. }
-            | Command::ObserveSlim { properties, .. } => {
+            | Command::ObserveSlim { properties, .. }
+            | Command::ObserveKinds { properties, .. } => {
                 properties.get(pos).and_then(|p| p.as_deref())
             }
             _ => None,
@@ -227,11 +349,20 @@ impl Command {
     }
 
     /// The positions of slim copies, ascending; empty unless
-    /// [`Command::ObserveSlim`].
+    /// [`Command::ObserveSlim`] or [`Command::ObserveKinds`].
     pub fn slim(&self) -> &[u32] {
         match self {
-            Command::ObserveSlim { slim, .. } => slim,
+            Command::ObserveSlim { slim, .. } | Command::ObserveKinds { slim, .. } => slim,
             _ => &[],
+        }
+    }
+
+    /// The key kind of observation `pos`: [`KeyKind::Unknown`] in the
+    /// commands from before kinds.
+    pub fn kind(&self, pos: usize) -> KeyKind {
+        match self {
+            Command::ObserveKinds { kinds, .. } => kinds.get(pos).copied().unwrap_or_default(),
+            _ => KeyKind::Unknown,
         }
     }
 
@@ -240,8 +371,9 @@ impl Command {
         match self {
             Command::Observe { observations, .. }
             | Command::ObserveWithProperties { observations, .. }
-            | Command::ObserveSlim { observations, .. } => Some(observations),
-            Command::Published { .. } => None,
+            | Command::ObserveSlim { observations, .. }
+            | Command::ObserveKinds { observations, .. } => Some(observations),
+            Command::Published { .. } | Command::Level { .. } => None,
         }
     }
 
@@ -250,8 +382,9 @@ impl Command {
         match self {
             Command::Observe { observations, .. }
             | Command::ObserveWithProperties { observations, .. }
-            | Command::ObserveSlim { observations, .. } => Some(observations),
-            Command::Published { .. } => None,
+            | Command::ObserveSlim { observations, .. }
+            | Command::ObserveKinds { observations, .. } => Some(observations),
+            Command::Published { .. } | Command::Level { .. } => None,
         }
     }
 }

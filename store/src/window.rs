@@ -2,7 +2,7 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
-use crate::model::Properties;
+use crate::model::{Key, KeyKind, Properties};
 
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the
@@ -78,6 +78,22 @@ fn median_or_own(own_ms: u64, fresh_peers: &[u64], voters: usize) -> u64 {
     readings.sort_unstable();
     // The lower median of an even count: the cautious side.
     readings[(readings.len() - 1) / 2]
+}
+
+/// What the window holds a copy under from cluster level 2: its key, in the
+/// domain of its kind and of its Pulsar topic. A key is first seen per
+/// topic, and keys of different kinds never meet, however their bytes were
+/// crafted: a `payload` key is blake3 of the payload, so a payload
+/// "b/y\0P" published on a `payload` route has the `topic+payload` key of
+/// message P on topic b/y, and made that one a duplicate. blake3 in
+/// key-derivation mode, so no plain blake3 key (every kind's) can equal it.
+/// A copy of unknown kind is held under its bare key ([`KeyKind::Unknown`]).
+pub fn identity(pulsar_topic: &str, kind: KeyKind, key: &Key) -> Key {
+    let mut h = blake3::Hasher::new_derive_key("firstseen window identity v2");
+    h.update(&[u8::from(kind)]);
+    h.update(key);
+    h.update(pulsar_topic.as_bytes());
+    *h.finalize().as_bytes()
 }
 
 /// Keys first seen strictly before this instant are outside the window.

@@ -16,8 +16,11 @@ use std::collections::BTreeMap;
 
 use super::memory::{Head, Memory, PendingRecord};
 use super::{corrupt, StateStore};
-use crate::index::Slot;
-use crate::model::{Command, Coverage, Observation, OutboxMessage, Outcome, Response};
+use crate::index::{Index, Slot};
+use crate::level::{Levels, KINDS};
+use crate::model::{
+    Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response,
+};
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
@@ -61,6 +64,52 @@ fn dec_seen(c: &mut Coverage) {
     c.seen = c.seen.saturating_sub(1);
 }
 
+/// Where the window holds a copy: the key its first copy was stored under,
+/// if one is held.
+///
+/// Below level 2, the bare key. From level 2, the copy's [`window::identity`]
+/// (its key in the domain of its Pulsar topic and kind), and also its bare
+/// key while records from before the level rose may remain (`bare`), so a
+/// message first seen before it is still a duplicate after it. A copy of
+/// unknown kind (proposed before its node saw the level rise) is held under
+/// its bare key, and may find its message under any kind's identity.
+pub(super) fn locate(
+    index: &Index,
+    level: u32,
+    bare: bool,
+    obs: &Observation,
+    kind: KeyKind,
+) -> Option<Key> {
+    let held = |k: Key| index.get(&k).is_some().then_some(k);
+    if level < KINDS {
+        return held(obs.key);
+    }
+    if kind != KeyKind::Unknown {
+        return held(window::identity(&obs.pulsar_topic, kind, &obs.key))
+            .or_else(|| bare.then(|| held(obs.key)).flatten());
+    }
+    held(obs.key).or_else(|| {
+        // A slim copy from before kinds has no topic: it comes back
+        // Missing, and the leader sends it again whole.
+        (!obs.pulsar_topic.is_empty())
+            .then(|| {
+                KeyKind::KNOWN
+                    .iter()
+                    .find_map(|k| held(window::identity(&obs.pulsar_topic, *k, &obs.key)))
+            })
+            .flatten()
+    })
+}
+
+/// The key a new first copy is stored under (see [`locate`]).
+fn storage_key(level: u32, obs: &Observation, kind: KeyKind) -> Key {
+    if level < KINDS || kind == KeyKind::Unknown {
+        obs.key
+    } else {
+        window::identity(&obs.pulsar_topic, kind, &obs.key)
+    }
+}
+
 impl Memory {
     /// Applies log entry `log_index`. `applied` is the caller's marker,
     /// written with the state it describes at the next checkpoint.
@@ -76,6 +125,7 @@ impl Memory {
             Some(Command::Published { pulsar_topic, seq }) => {
                 self.published(disk, pulsar_topic, *seq)?
             }
+            Some(Command::Level { level }) => self.raise_level(*level)?,
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {
@@ -125,6 +175,21 @@ impl Memory {
         Ok(out)
     }
 
+    /// The cluster's level rises to `level`; an older or equal one changes
+    /// nothing. Refused, before anything changes, when this release does
+    /// not know it.
+    fn raise_level(&mut self, level: u32) -> Result<Response, StoreError> {
+        crate::level::check(level)?;
+        if level > self.levels.level {
+            self.levels = Levels {
+                level,
+                // Every record so far holds bare keys.
+                bare_below: self.head.totals.records.max(self.levels.bare_below),
+            };
+        }
+        Ok(Response::None)
+    }
+
     fn observe(
         &mut self,
         disk: &impl Written,
@@ -142,6 +207,7 @@ impl Memory {
 
         let Memory {
             head,
+            levels,
             index,
             pending,
             masks,
@@ -187,9 +253,15 @@ impl Memory {
         let mut new_runs: BTreeMap<&str, (u64, RunMessages)> = BTreeMap::new();
         let mut outcomes = Vec::with_capacity(observations.len());
         let mut slim = slim.iter().copied().peekable();
+        let level = levels.level;
         for (pos, obs) in observations.iter().enumerate() {
             let is_slim = slim.next_if_eq(&(pos as u32)).is_some();
-            if is_slim && index.get(&obs.key).is_none() {
+            // Per copy: a bare key stored by an earlier copy of this entry
+            // counts too.
+            let bare = level >= KINDS && *expired_below < levels.bare_below;
+            let kind = cmd.kind(pos);
+            let found = locate(index, level, bare, obs, kind);
+            if is_slim && found.is_none() {
                 // Without its payload it cannot be the first copy: nothing
                 // changes, and the leader sends it again whole.
                 outcomes.push(Outcome::Missing);
@@ -200,7 +272,7 @@ impl Memory {
                 coverage.get(&n).is_none_or(|c| c.seen == 0 && c.first == 0)
             });
             let bit_mask = record::first_mask(bit);
-            if let Some(slot) = index.get_mut(&obs.key) {
+            if let Some(slot) = found.and_then(|k| index.get_mut(&k)) {
                 totals.duplicates += 1;
                 if slot.mask & bit_mask != bit_mask {
                     slot.mask |= bit_mask;
@@ -234,8 +306,13 @@ impl Memory {
             state.last_seq += 1;
             let seq = state.last_seq;
             let charge = window::outbox_charge(&obs.mqtt_topic, &obs.payload, cmd.properties(pos));
+            let stored = storage_key(level, obs, kind);
+            if level >= KINDS && stored == obs.key {
+                // A bare key at level 2: looked up bare until it expires.
+                levels.bare_below = levels.bare_below.max(rec_id + 1);
+            }
             index.insert(
-                obs.key,
+                stored,
                 Slot {
                     rec: rec_id,
                     seq,
@@ -245,7 +322,7 @@ impl Memory {
                 },
             );
             new_items.push(Item {
-                key: obs.key,
+                key: stored,
                 node_bit: bit,
                 seq,
             });
@@ -627,5 +704,163 @@ mod tests {
         assert_eq!(s.topic_state("a").unwrap().published_seq, 5);
         let t = s.totals().unwrap();
         assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
+    }
+
+    fn kinded(stamped_ms: u64, copies: Vec<(crate::model::Observation, KindOf)>) -> Command {
+        let kinds = copies.iter().map(|(_, k)| *k).collect();
+        Command::ObserveKinds {
+            stamped_ms,
+            window_ms: 60_000,
+            observations: copies.into_iter().map(|(o, _)| o).collect(),
+            properties: Vec::new(),
+            slim: Vec::new(),
+            kinds,
+        }
+    }
+
+    type KindOf = crate::model::KeyKind;
+
+    fn outcomes(s: &crate::StateStore, cmd: &Command, at: u64) -> Vec<Outcome> {
+        match s.apply(Some(cmd), at, &at.to_be_bytes()).unwrap() {
+            Response::Observed(o) => o,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn first(o: &Outcome) -> bool {
+        matches!(o, Outcome::FirstSeen { .. })
+    }
+
+    #[test]
+    fn the_level_rises_never_falls_and_refuses_what_this_release_does_not_know() {
+        let s = store();
+        assert_eq!(s.level(), 1);
+        s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
+            .unwrap();
+        assert_eq!(s.level(), 2);
+        s.apply(Some(&Command::Level { level: 1 }), 2, b"2")
+            .unwrap();
+        assert_eq!(s.level(), 2, "never goes back");
+        let e = s
+            .apply(Some(&Command::Level { level: 3 }), 3, b"3")
+            .unwrap_err();
+        assert!(e.to_string().contains("level 3"), "{e}");
+        assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// The collisions a route's sender could craft: a `payload` key equal
+    /// to another route's `topic+payload` key, and one key on two topics.
+    /// At level 1 the later copy was a duplicate, acked and never
+    /// published; at level 2 each is first seen in its own topic and kind.
+    #[test]
+    fn at_level_two_a_key_is_first_seen_per_topic_and_kind() {
+        use crate::model::KeyKind::{Payload, TopicPayload};
+        let collide = vec![
+            (obs(1, 1, "t"), TopicPayload),
+            (obs(1, 1, "t"), Payload),
+            (obs(1, 1, "u"), TopicPayload),
+            (obs(1, 2, "t"), TopicPayload),
+        ];
+        let at_one = store();
+        let plain = observe(
+            1_000,
+            60_000,
+            collide.iter().map(|(o, _)| o.clone()).collect(),
+        );
+        let o = outcomes(&at_one, &plain, 1);
+        assert_eq!(o.iter().filter(|o| first(o)).count(), 1, "level 1: {o:?}");
+
+        let s = store();
+        s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
+            .unwrap();
+        let o = outcomes(&s, &kinded(1_000, collide), 2);
+        assert_eq!(
+            o.iter().map(first).collect::<Vec<_>>(),
+            vec![true, true, true, false],
+            "{o:?}"
+        );
+        assert_eq!(s.topic_state("t").unwrap().last_seq, 2);
+        assert_eq!(s.topic_state("u").unwrap().last_seq, 1);
+        assert!(s
+            .lookup_copy("u", TopicPayload, &[1; 32])
+            .unwrap()
+            .is_some());
+        assert!(s
+            .lookup_copy("v", TopicPayload, &[1; 32])
+            .unwrap()
+            .is_none());
+    }
+
+    /// A message first seen before the level rose is still a duplicate after
+    /// it, whatever kind its later copies carry; so is one whose first copy
+    /// came with an unknown kind (a batch formed before its node saw the
+    /// level rise), and the other way round.
+    #[test]
+    fn copies_on_either_side_of_the_level_rising_are_one_message() {
+        use crate::model::KeyKind::{TopicPayload, Unknown};
+        let s = store();
+        assert!(first(
+            &outcomes(&s, &observe(1_000, 60_000, vec![obs(1, 1, "t")]), 1)[0]
+        ));
+        s.apply(Some(&Command::Level { level: 2 }), 2, b"2")
+            .unwrap();
+        let o = outcomes(
+            &s,
+            &kinded(
+                2_000,
+                vec![
+                    (obs(1, 2, "t"), TopicPayload),
+                    (obs(2, 1, "t"), Unknown),
+                    (obs(3, 1, "t"), TopicPayload),
+                ],
+            ),
+            3,
+        );
+        assert!(!first(&o[0]), "first seen before the level rose: {o:?}");
+        assert!(first(&o[1]) && first(&o[2]), "{o:?}");
+        let o = outcomes(
+            &s,
+            &kinded(
+                3_000,
+                vec![(obs(2, 2, "t"), TopicPayload), (obs(3, 3, "t"), Unknown)],
+            ),
+            4,
+        );
+        assert_eq!(o.iter().filter(|o| first(o)).count(), 0, "{o:?}");
+        // An entry written at level 1 after the level rose (stamped before
+        // its leader applied the change): copies of unknown kind.
+        let o = outcomes(&s, &observe(4_000, 60_000, vec![obs(3, 2, "t")]), 5);
+        assert!(!first(&o[0]), "{o:?}");
+        assert_eq!(s.topic_state("t").unwrap().last_seq, 3);
+    }
+
+    #[test]
+    fn the_level_survives_a_restart_and_a_newer_one_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = super::super::testing::reopenable(dir.path());
+            let s = crate::StateStore::open(&db).unwrap();
+            s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
+                .unwrap();
+            s.flush().unwrap();
+        }
+        {
+            let db = super::super::testing::reopenable(dir.path());
+            let s = crate::StateStore::open(&db).unwrap();
+            assert_eq!(s.level(), 2);
+            // As a later release would leave it.
+            let later = crate::level::Levels {
+                level: 3,
+                bare_below: 0,
+            };
+            db.open_tree("sm_meta")
+                .unwrap()
+                .insert(b"level", bincode::serialize(&later).unwrap())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let db = super::super::testing::reopenable(dir.path());
+        let e = crate::StateStore::open(&db).unwrap_err();
+        assert!(e.to_string().contains("the cluster runs at level 3"), "{e}");
     }
 }

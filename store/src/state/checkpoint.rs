@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use sled::Transactional;
 
 use super::memory::Memory;
-use super::{corrupt, encode, StateStore, META_HEAD};
+use super::{corrupt, encode, StateStore, META_HEAD, META_LEVEL};
 use crate::record;
 use crate::StoreError;
 
@@ -49,6 +49,11 @@ impl StateStore {
             log.sync()?;
         }
         let head = encode(&inner.head)?;
+        // Only once it rose: a state at the base level is what a release
+        // before levels wrote, and reads.
+        let levels = (inner.levels != crate::level::Levels::default())
+            .then(|| encode(&inner.levels))
+            .transpose()?;
         let expired_below = inner.head.expired_below;
         let first_unwritten = inner.first_unwritten();
         let delete = inner.written_from..expired_below.min(first_unwritten);
@@ -119,6 +124,9 @@ impl StateStore {
                     inline_t.remove(k.as_slice())?;
                 }
                 meta_t.insert(META_HEAD, head.as_slice())?;
+                if let Some(levels) = &levels {
+                    meta_t.insert(META_LEVEL, levels.as_slice())?;
+                }
                 Ok(())
             })
             .map_err(StoreError::from)?;

@@ -37,6 +37,9 @@ pub(super) struct PendingRecord {
 #[derive(Default)]
 pub(super) struct Memory {
     pub(super) head: Head,
+    /// The cluster level. Kept apart from the head (whose encoding every
+    /// release before levels reads), and written only once it rose.
+    pub(super) levels: crate::level::Levels,
     pub(super) index: Index,
     /// Records not yet written, oldest first; their ids are contiguous and
     /// follow the written ones.

@@ -56,6 +56,8 @@ use memory::{Head, Memory};
 pub use snapshot::ResolveEntry;
 
 const META_HEAD: &[u8] = b"head";
+/// The cluster level ([`crate::level::Levels`]), once it rose above the base.
+const META_LEVEL: &[u8] = b"level";
 /// Present while a snapshot is being imported (see `import_with_progress`).
 const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
@@ -79,6 +81,8 @@ pub struct StateStore {
     applied_at: Arc<Mutex<applied::AppliedAt>>,
     /// Synced before every checkpoint: the Raft log's database.
     log_db: Option<Db>,
+    /// The applied level, for readers that must not hold the state open.
+    level_cell: crate::level::LevelCell,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -134,6 +138,7 @@ impl StateStore {
             inner: Arc::default(),
             applied_at: Arc::default(),
             log_db,
+            level_cell: Default::default(),
         };
         store.reload()?;
         Ok(store)
@@ -156,6 +161,13 @@ impl StateStore {
             Some(raw) => decode(&raw)?,
             None => Head::default(),
         };
+        let levels: crate::level::Levels = match self.meta.get(META_LEVEL)? {
+            Some(raw) => decode(&raw)?,
+            None => Default::default(),
+        };
+        // A state of a level this release does not know is not opened: its
+        // log holds entries it cannot apply.
+        crate::level::check(levels.level)?;
         let mut index = Index::default();
         let mut written_from = None;
         for item in self.window.range(record::record_key(head.expired_below)..) {
@@ -205,11 +217,13 @@ impl StateStore {
         let mut inner = Memory {
             written_from: written_from.unwrap_or(head.expired_below),
             head,
+            levels,
             index,
             runs,
             ..Memory::default()
         };
         inner.durable_hold = inner.hold();
+        self.level_cell.set(inner.levels.level);
         *self.lock() = inner;
         Ok(())
     }
@@ -237,6 +251,7 @@ impl StateStore {
     ) -> Result<Response, StoreError> {
         let mut memory = self.lock();
         let response = memory.apply(self, cmd, log_index, applied)?;
+        self.level_cell.set(memory.levels.level);
         // Noted on every node, though only the leader reads it: a follower
         // elected leader then measures the backlog it takes over too.
         if let Some(observations) = cmd.and_then(Command::observations) {

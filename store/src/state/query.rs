@@ -3,7 +3,8 @@
 
 use super::{corrupt, StateStore};
 use crate::model::{
-    Coverage, FirstSeen, Key, NodeId, OutboxItem, OutboxMessage, TopicState, Totals,
+    Coverage, FirstSeen, Key, KeyKind, NodeId, Observation, OutboxItem, OutboxMessage, TopicState,
+    Totals,
 };
 use crate::record;
 use crate::window;
@@ -109,7 +110,49 @@ impl StateStore {
             .collect())
     }
 
-    /// The first-seen record of a key, if it is in the window.
+    /// The cluster level this state applies entries at.
+    pub fn level(&self) -> u32 {
+        self.lock().levels.level
+    }
+
+    /// The same, readable without holding the state open (a task that may
+    /// outlive the node's storage, as a request in flight does).
+    pub fn level_cell(&self) -> crate::level::LevelCell {
+        self.level_cell.clone()
+    }
+
+    /// The first-seen record of a message: a copy of `key`, of `kind`, for
+    /// `pulsar_topic`, found as apply finds it at the state's level.
+    pub fn lookup_copy(
+        &self,
+        pulsar_topic: &str,
+        kind: KeyKind,
+        key: &Key,
+    ) -> Result<Option<FirstSeen>, StoreError> {
+        let found = {
+            let inner = self.lock();
+            let probe = Observation {
+                key: *key,
+                mqtt_topic: String::new(),
+                pulsar_topic: pulsar_topic.to_string(),
+                payload: Vec::new(),
+                qos: 0,
+                retain: false,
+                node: 0,
+                received_ms: 0,
+            };
+            let bare = inner.levels.level >= crate::level::KINDS
+                && inner.head.expired_below < inner.levels.bare_below;
+            super::apply::locate(&inner.index, inner.levels.level, bare, &probe, kind)
+        };
+        match found {
+            Some(k) => self.lookup(&k),
+            None => Ok(None),
+        }
+    }
+
+    /// The first-seen record under the window's own key (the bare key below
+    /// level 2; see [`StateStore::lookup_copy`] for a message's).
     pub fn lookup(&self, key: &Key) -> Result<Option<FirstSeen>, StoreError> {
         let inner = self.lock();
         let Some(slot) = inner.index.get(key).copied() else {
@@ -134,13 +177,17 @@ impl StateStore {
         }))
     }
 
-    /// Which of `keys` the window holds now. The leader's guess at which
-    /// copies can go into the log without their payload; apply, not this,
-    /// decides (see [`crate::Outcome::Missing`]).
-    pub fn held<'a>(&self, keys: impl Iterator<Item = &'a Key>) -> std::collections::HashSet<Key> {
+    /// Whether the window holds each of `copies` now (with its kind), as
+    /// apply would find it. The leader's guess at which copies can go into
+    /// the log without their payload; apply, not this, decides (see
+    /// [`crate::Outcome::Missing`]).
+    pub fn held<'a>(&self, copies: impl Iterator<Item = (&'a Observation, KeyKind)>) -> Vec<bool> {
         let inner = self.lock();
-        keys.filter(|k| inner.index.get(k).is_some())
-            .copied()
+        let level = inner.levels.level;
+        let bare =
+            level >= crate::level::KINDS && inner.head.expired_below < inner.levels.bare_below;
+        copies
+            .map(|(o, k)| super::apply::locate(&inner.index, level, bare, o, k).is_some())
             .collect()
     }
 
