@@ -1,0 +1,94 @@
+//! G9: nothing an outsider does makes the cluster skip, suppress or forget
+//! a message it acked. A publisher on another route, a writer on the Pulsar
+//! topic with a look-alike producer name, a topic whose last ledger holds
+//! nothing of the cluster's: each against a node on the real brokers, read
+//! back with the official Pulsar client and `firstseen verify`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use firstseen::config::RouteConfig;
+use firstseen::key::KeySpec;
+
+/// Waits until the node runs at the cluster level `level` (a group of one
+/// raises it on its own within seconds of starting).
+fn wait_level(node: &Node, level: u32) {
+    wait_until(Duration::from_secs(30), "the cluster level to rise", || {
+        node.status().is_some_and(|s| s.level.cluster >= level)
+    });
+}
+
+/// A sender on a `payload`-keyed route publishes the bytes "b/y\0P": the
+/// blake3 of that is the `topic+payload` key of message P on topic b/y,
+/// which another route carries to another Pulsar topic. And one payload is
+/// published on two `payload`-keyed routes to two topics. At level 1 the
+/// window knew keys alone: whichever copy came second was a "duplicate",
+/// acked and never published (this test with `cluster.upgrade = "manual"`,
+/// which holds the node at level 1, loses the genuine message and the
+/// second route's copy). From level 2 a key is first seen per topic and
+/// kind: every message is in its topic.
+#[test]
+fn a_crafted_payload_on_one_route_does_not_suppress_a_message_of_another() {
+    let Some(pulsar) =
+        shared_pulsar("a_crafted_payload_on_one_route_does_not_suppress_a_message_of_another")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let crafted_topic = unique_topic("crafted");
+    let genuine_topic = unique_topic("genuine");
+    let copy_topic = unique_topic("copy");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &unique_topic("rest"));
+    spec.set_filter("#");
+    let mut crafted = RouteConfig::new("a/#", crafted_topic.clone());
+    crafted.key = KeySpec::PAYLOAD;
+    let mut copies = RouteConfig::new("c/#", copy_topic.clone());
+    copies.key = KeySpec::PAYLOAD;
+    spec.config.routes.splice(
+        0..0,
+        [
+            crafted,
+            RouteConfig::new("b/#", genuine_topic.clone()),
+            copies,
+        ],
+    );
+    let node = Node::start(spec);
+    node.wait_ready();
+    wait_level(&node, 2);
+
+    // The crafted copy first, then the genuine message it collides with.
+    publish(mqtt.port, "a/x", b"b/y\0{\"VP\":1}");
+    publish(mqtt.port, "b/y", b"{\"VP\":1}");
+    // The same payload on the `payload` route to the crafted topic.
+    publish(mqtt.port, "a/z", b"{\"VP\":2}");
+    let copy_topic_payload = b"{\"VP\":2}";
+    publish(mqtt.port, "c/q", copy_topic_payload);
+
+    wait_until(Duration::from_secs(30), "every topic published", || {
+        node.status().is_some_and(|s| {
+            let published = |t: &str| {
+                s.topics
+                    .iter()
+                    .find(|x| x.topic == t)
+                    .map_or(0, |x| x.published_seq)
+            };
+            published(&crafted_topic) >= 2
+                && published(&genuine_topic) >= 1
+                && published(&copy_topic) >= 1
+        })
+    });
+    let genuine = read_back(&pulsar, &genuine_topic);
+    assert_eq!(
+        genuine.pairs,
+        vec![("b/y".to_string(), "{\"VP\":1}".to_string())],
+        "the genuine message is published"
+    );
+    assert_eq!(read_back(&pulsar, &crafted_topic).count, 2);
+    let copy = read_back(&pulsar, &copy_topic);
+    assert_eq!(
+        copy.pairs,
+        vec![("c/q".to_string(), "{\"VP\":2}".to_string())]
+    );
+}
