@@ -537,7 +537,7 @@ log "  $(cat "$work/outage.json")"
 
 log "verify: every message the cluster published, read back from Pulsar"
 total=$(last_seq)
-"$fs" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --expect "$total" --json --idle-secs 15 > "$work/verify.json" 2> "$work/verify.log" \
+"$fs" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --secret-file "$cdir/cluster.secret" --expect "$total" --json --idle-secs 15 > "$work/verify.json" 2> "$work/verify.log" \
   && echo true > "$work/verify.ok" || echo false > "$work/verify.ok"
 log "  $total messages expected; clean: $(cat "$work/verify.ok")"
 

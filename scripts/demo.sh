@@ -59,7 +59,7 @@ echo
 "$bin" status --url "http://127.0.0.1:$http_port"
 echo
 log "auditing $topic with firstseen verify (expecting $distinct messages)"
-"$bin" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --expect "$distinct"
+"$bin" verify --pulsar-url "$PULSAR_URL" --topic "$topic" --secret-file "$demo/cluster.secret" --expect "$distinct"
 if [ "$keep" = 1 ]; then
   log "left running: Pulsar $PULSAR_URL, Mosquitto 127.0.0.1:$mqtt_port, node APIs on 127.0.0.1:${http[1]}, :${http[2]}, :${http[3]} (state in .demo/)"
 fi

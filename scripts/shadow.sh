@@ -129,7 +129,7 @@ code=$?
 set -e
 echo
 log "firstseen verify on firstseen's topic (every key again from inside its envelope)"
-"$bin" verify --pulsar-url "$PULSAR_URL" --topic "$new" --key topic+payload \
+"$bin" verify --pulsar-url "$PULSAR_URL" --topic "$new" --secret-file "$dir/cluster.secret" --key topic+payload \
   --expect "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["distinct"])' "$dir/replay.json")" \
   | tee "$dir/verify.txt"
 log "compare exit code $code (1: the topics differ); state in .shadow/"

@@ -78,7 +78,7 @@ fn replay_across_clock_change(name: &str, offsets: impl Fn(u64) -> Vec<(u64, i64
         );
     }
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 

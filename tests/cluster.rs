@@ -28,7 +28,7 @@ fn three_zones_keep_exactly_one_copy_per_key() {
     assert!(r.published > 5_000);
     c.nodes[(leader - 1) as usize].wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 
     // Every zone got the whole feed: each saw (nearly) every key. Followers'
@@ -113,7 +113,7 @@ fn leader_kill_mid_replay_fails_over_without_loss_or_duplicates() {
     let s = c.node(old).status().unwrap();
     assert_eq!(s.totals.window_keys, HFP_DISTINCT);
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -548,7 +548,7 @@ fn a_paused_leader_waking_up_publishes_nothing_stale() {
         },
     );
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 

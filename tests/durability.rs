@@ -80,7 +80,7 @@ fn a_power_cut_of_the_leader_mid_replay_loses_nothing() {
         HFP_DISTINCT
     );
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -140,7 +140,7 @@ fn a_power_cut_of_every_node_at_once_loses_no_acked_message() {
     c.node(leader)
         .wait_published(HFP_DISTINCT, Duration::from_secs(180));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
     // sled sometimes cannot read a log after the cut (docs/reliability.md,
     // finding 17): such a node rejoined, which the run should show.
@@ -236,7 +236,7 @@ fn a_truncated_log_is_set_aside_and_the_node_rejoins_before_it_votes() {
     c.node(next)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -430,7 +430,7 @@ fn a_full_disk_holds_acks_and_resumes_when_space_returns() {
     c.node(3).terminate(Duration::from_secs(20)).expect("stops");
     c.node(3).restart();
     c.node(3).wait_ready();
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -516,7 +516,7 @@ fn a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers() {
         c.node(3).applied() >= target
     });
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -643,7 +643,7 @@ fn a_state_database_that_will_not_open_is_rebuilt_from_the_snapshot_and_the_log(
     replay(mqtt.port, &["--skip", "3000", "--pace", "max"]);
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &node.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -712,7 +712,7 @@ fn a_state_that_lost_window_records_is_rebuilt_at_the_next_start() {
     replay(mqtt.port, &["--skip", "2500", "--pace", "max"]);
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &node.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 

@@ -74,7 +74,7 @@ fn hostile_mqtt5_messages_are_set_aside_and_the_rest_is_published_once() {
         assert!(s.ready, "node {id} not ready: {:?}", s.not_ready_reason);
     }
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 
@@ -132,7 +132,7 @@ fn a_foreign_tail_is_skipped_and_nothing_acked_is_lost() {
     // Ours in order, the foreign two between them: the seqs the reader saw
     // of ours are 1..=N with nothing skipped or repeated.
     assert_exactly_once(&read, &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("foreign         2"), "{report}");
 }
@@ -184,7 +184,7 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     node.wait_published(want.len() as u64, Duration::from_secs(120));
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     assert_exactly_once(&read_back(&pulsar, &topic), &want);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     // The message itself, whole, in the dead-letter store.
@@ -264,7 +264,7 @@ fn a_foreign_write_during_a_leader_change_is_skipped_and_nothing_is_lost() {
         .collect();
     let read = read_back_with(&pulsar, &topic, &skip);
     assert_exactly_once(&read, &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
     assert!(
         report.contains(&format!("foreign         {written}")),
@@ -352,7 +352,7 @@ fn a_topic_that_takes_smaller_messages_gets_a_marker_in_place() {
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     assert_eq!(node.metric("firstseen_publish_refusals_total"), 0.0);
     assert_exactly_once(&read_back(&pulsar, &topic), &want);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     assert!(!report.contains("late"), "{report}");
@@ -392,7 +392,7 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
         .collect();
     assert_eq!(late.len(), 1, "one message came late: {:?}", read.seqs);
     assert_exactly_once_with_late(&read, &want, &late);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64));
+    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     assert!(report.contains("late            1"), "{report}");

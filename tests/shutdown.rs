@@ -175,7 +175,7 @@ fn a_node_whose_batcher_dies_stops_for_its_supervisor() {
     c.node(leader)
         .wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
 

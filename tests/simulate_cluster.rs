@@ -910,6 +910,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             tls: None,
             disk,
             dead_letter,
+            ours: firstseen::publish::tail::Ours::new(&ClusterKey::from_secret(b"sim"), &[], false),
         },
         Ports {
             call,

@@ -44,7 +44,7 @@ fn replay_twice_keeps_exactly_one_copy_per_key() {
     assert_eq!(s.totals.duplicates, r.published - HFP_DISTINCT);
 
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &node.secret_file());
     assert_eq!(code, 0, "verify failed:\n{report}");
     assert!(report.contains("firstseen-seq   1..=4956"), "{report}");
 }
@@ -76,7 +76,7 @@ fn sigkill_mid_replay_loses_nothing_and_doubles_nothing() {
     node.restart();
     node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
     assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
-    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &node.secret_file());
     assert_eq!(code, 0, "verify failed:\n{report}");
 }
 
@@ -212,6 +212,14 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
         return;
     };
     let topic = unique_topic("tail-batch");
+    let secret_dir = tempfile::TempDir::new().unwrap();
+    let secret_file = secret_dir.path().join("cluster.secret");
+    std::fs::write(&secret_file, "a test secret of more than thirty-two bytes").unwrap();
+    let ours = firstseen::publish::tail::Ours::new(
+        &firstseen::cluster::wire::ClusterKey::from_secret(&std::fs::read(&secret_file).unwrap()),
+        &[],
+        false,
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -222,12 +230,9 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
         let mut producer = client
             .producer()
             .with_topic(&topic)
-            // Named as firstseen names its producers: the tail counts only
-            // their messages.
-            .with_name(
-                firstseen::publish::tail::Ours::cluster("0000000000000000")
-                    .producer_name("test-batch"),
-            )
+            // Named as firstseen names its producers, and each message
+            // proven: the tail counts only the cluster's messages.
+            .with_name(ours.producer_name("test-batch"))
             .with_options(pulsar::producer::ProducerOptions {
                 batch_size: Some(100),
                 // Long enough that only send_batch sends an entry.
@@ -242,13 +247,22 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
             let mut receipts = Vec::new();
             for seq in seqs {
                 let key = format!("{seq:064x}");
+                let body = format!("payload {seq}").into_bytes();
+                let proof = ours.proofs().sign(&firstseen::publish::proof::Claim {
+                    topic: &topic,
+                    seq,
+                    key: &firstseen::publish::proof::key_of(&key).unwrap(),
+                    marker: false,
+                    body: &body,
+                });
                 receipts.push(
                     producer
                         .create_message()
-                        .with_content(format!("payload {seq}").into_bytes())
+                        .with_content(body)
                         .with_key(key.clone())
                         .with_property(firstseen::publish::props::SEQ, seq.to_string())
                         .with_property(firstseen::publish::props::KEY, key)
+                        .with_property(firstseen::publish::props::PROOF, proof)
                         .send_non_blocking()
                         .await
                         .unwrap(),
@@ -264,10 +278,13 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
         assert_eq!(entries.len(), 2, "two entries of 3 and 2 messages");
         firstseen::publish::tail::last_seq(
             &client,
-            &topic,
-            5,
-            &firstseen::publish::tail::Ours::cluster("0000000000000000"),
-            Duration::from_secs(30),
+            &ours,
+            firstseen::publish::tail::TailQuery {
+                topic: &topic,
+                assigned: 5,
+                strict: true,
+                budget: Duration::from_secs(30),
+            },
         )
         .await
         .unwrap()
@@ -277,7 +294,7 @@ fn the_tail_of_a_topic_ending_in_a_batch_is_its_last_message() {
         Some(5),
         "the tail is the last message of the last entry"
     );
-    let (code, report) = verify(&pulsar, &topic, Some(5));
+    let (code, report) = verify(&pulsar, &topic, Some(5), &secret_file);
     assert_eq!(
         code, 0,
         "verify reads every message of the last entry: {report}"

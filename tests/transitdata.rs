@@ -49,6 +49,8 @@ fn the_envelope_survives_a_leader_kill_and_decodes_independently() {
     assert_exactly_once(&read, &hfp_pairs(None));
     let out = Command::new(bin())
         .args(["verify", "--pulsar-url", &pulsar.url, "--topic", &topic])
+        .arg("--secret-file")
+        .arg(c.secret_file())
         .args(["--key", "topic+payload", "--json"])
         .output()
         .unwrap();

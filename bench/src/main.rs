@@ -340,9 +340,9 @@ async fn probe(
                 .and_then(|s| s.parse().ok()),
             // The probe audits whatever system it measures, the naive
             // forwarders' producers included.
-            foreign: false,
+            source: firstseen::verify::Source::Ours,
             set_aside: firstseen::publish::props::get(meta, firstseen::publish::props::SET_ASIDE)
-                .is_some(),
+                .map(str::to_string),
             late: firstseen::publish::props::get(meta, firstseen::publish::props::LATE).is_some(),
             contents: firstseen::verify::Contents::Unchecked,
         });

@@ -1,12 +1,17 @@
 //! `firstseen verify`: reads topics back and reports duplicate keys, gaps
 //! or repeats of sequence numbers, and messages whose contents do not have
-//! the key they carry (`crate::verify`).
+//! the key they carry (`crate::verify`). The cluster's messages are told
+//! from anyone else's by the proof each carries, checked under the cluster
+//! secret: `--config` reads it as the node does, `--secret-file` names it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cluster::wire::ClusterKey;
 use crate::config::{Config, PulsarConfig};
+use crate::publish::tail::Ours;
+use crate::verify::read::Tell;
 use crate::ingest::route::Route;
 use crate::key::KeySpec;
 use crate::verify::KeyRule;
@@ -41,9 +46,20 @@ pub struct Args {
     /// Topic to audit; repeat for several. Default: every route's topic.
     #[arg(long)]
     pub topic: Vec<String>,
-    /// Also fail unless each topic holds exactly this many messages.
+    /// Also fail unless each topic holds exactly this many of the cluster's
+    /// messages.
     #[arg(long)]
     pub expect: Option<u64>,
+    /// With --pulsar-url: the cluster secret its messages are proven under;
+    /// repeat for the secrets before a rotation (the current one first).
+    #[arg(long)]
+    pub secret_file: Vec<PathBuf>,
+    /// Tell the cluster's messages by producer name instead of by proof:
+    /// for a topic written by a release from before proofs, or without the
+    /// secret. Anyone can name a producer like the cluster's, so the
+    /// verdict says the audit is not proven.
+    #[arg(long)]
+    pub trust_names: bool,
     /// With --pulsar-url: check each message's key against its contents
     /// under this rule (`topic+payload` or `payload`), raw or in the
     /// transitdata envelope.
@@ -57,6 +73,22 @@ pub struct Args {
     pub idle_secs: u64,
 }
 
+/// The cluster's secret keys as a node with config `c` has them: its secret
+/// file's (or the one a group of one keeps in its data directory), then the
+/// previous ones'. Empty when there is none to read.
+fn config_keys(c: &Config) -> Result<Vec<ClusterKey>, crate::Error> {
+    let current = match &c.cluster.secret_file {
+        Some(_) => Some(crate::cluster::load_key(c)?),
+        None => crate::cluster::read_local_key(&c.node.data_dir)?,
+    };
+    Ok(match current {
+        Some(k) => std::iter::once(k)
+            .chain(crate::cluster::previous_keys(c)?)
+            .collect(),
+        None => Vec::new(),
+    })
+}
+
 /// Verifies the topics of `args` (every route's topic of the config when
 /// none is given), read from the config's cluster or from the URL.
 pub async fn run(args: Args) -> ExitCode {
@@ -65,12 +97,14 @@ pub async fn run(args: Args) -> ExitCode {
         pulsar_url,
         topic: mut topics,
         expect,
+        secret_file,
+        trust_names,
         key,
         json,
         idle_secs,
     } = args;
     let one_rule = key.map(|k| KeyRule::One(k.into()));
-    let (pulsar, rule) = match (config, pulsar_url) {
+    let (pulsar, rule, keys) = match (config, pulsar_url) {
         (Some(path), None) => match Config::load(&path) {
             Ok(c) => {
                 if topics.is_empty() {
@@ -78,24 +112,52 @@ pub async fn run(args: Args) -> ExitCode {
                     topics.dedup();
                 }
                 let rule = one_rule.unwrap_or_else(|| KeyRule::Routes(Route::all(&c.routes)));
-                (c.pulsar, Some(rule))
+                let keys = match config_keys(&c) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
+                (c.pulsar, Some(rule), keys)
             }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
         },
-        (None, Some(url)) => (
-            PulsarConfig {
-                // A reader only: a long timeout for a busy broker, no batches.
-                operation_timeout_ms: 30_000,
-                publish_batch: 1,
-                ..PulsarConfig::new(url)
-            },
-            one_rule,
-        ),
+        (None, Some(url)) => {
+            let mut keys = Vec::new();
+            for f in &secret_file {
+                match std::fs::read(f) {
+                    Ok(raw) => keys.push(ClusterKey::from_secret(&raw)),
+                    Err(e) => {
+                        eprintln!("error: --secret-file {}: {e}", f.display());
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            (
+                PulsarConfig {
+                    // A reader only: a long timeout for a busy broker, no batches.
+                    operation_timeout_ms: 30_000,
+                    publish_batch: 1,
+                    ..PulsarConfig::new(url)
+                },
+                one_rule,
+                keys,
+            )
+        }
         _ => {
             eprintln!("error: give exactly one of --config or --pulsar-url");
+            return ExitCode::from(2);
+        }
+    };
+    let tell = match (keys.split_first(), trust_names) {
+        (_, true) => Tell::Names,
+        (Some((current, previous)), false) => Tell::Proof(Ours::new(current, previous, false)),
+        (None, false) => {
+            eprintln!("error: verify tells the cluster's messages from anyone else's by the proof each carries, which needs the cluster secret: give --secret-file (or --config), or --trust-names to audit by producer name, unproven");
             return ExitCode::from(2);
         }
     };
@@ -111,6 +173,7 @@ pub async fn run(args: Args) -> ExitCode {
             topic,
             Duration::from_secs(idle_secs),
             rule.as_ref(),
+            &tell,
             |n| {
                 eprintln!("verify: {topic}: {n} messages read");
             },
@@ -123,12 +186,17 @@ pub async fn run(args: Args) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        clean &= report.is_clean();
+        // Nothing of the cluster's is a finding, unless nothing was expected.
+        clean &= if expect == Some(0) {
+            report.is_whole()
+        } else {
+            report.is_clean()
+        };
         if let Some(n) = expect {
-            // Firstseen's messages: a foreign writer's are reported apart.
-            let ours = report.messages - report.foreign;
+            // The cluster's messages: anyone else's are reported apart.
+            let ours = report.audited();
             if ours != n {
-                eprintln!("verify: {topic}: expected {n} messages, found {ours}");
+                eprintln!("verify: {topic}: expected {n} of the cluster's messages, found {ours}");
                 clean = false;
             }
         }

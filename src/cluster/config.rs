@@ -39,6 +39,11 @@ pub struct ClusterConfig {
     /// with. Required when there are members; the same file on every node.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
+    /// The secrets the cluster had before the current one: messages proven
+    /// under them are still its own (a rotation while messages wait
+    /// unpublished). Remove them once the outbox has drained.
+    #[serde(default)]
+    pub previous_secret_files: Vec<PathBuf>,
     /// A snapshot is taken after this many log entries; the log before it is
     /// then purged.
     #[serde(default = "default_snapshot_logs")]
@@ -98,6 +103,7 @@ impl Default for ClusterConfig {
             members: Vec::new(),
             listen: None,
             secret_file: None,
+            previous_secret_files: Vec::new(),
             snapshot_logs: default_snapshot_logs(),
             tls: None,
             allow_plaintext: false,

@@ -137,8 +137,85 @@ pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
 pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
     match &config.cluster.secret_file {
         Some(f) => key_from_file("cluster.secret_file", f),
-        None => Ok(ClusterKey::from_secret(&wire::nonce())),
+        None => local_key(&config.node.data_dir),
     }
+}
+
+/// The secret a node without `cluster.secret_file` (a group of one) keeps
+/// for itself in its data directory. It names the cluster's producers and
+/// proves its Pulsar messages, so it must outlive a restart: drawn at every
+/// start, as before, the messages a node had published before a restart
+/// were not its own any more.
+pub const LOCAL_SECRET: &str = "cluster.secret";
+
+/// The key of this node's own secret, made (durably) at its first start.
+fn local_key(data_dir: &std::path::Path) -> Result<ClusterKey, Error> {
+    if let Some(key) = read_local_key(data_dir)? {
+        return Ok(key);
+    }
+    let path = data_dir.join(LOCAL_SECRET);
+    firstseen_store::disk::create_dir_durable(data_dir)?;
+    let tmp = data_dir.join(format!("{LOCAL_SECRET}.partial"));
+    let secret = hex::encode(wire::nonce());
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(secret.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|source| Error::SettingFile {
+        key: "node.data_dir".into(),
+        path: path.clone(),
+        source,
+    })?;
+    firstseen_store::disk::sync_dir(data_dir)?;
+    tracing::info!(file = %path.display(), "made this node's own cluster secret (no cluster.secret_file is set)");
+    Ok(ClusterKey::from_secret(secret.as_bytes()))
+}
+
+/// The key of the secret a node without `cluster.secret_file` keeps in
+/// `data_dir`, if it has made one; nothing is written.
+pub fn read_local_key(data_dir: &std::path::Path) -> Result<Option<ClusterKey>, Error> {
+    let path = data_dir.join(LOCAL_SECRET);
+    match std::fs::read(&path) {
+        Ok(raw) if !raw.is_empty() => Ok(Some(ClusterKey::from_secret(&raw))),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::SettingFile {
+            key: "node.data_dir".into(),
+            path,
+            source,
+        }),
+    }
+}
+
+/// The keys of the secrets the cluster had before a rotation
+/// (`cluster.previous_secret_files`): messages proven under them are still
+/// its own.
+pub fn previous_keys(config: &Config) -> Result<Vec<ClusterKey>, Error> {
+    config
+        .cluster
+        .previous_secret_files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| key_from_file(&format!("cluster.previous_secret_files[{i}]"), f))
+        .collect()
+}
+
+/// Which messages are this cluster's, for the publisher's tail read.
+pub fn ours(config: &Config, key: &ClusterKey) -> Result<crate::publish::tail::Ours, Error> {
+    Ok(crate::publish::tail::Ours::new(
+        key,
+        &previous_keys(config)?,
+        config.cluster.secret_file.is_none(),
+    ))
 }
 
 /// The key of the secret in file `path`, named by its setting `key` in

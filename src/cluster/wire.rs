@@ -106,6 +106,13 @@ impl ClusterKey {
         hex::encode(&h.as_bytes()[..8])
     }
 
+    /// A key of its own for `context`, derived from this one: what the
+    /// cluster proves its Pulsar messages with, say. Knowing it says
+    /// nothing about this key or the secret.
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        *blake3::keyed_hash(&self.0, context.as_bytes()).as_bytes()
+    }
+
     fn mac(&self, role: &[u8], nonce: &[u8; 32], node: NodeId) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(role);

@@ -65,6 +65,8 @@ pub struct Parts {
     pub disk: Arc<DiskSpace>,
     /// The node's dead-letter store, shared by ingest and the publisher.
     pub dead_letter: crate::ingest::deadletter::DeadLetter,
+    /// Which messages at the end of a topic are this cluster's.
+    pub ours: crate::publish::tail::Ours,
 }
 
 /// When each task stops. The node cancels them in this order; a simulated
@@ -143,10 +145,7 @@ impl Core {
             clock: ports.clock,
             level: parts.state.level_cell(),
         };
-        // Named from the cluster secret, the same on every node.
-        let ours = crate::publish::tail::Ours::of(
-            config.cluster.secret_file.is_some().then_some(&parts.key),
-        );
+        let ours = parts.ours.clone();
         let peer_service = Arc::new(PeerService {
             node_id: id,
             raft: parts.raft.clone(),

@@ -104,6 +104,7 @@ pub async fn run(
         dead_letter.clone(),
     );
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
+    let ours = crate::cluster::ours(&config, &cluster.key)?;
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(
         &config,
@@ -116,6 +117,7 @@ pub async fn run(
             tls: cluster.tls.clone(),
             disk: disk.clone(),
             dead_letter: dead_letter.clone(),
+            ours: ours.clone(),
         },
         Ports {
             call: Arc::new(cluster.peers.clone()),
@@ -123,9 +125,7 @@ pub async fn run(
             broker: PulsarBroker {
                 config: config.pulsar.clone(),
                 state: cluster.state.clone(),
-                ours: crate::publish::tail::Ours::of(
-                    config.cluster.secret_file.is_some().then_some(&cluster.key),
-                ),
+                ours,
             },
             acks: Arc::new(gates),
         },

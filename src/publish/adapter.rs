@@ -161,8 +161,21 @@ impl Session for PulsarSession {
         }
     }
 
-    async fn last_seq(&self, topic: &str, assigned: u64) -> Result<tail::Tail, Error> {
-        tail::last_seq(&self.client, topic, assigned, &self.ours, self.wait).await
+    async fn last_seq(
+        &self,
+        topic: &str,
+        assigned: u64,
+        strict: bool,
+    ) -> Result<tail::Tail, Error> {
+        let q = tail::TailQuery {
+            topic,
+            assigned,
+            strict,
+            // A few operation timeouts for the whole read: enough for a
+            // busy topic's last ledger, bounded whatever is in it.
+            budget: self.wait.saturating_mul(3),
+        };
+        tail::last_seq(&self.client, &self.ours, q).await
     }
 
     async fn send(
@@ -172,7 +185,7 @@ impl Session for PulsarSession {
         message: OutboxMessage,
         how: Sending,
     ) -> Result<Receipt, Error> {
-        let receipt = send(producer, seq, message, how).await?;
+        let receipt = send(producer, seq, message, how, self.ours.proofs()).await?;
         Ok(Box::pin(async move {
             receipt.await.map(|_| ()).map_err(Error::from)
         }))
@@ -184,12 +197,21 @@ async fn send(
     seq: u64,
     m: OutboxMessage,
     how: Sending,
+    proofs: &super::proof::ProofKeys,
 ) -> Result<pulsar::producer::SendFuture, Error> {
     let key = hex::encode(m.key);
     let (body, format_props) = match how.set_aside {
         Some(_) => (Vec::new(), Vec::new()),
         None => how.format.encode(&m.mqtt_topic, m.payload, m.first_seen_ms),
     };
+    // Over the body as it goes: a reader checks what it reads.
+    let proof = proofs.sign(&super::proof::Claim {
+        topic: producer.topic(),
+        seq,
+        key: &m.key,
+        marker: how.set_aside.is_some(),
+        body: &body,
+    });
     let mut message = producer
         .create_message()
         .with_content(body)
@@ -199,6 +221,7 @@ async fn send(
         .with_property(props::MQTT_TOPIC, m.mqtt_topic)
         .with_property(props::NODE, m.node.to_string())
         .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
+        .with_property(props::PROOF, proof)
         .event_time(m.first_seen_ms);
     for (k, v) in format_props {
         message = message.with_property(k, v);
@@ -333,6 +356,10 @@ pub struct StateOutbox {
 impl Outbox for StateOutbox {
     fn topics(&self) -> Result<Vec<(String, TopicState)>, Error> {
         Ok(self.state.topics()?)
+    }
+
+    fn level(&self) -> u32 {
+        self.state.level()
     }
 
     fn topic(&self, topic: &str) -> Result<TopicState, Error> {

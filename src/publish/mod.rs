@@ -23,6 +23,7 @@ pub mod config;
 pub mod format;
 pub mod policy;
 pub mod port;
+pub mod proof;
 pub mod props;
 pub mod stall;
 pub mod tail;
@@ -564,10 +565,17 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             }
             let assigned = self.outbox.topic(&tp.topic)?;
             // Only now, holding exclusive access, is the tail stable.
-            let tail = session.last_seq(&tp.topic, assigned.last_seq).await?;
+            let strict = self.outbox.level() >= firstseen_store::level::KINDS;
+            let tail = session
+                .last_seq(&tp.topic, assigned.last_seq, strict)
+                .await?;
             if tail.foreign > 0 {
                 metrics::counter!("firstseen_foreign_messages_total").increment(tail.foreign);
-                tracing::warn!(topic = %tp.topic, foreign = tail.foreign, tail = ?tail.seq, "messages firstseen did not write found at the end of the topic; skipped");
+                tracing::warn!(topic = %tp.topic, foreign = tail.foreign, forged = tail.forged, tail = ?tail.seq, "messages this cluster did not write found at the end of the topic; skipped");
+            }
+            if tail.cut_short {
+                metrics::counter!("firstseen_tail_cut_short_total").increment(1);
+                tracing::warn!(topic = %tp.topic, watermark = assigned.published_seq, "the end of the topic holds none of this cluster's messages within the tail read's bounds: resuming after the committed watermark (messages published since it may go twice; none is skipped)");
             }
             let tail_seq = tail.seq;
             let watermark = assigned.published_seq;

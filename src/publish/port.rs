@@ -64,11 +64,14 @@ pub trait Session: Send + Sync {
     /// The last `firstseen-seq` of ours in the topic, where the group has
     /// assigned up to `assigned`, and how many foreign messages the read
     /// passed ([`super::tail::Tail`]). Read while holding the topic's
-    /// producer, so it cannot move.
+    /// producer, so it cannot move. `strict`: only messages with the
+    /// cluster's proof count (cluster level 2). A lower bound: what the read
+    /// could not reach within its bounds is not counted.
     fn last_seq(
         &self,
         topic: &str,
         assigned: u64,
+        strict: bool,
     ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send;
 
     /// The largest message the broker takes on `topic`, when the broker
@@ -124,6 +127,12 @@ pub trait Group: Send + Sync {
 pub trait Outbox: Send + Sync {
     /// Every topic with its last assigned and last published sequence.
     fn topics(&self) -> Result<Vec<(String, TopicState)>, Error>;
+
+    /// The cluster level the outbox was applied at (`firstseen_store::level`):
+    /// from level 2 only proven messages count at the end of a topic.
+    fn level(&self) -> u32 {
+        firstseen_store::level::BASE
+    }
 
     /// One topic's last assigned and last published sequence.
     fn topic(&self, topic: &str) -> Result<TopicState, Error>;

@@ -19,12 +19,16 @@ pub const SET_ASIDE: &str = "firstseen-set-aside";
 /// On a message sent after higher sequences, because the broker refused it
 /// while they were on their way (`Publisher::send_late`).
 pub const LATE: &str = "firstseen-late";
+/// The cluster's proof that it wrote the message (`super::proof`): hex of a
+/// MAC over the topic, sequence, key, marker flag and body.
+pub const PROOF: &str = "firstseen-proof";
 
 /// The most bytes firstseen's own properties and Pulsar's message metadata
 /// add to a message beyond what `dedup.max_message_bytes` counts (the MQTT
 /// topic, the MQTT 5 properties and the payload): the five names above, a
 /// sequence and a time of up to 20 digits each, the key in hex twice (it is
-/// also the partition key), the producer's name and Pulsar's fixed fields.
+/// also the partition key), the proof, the producer's name and Pulsar's
+/// fixed fields.
 /// A test below checks the largest such set stays under it.
 pub const OWN_BYTES: usize = 1024;
 
@@ -97,6 +101,7 @@ mod tests {
             (KEY, key.as_str()),
             (NODE, u64_max.as_str()),
             (FIRST_SEEN_MS, u64_max.as_str()),
+            (PROOF, &"f".repeat(32)),
         ];
         let named: usize = own.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
             + MQTT_TOPIC.len()

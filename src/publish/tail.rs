@@ -4,14 +4,17 @@
 //! `Published` entry was not committed before a leader change), so a new
 //! publisher resumes after whichever is larger: the tail or the watermark.
 //!
-//! The tail counts only messages that are ours ([`Tail::classify`]): written
-//! by a firstseen producer and numbered within what the group has assigned.
-//! Anyone with a producer on the topic can write while no node holds it;
-//! trusting such a message's `firstseen-seq` made a new leader skip every
-//! sequence up to it, and the watermark that followed trimmed them from the
-//! outbox unpublished: 1,000 acked messages lost after one foreign write,
-//! and `u64::MAX` overflowed the resume point. Foreign messages are counted
-//! and skipped; the read goes back from the end until it finds one of ours.
+//! The tail counts only messages that are ours ([`Tail::classify`]): that
+//! carry the cluster's proof ([`super::proof`]; by name alone, while the
+//! cluster runs at level 1) and are numbered within what the group has
+//! assigned. Anyone with a producer on the topic can write while no node
+//! holds it; trusting such a message's `firstseen-seq` made a new leader
+//! skip every sequence up to it, and the watermark that followed trimmed
+//! them from the outbox unpublished: 1,000 acked messages lost after one
+//! foreign write, and `u64::MAX` overflowed the resume point. Foreign
+//! messages are counted and skipped; the read goes back from the end until
+//! it finds one of ours, within bounds ([`MAX_SCAN`]), and what it found by
+//! then is a lower bound on what the cluster wrote: never more.
 
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use pulsar::consumer::InitialPosition;
 use pulsar::proto::MessageIdData;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
 
+use super::proof::{Claim, ProofKeys};
 use super::props;
 use crate::{Error, TopicProblem};
 
@@ -87,37 +91,64 @@ pub async fn reader(
         .await?)
 }
 
-/// Every firstseen producer's name starts with this. `verify`, which knows
-/// no cluster, tells firstseen's messages from others' by it alone.
+/// Every firstseen producer's name starts with this.
 pub const PRODUCER_PREFIX: &str = "firstseen-";
 
-/// Which producer names are this cluster's: `firstseen-c<cluster id>-…`,
-/// with the id derived from the cluster secret
-/// ([`crate::cluster::wire::ClusterKey::cluster_id`]). A second firstseen
-/// cluster writing to the same topic (another environment pointed at it by
-/// mistake) names its producers with another id, and its messages are
-/// foreign to this one: taking its sequence numbers for ours would skip or
-/// repeat ours.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Which messages are this cluster's: those that carry its proof
+/// ([`super::proof`]), and, while the cluster runs at level 1 (a member may
+/// be of a release that writes no proofs), those its producers' names claim.
+///
+/// Its producers are named `firstseen-c<cluster id>-…`, with the id derived
+/// from the cluster secret ([`crate::cluster::wire::ClusterKey::cluster_id`]);
+/// a name is for the operator, and counts as evidence only at level 1.
+#[derive(Clone, Debug)]
 pub struct Ours {
     prefix: String,
+    /// Name prefixes counted at level 1: this secret's, the previous
+    /// secrets', and, on a group of one without a secret file, `clocal`
+    /// (what releases before the node kept a secret of its own named it).
+    names: Vec<String>,
+    proofs: ProofKeys,
+}
+
+/// Where a message read from a topic comes from, as far as the cluster can
+/// tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// It carries the cluster's proof: sequence `seq` is the cluster's.
+    Proven(u64),
+    /// No proof, but a producer name of the cluster's: counted as its own
+    /// only while the cluster runs at level 1.
+    Named(u64),
+    /// It carries firstseen's properties and a proof that does not hold, or
+    /// a sequence the cluster never assigned: someone else's, made to look
+    /// like the cluster's.
+    Forged,
+    /// Anything else.
+    Foreign,
 }
 
 impl Ours {
-    /// The names of a cluster with this secret's key; `None` for a group of
-    /// one without a secret file, whose key is drawn at every start and so
-    /// cannot name anything that must outlive a restart: it gets the fixed
-    /// id `local`.
-    pub fn of(key: Option<&crate::cluster::wire::ClusterKey>) -> Self {
-        match key {
-            Some(k) => Self::cluster(&k.cluster_id()),
-            None => Self::cluster("local"),
+    /// The messages of the cluster with secret key `current`, and of the
+    /// secrets it had before (`previous`). `local` for a group of one
+    /// without a secret file.
+    pub fn new(
+        current: &crate::cluster::wire::ClusterKey,
+        previous: &[crate::cluster::wire::ClusterKey],
+        local: bool,
+    ) -> Self {
+        let name = |id: &str| format!("{PRODUCER_PREFIX}c{id}-");
+        let mut names: Vec<String> = std::iter::once(current)
+            .chain(previous)
+            .map(|k| name(&k.cluster_id()))
+            .collect();
+        if local {
+            names.push(name("local"));
         }
-    }
-
-    pub fn cluster(id: &str) -> Self {
         Self {
-            prefix: format!("{PRODUCER_PREFIX}c{id}-"),
+            prefix: names[0].clone(),
+            names,
+            proofs: ProofKeys::new(current, previous),
         }
     }
 
@@ -126,69 +157,137 @@ impl Ours {
         format!("{}{rest}", self.prefix)
     }
 
-    /// Whether a producer of this cluster wrote the message. Names without a
-    /// cluster id (`firstseen-<node>-t<term>-…`, from releases before it)
-    /// count as ours, so that an upgrade does not take its own tail for
-    /// foreign and publish it again.
-    pub fn wrote(&self, producer_name: &str) -> bool {
-        producer_name.starts_with(&self.prefix)
-            || producer_name
-                .strip_prefix(PRODUCER_PREFIX)
-                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+    /// The keys proofs are made and checked with.
+    pub fn proofs(&self) -> &ProofKeys {
+        &self.proofs
     }
-}
 
-/// Entries read back from the end at first; the read goes back sixteen
-/// times further each time it finds nothing of ours.
-const LOOKBACK: u64 = 64;
+    /// Whether a producer of this cluster's name wrote it.
+    fn named(&self, producer_name: &str) -> bool {
+        self.names.iter().any(|p| producer_name.starts_with(p))
+    }
 
-/// What the tail read found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tail {
-    /// The highest `firstseen-seq` of ours in what was read: `None` when the
-    /// topic holds nothing of ours.
-    pub seq: Option<u64>,
-    /// Messages read that are not ours: another producer's, unnumbered, or
-    /// numbered beyond what the group has assigned.
-    pub foreign: u64,
-}
-
-impl Tail {
-    /// Counts one message read from the topic, with the last sequence the
-    /// group has assigned on it (`assigned`).
-    pub fn classify(&mut self, meta: &pulsar::proto::MessageMetadata, assigned: u64, ours: &Ours) {
-        match our_seq(meta, assigned, ours) {
-            Some(seq) => self.seq = self.seq.max(Some(seq)),
-            None => self.foreign += 1,
+    /// Where message (`meta`, `body`) of `topic` comes from. `assigned`:
+    /// the last sequence the group assigned on the topic, when known (a
+    /// sequence beyond it cannot be the cluster's, proof or not).
+    pub fn origin(
+        &self,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        assigned: Option<u64>,
+    ) -> Origin {
+        let seq = props::get(meta, props::SEQ).and_then(|s| s.parse::<u64>().ok());
+        let key = props::get(meta, props::KEY).and_then(super::proof::key_of);
+        let (Some(seq), Some(key)) = (seq, key) else {
+            return Origin::Foreign;
+        };
+        if seq == 0 || assigned.is_some_and(|a| seq > a) {
+            return Origin::Forged;
+        }
+        match props::get(meta, props::PROOF) {
+            Some(proof) => {
+                let claim = Claim {
+                    topic,
+                    seq,
+                    key: &key,
+                    marker: props::get(meta, props::SET_ASIDE).is_some(),
+                    body,
+                };
+                if self.proofs.verifies(&claim, proof) {
+                    Origin::Proven(seq)
+                } else {
+                    Origin::Forged
+                }
+            }
+            None if self.named(&meta.producer_name) => Origin::Named(seq),
+            None => Origin::Foreign,
         }
     }
 }
 
-/// The sequence of a message this cluster wrote, or `None` for one it did
-/// not: written by a producer not named as ours, without a parseable
-/// `firstseen-seq`, or with one beyond `assigned` (no firstseen producer
-/// can have written a sequence the group never assigned).
-pub fn our_seq(meta: &pulsar::proto::MessageMetadata, assigned: u64, ours: &Ours) -> Option<u64> {
-    if !ours.wrote(&meta.producer_name) {
-        return None;
-    }
-    props::get(meta, props::SEQ)?
-        .parse::<u64>()
-        .ok()
-        .filter(|seq| (1..=assigned).contains(seq))
+/// How far back the tail read goes before it gives up and resumes from the
+/// watermark: entries of the last ledger, at first, then sixteen times as
+/// many each time it finds nothing of the cluster's, up to [`MAX_SCAN`]
+/// messages in all (the whole topic from its start at last, when the last
+/// ledger held none).
+const LOOKBACK: u64 = 64;
+/// Messages the tail read reads at most. A topic whose last ledger holds
+/// none of the cluster's messages (one foreign write in a fresh ledger, or
+/// a secret rotated without `cluster.previous_secret_files`) was read whole
+/// within one operation timeout, timed out, and was read again for ever:
+/// the outbox filled and acks stopped. Past this the read ends with what
+/// it found.
+pub const MAX_SCAN: u64 = 100_000;
+
+/// What the tail read found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// The highest `firstseen-seq` of ours in what was read: `None` when
+    /// what was read holds nothing of ours. A lower bound on what the
+    /// cluster wrote: a message of ours is never missed for a foreign one,
+    /// only perhaps not reached.
+    pub seq: Option<u64>,
+    /// Messages read that are not ours: another producer's, unnumbered, or
+    /// numbered beyond what the group has assigned.
+    pub foreign: u64,
+    /// Of those, messages made to look like ours (firstseen's properties
+    /// with a proof that does not hold, or a sequence never assigned).
+    pub forged: u64,
+    /// The read stopped at its bounds ([`MAX_SCAN`], or the time given)
+    /// before it found a message of ours: the publisher resumes after the
+    /// watermark, which may send a few messages a second time, never skip
+    /// one.
+    pub cut_short: bool,
 }
 
-/// The last sequence of ours in `topic` (see [`Tail`]), where the group has
-/// assigned up to `assigned`. Reads back from the end, further each time
-/// it finds nothing of ours, and the whole topic at last. `wait` bounds each
-/// read.
+impl Tail {
+    /// Counts one message read from `topic`, with the last sequence the
+    /// group has assigned on it (`assigned`). Below level 2 (`strict`
+    /// unset) a message named like the cluster's counts as its own.
+    pub fn classify(
+        &mut self,
+        ours: &Ours,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        assigned: u64,
+        strict: bool,
+    ) {
+        match ours.origin(topic, meta, body, Some(assigned)) {
+            Origin::Proven(seq) => self.seq = self.seq.max(Some(seq)),
+            Origin::Named(seq) if !strict => self.seq = self.seq.max(Some(seq)),
+            Origin::Forged => {
+                self.foreign += 1;
+                self.forged += 1;
+            }
+            Origin::Named(_) | Origin::Foreign => self.foreign += 1,
+        }
+    }
+}
+
+/// What the tail read is told.
+#[derive(Debug, Clone, Copy)]
+pub struct TailQuery<'a> {
+    pub topic: &'a str,
+    /// The last sequence the group has assigned on the topic.
+    pub assigned: u64,
+    /// Only proven messages count (cluster level 2).
+    pub strict: bool,
+    /// The whole read's time.
+    pub budget: Duration,
+}
+
+/// The last sequence of ours in the topic (see [`Tail`]). Reads back from
+/// the end, further each time it finds nothing of ours, within
+/// [`MAX_SCAN`] messages and `q.budget` in all; what it found by then is
+/// the answer.
 pub async fn last_seq(
     pulsar: &Pulsar<TokioExecutor>,
-    topic: &str,
-    assigned: u64,
     ours: &Ours,
-    wait: Duration,
+    q: TailQuery<'_>,
 ) -> Result<Tail, Error> {
+    let topic = q.topic;
     let mut probe = reader(pulsar, topic, None, "tail").await?;
     let last = probe
         .get_last_message_id()
@@ -200,7 +299,10 @@ pub async fn last_seq(
     if is_empty_marker(&last) {
         return Ok(Tail::default());
     }
+    let deadline = tokio::time::Instant::now() + q.budget;
     let mut lookback = LOOKBACK;
+    let mut total = Tail::default();
+    let mut scanned = 0u64;
     loop {
         // Within the last ledger; before its first entry once the lookback
         // reaches it, and from the topic's start after that.
@@ -209,64 +311,104 @@ pub async fn last_seq(
             entry_id: last.entry_id.saturating_sub(lookback),
             ..last.clone()
         };
-        let tail = read_to(
+        let (tail, read, done) = read_to(
             pulsar,
-            topic,
+            ours,
+            &q,
             Some(just_before(&start)),
             &last,
-            assigned,
-            ours,
-            wait,
+            deadline,
+            MAX_SCAN.saturating_sub(scanned),
         )
         .await?;
+        scanned += read;
+        total.foreign = total.foreign.max(tail.foreign);
+        total.forged = total.forged.max(tail.forged);
         if tail.seq.is_some() {
-            return Ok(tail);
+            return Ok(Tail {
+                seq: tail.seq,
+                ..total
+            });
+        }
+        if !done {
+            return Ok(Tail {
+                cut_short: true,
+                ..total
+            });
         }
         if whole_ledger {
-            return read_to(pulsar, topic, None, &last, assigned, ours, wait).await;
+            let (tail, _, done) = read_to(
+                pulsar,
+                ours,
+                &q,
+                None,
+                &last,
+                deadline,
+                MAX_SCAN.saturating_sub(scanned),
+            )
+            .await?;
+            return Ok(Tail {
+                seq: tail.seq,
+                foreign: total.foreign.max(tail.foreign),
+                forged: total.forged.max(tail.forged),
+                cut_short: !done && tail.seq.is_none(),
+            });
         }
         lookback = lookback.saturating_mul(16);
     }
 }
 
 /// Reads from after `start` (the topic's start when `None`) through the
-/// whole entry `last`, classifying every message.
+/// whole entry `last`, classifying every message, until `deadline` or
+/// `limit` messages. Returns what it found, how many it read, and whether
+/// it reached the end.
 async fn read_to(
     pulsar: &Pulsar<TokioExecutor>,
-    topic: &str,
+    ours: &Ours,
+    q: &TailQuery<'_>,
     start: Option<MessageIdData>,
     last: &MessageIdData,
-    assigned: u64,
-    ours: &Ours,
-    wait: Duration,
-) -> Result<Tail, Error> {
-    let mut consumer = reader(pulsar, topic, start, "tail").await?;
+    deadline: tokio::time::Instant,
+    limit: u64,
+) -> Result<(Tail, u64, bool), Error> {
+    let mut consumer = reader(pulsar, q.topic, start, "tail").await?;
     let end = (last.ledger_id, last.entry_id);
-    let result = tokio::time::timeout(wait, async {
-        let mut tail = Tail::default();
-        while let Some(msg) = consumer.next().await {
-            let msg = msg?;
-            let id = msg.message_id();
-            let at = (id.ledger_id, id.entry_id);
-            if at > end {
-                return Ok(tail);
-            }
-            tail.classify(msg.metadata(), assigned, ours);
-            // The last entry may be a batch: its last message holds the
-            // highest sequence, and every message of it was persisted
-            // with it.
-            if at == end && ends_entry(id, msg.metadata()) {
-                return Ok(tail);
-            }
+    let mut tail = Tail::default();
+    let mut read = 0u64;
+    let done = loop {
+        if read >= limit {
+            break false;
         }
-        Err(Error::topic(topic, TopicProblem::ReaderClosed))
-    })
-    .await;
+        let next = match tokio::time::timeout_at(deadline, consumer.next()).await {
+            Ok(Some(msg)) => msg?,
+            Ok(None) => {
+                let _ = consumer.close().await;
+                return Err(Error::topic(q.topic, TopicProblem::ReaderClosed));
+            }
+            Err(_) => break false,
+        };
+        read += 1;
+        let id = next.message_id();
+        let at = (id.ledger_id, id.entry_id);
+        if at > end {
+            break true;
+        }
+        tail.classify(
+            ours,
+            q.topic,
+            next.metadata(),
+            &next.payload.data,
+            q.assigned,
+            q.strict,
+        );
+        // The last entry may be a batch: its last message holds the
+        // highest sequence, and every message of it was persisted with it.
+        if at == end && ends_entry(id, next.metadata()) {
+            break true;
+        }
+    };
     let _ = consumer.close().await;
-    match result {
-        Ok(r) => r,
-        Err(_) => Err(Error::topic(topic, TopicProblem::TailTimedOut)),
-    }
+    Ok((tail, read, done))
 }
 
 #[cfg(test)]
@@ -293,88 +435,118 @@ mod tests {
         }
     }
 
-    fn written(producer: &str, seq: Option<&str>) -> MessageMetadata {
+    const TOPIC: &str = "persistent://public/default/t";
+
+    fn secret() -> crate::cluster::wire::ClusterKey {
+        crate::cluster::wire::ClusterKey::from_secret(b"the cluster's secret")
+    }
+
+    fn ours() -> Ours {
+        Ours::new(&secret(), &[], false)
+    }
+
+    /// A message of `producer` numbered `seq`, with key `key`, body `body`,
+    /// and a proof under `signer` when given.
+    fn written(
+        producer: &str,
+        seq: u64,
+        key: [u8; 32],
+        body: &[u8],
+        signer: Option<&Ours>,
+    ) -> MessageMetadata {
+        let mut properties = vec![
+            pulsar::proto::KeyValue {
+                key: props::SEQ.into(),
+                value: seq.to_string(),
+            },
+            pulsar::proto::KeyValue {
+                key: props::KEY.into(),
+                value: hex::encode(key),
+            },
+        ];
+        if let Some(o) = signer {
+            properties.push(pulsar::proto::KeyValue {
+                key: props::PROOF.into(),
+                value: o.proofs().sign(&Claim {
+                    topic: TOPIC,
+                    seq,
+                    key: &key,
+                    marker: false,
+                    body,
+                }),
+            });
+        }
         MessageMetadata {
             producer_name: producer.into(),
-            properties: seq
-                .map(|s| pulsar::proto::KeyValue {
-                    key: props::SEQ.into(),
-                    value: s.into(),
-                })
-                .into_iter()
-                .collect(),
+            properties,
             ..Default::default()
         }
     }
 
-    fn ours() -> Ours {
-        Ours::cluster("00aa11bb22cc33dd")
-    }
-
-    fn our_seq(meta: &MessageMetadata, assigned: u64) -> Option<u64> {
-        super::our_seq(meta, assigned, &ours())
-    }
-
+    /// The forged tail of the review: a writer names its producer like the
+    /// cluster's and numbers messages past the real tail while no exclusive
+    /// producer is held. By name it was ours, and a new leader resumed after
+    /// it, trimming the real ones unpublished. Only the proof counts now.
     #[test]
-    fn another_cluster_s_producers_are_not_ours_and_names_from_before_ids_are() {
-        let name = ours().producer_name("1-t3-p");
-        assert_eq!(name, "firstseen-c00aa11bb22cc33dd-1-t3-p");
-        assert_eq!(our_seq(&written(&name, Some("7")), 10), Some(7));
-        let other = Ours::cluster("ffffffffffffffff").producer_name("1-t3-p");
-        assert_eq!(our_seq(&written(&other, Some("7")), 10), None);
-        // Before cluster ids: still ours, so an upgrade keeps its tail.
-        assert_eq!(
-            our_seq(&written("firstseen-2-t9-p", Some("7")), 10),
-            Some(7)
-        );
-        // Neither: a name that only starts like ours.
-        assert_eq!(our_seq(&written("firstseen-x", Some("7")), 10), None);
-        assert_eq!(our_seq(&written("firstseen-c", Some("7")), 10), None);
-    }
+    fn only_a_proof_makes_a_message_ours_at_level_two() {
+        let o = ours();
+        let name = o.producer_name("1-t3-p");
+        assert!(name.starts_with("firstseen-c"), "{name}");
+        let real = written(&name, 7, [1; 32], b"body", Some(&o));
+        let forged = written(&name, 9, [2; 32], b"body", None);
+        let lookalike = written("firstseen-9-x", 9, [2; 32], b"body", None);
+        let assigned = Some(10);
+        assert_eq!(o.origin(TOPIC, &real, b"body", assigned), Origin::Proven(7));
+        assert_eq!(o.origin(TOPIC, &forged, b"body", assigned), Origin::Named(9));
+        // The clause that took any `firstseen-<digit>` name as ours is gone.
+        assert_eq!(o.origin(TOPIC, &lookalike, b"body", assigned), Origin::Foreign);
+        // A proof of another body, another cluster's proof, a sequence the
+        // group never assigned: forged.
+        assert_eq!(o.origin(TOPIC, &real, b"other", assigned), Origin::Forged);
+        let other = Ours::new(&crate::cluster::wire::ClusterKey::from_secret(b"x"), &[], false);
+        let theirs = written(&name, 7, [1; 32], b"body", Some(&other));
+        assert_eq!(o.origin(TOPIC, &theirs, b"body", assigned), Origin::Forged);
+        let beyond = written(&name, 11, [1; 32], b"body", Some(&o));
+        assert_eq!(o.origin(TOPIC, &beyond, b"body", assigned), Origin::Forged);
+        let max = written(&name, u64::MAX, [1; 32], b"body", Some(&o));
+        assert_eq!(o.origin(TOPIC, &max, b"body", assigned), Origin::Forged);
 
-    #[test]
-    fn only_numbered_messages_of_our_producers_within_the_assigned_count_are_ours() {
-        assert_eq!(
-            our_seq(&written("firstseen-1-t3-p", Some("7")), 10),
-            Some(7)
-        );
-        assert_eq!(
-            our_seq(&written("firstseen-1-t3-p", Some("10")), 10),
-            Some(10)
-        );
-        // Another producer, whatever it says.
-        assert_eq!(our_seq(&written("standalone-0-4", Some("7")), 10), None);
-        // Beyond what the group assigned: foreign, and no overflow.
-        assert_eq!(
-            our_seq(&written("firstseen-1-t3-p", Some("1007")), 10),
-            None
-        );
-        let max = u64::MAX.to_string();
-        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some(&max)), 10), None);
-        // Unnumbered or garbled.
-        assert_eq!(our_seq(&written("firstseen-1-t3-p", None), 10), None);
-        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some("x")), 10), None);
-        assert_eq!(our_seq(&written("firstseen-1-t3-p", Some("0")), 10), None);
-    }
-
-    #[test]
-    fn the_tail_is_the_highest_of_ours_with_foreign_messages_counted() {
-        let mut t = Tail::default();
-        for m in [
-            written("firstseen-1-t3-p", Some("8")),
-            written("firstseen-1-t3-p", Some("9")),
-            written("intruder", Some("1009")),
-            written("firstseen-2-t4-p", Some(&u64::MAX.to_string())),
-        ] {
-            t.classify(&m, 9, &ours());
+        let mut strict = Tail::default();
+        let mut lenient = Tail::default();
+        for m in [&real, &forged, &theirs] {
+            strict.classify(&o, TOPIC, m, b"body", 10, true);
+            lenient.classify(&o, TOPIC, m, b"body", 10, false);
         }
-        assert_eq!(
-            t,
-            Tail {
-                seq: Some(9),
-                foreign: 2
-            }
-        );
+        assert_eq!((strict.seq, strict.foreign, strict.forged), (Some(7), 2, 1));
+        // At level 1 a member may be of a release that writes no proof.
+        assert_eq!(lenient.seq, Some(9));
+    }
+
+    #[test]
+    fn a_previous_secret_s_messages_and_the_local_name_stay_ours() {
+        let old = crate::cluster::wire::ClusterKey::from_secret(b"old");
+        let before = Ours::new(&old, &[], false);
+        let after = Ours::new(&secret(), std::slice::from_ref(&old), true);
+        let m = written(&before.producer_name("p"), 4, [5; 32], b"b", Some(&before));
+        assert_eq!(after.origin(TOPIC, &m, b"b", Some(9)), Origin::Proven(4));
+        // A group of one named its producers `clocal` before it kept a
+        // secret of its own.
+        let local = written("firstseen-clocal-1-t1-p", 4, [5; 32], b"b", None);
+        assert_eq!(after.origin(TOPIC, &local, b"b", Some(9)), Origin::Named(4));
+        assert_eq!(ours().origin(TOPIC, &local, b"b", Some(9)), Origin::Foreign);
+    }
+
+    #[test]
+    fn unnumbered_or_garbled_messages_are_foreign() {
+        let o = ours();
+        let mut m = written(&o.producer_name("p"), 1, [1; 32], b"", Some(&o));
+        m.properties.retain(|kv| kv.key != props::SEQ);
+        assert_eq!(o.origin(TOPIC, &m, b"", None), Origin::Foreign);
+        let mut m = written(&o.producer_name("p"), 1, [1; 32], b"", Some(&o));
+        m.properties[1].value = "zz".into();
+        assert_eq!(o.origin(TOPIC, &m, b"", None), Origin::Foreign);
+        let zero = written(&o.producer_name("p"), 0, [1; 32], b"", Some(&o));
+        assert_eq!(o.origin(TOPIC, &zero, b"", None), Origin::Forged);
     }
 
     #[test]

@@ -11,17 +11,35 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+/// Where a message comes from, as the audit tells: by the cluster's proof
+/// (`crate::publish::proof`), or by producer name when asked to
+/// (`--trust-names`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    /// The cluster's: audited.
+    #[default]
+    Ours,
+    /// Someone else's: counted apart, not audited.
+    Foreign,
+    /// Made to look like the cluster's (its properties, with a proof that
+    /// does not hold): counted apart, not audited, listed.
+    Forged,
+    /// Without a proof, from a producer named like the cluster's: written
+    /// by a release from before proofs, or by anyone. Counted apart.
+    Unproven,
+}
+
 /// One message as the audit sees it.
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub key: Option<String>,
     pub seq: Option<u64>,
-    /// Written by a producer that is not firstseen's: counted apart and
-    /// left out of the audit, which is of what firstseen wrote.
-    pub foreign: bool,
+    /// Whose it is: only the cluster's messages are audited.
+    pub source: Source,
     /// A marker in place of a message the broker would refuse: it holds
-    /// the message's key and sequence, so it is audited like one.
-    pub set_aside: bool,
+    /// the message's key and sequence, so it is audited like one. The
+    /// reason it gives.
+    pub set_aside: Option<String>,
     /// Sent after higher sequences because the broker refused it while they
     /// were on their way (`firstseen-late`).
     pub late: bool,
@@ -69,10 +87,27 @@ pub struct Report {
     pub repeats: Vec<u64>,
     /// Messages without `firstseen-seq` or `firstseen-key`.
     pub unlabelled: u64,
-    /// Messages written by producers that are not firstseen's (named
-    /// otherwise): another writer on the topic. Not audited, and not a
-    /// fault of the bridge's, but an operator wants to know.
+    /// Messages that are not the cluster's: another writer on the topic.
+    /// Not audited, and not a fault of the bridge's, but an operator wants
+    /// to know.
     pub foreign: u64,
+    /// Of those, messages made to look like the cluster's: its properties
+    /// with a proof that does not hold (someone writing a look-alike of the
+    /// cluster's messages: worth finding out who).
+    pub forged: u64,
+    /// Sequence numbers the first few forged messages claimed.
+    pub forged_seqs: Vec<u64>,
+    /// Messages without a proof from a producer named like the cluster's:
+    /// a release from before proofs wrote them, or anyone did. Not audited
+    /// (`--trust-names` audits them).
+    pub unproven: u64,
+    /// Whether the cluster's messages were told by producer name only
+    /// (`--trust-names`), not by proof.
+    pub by_name: bool,
+    /// The markers, first few: (sequence, key, reason). Each message they
+    /// stand for is kept by the cluster (`docs/operations.md`, "Messages
+    /// set aside").
+    pub markers: Vec<(u64, String, String)>,
     /// Markers in place of messages the broker would refuse
     /// (`firstseen-set-aside`); their messages are in a node's dead-letter
     /// store. Counted in the audit as the messages they stand for.
@@ -89,8 +124,20 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the topic holds exactly one copy per key, numbered without gaps.
+    /// The cluster's messages the audit read.
+    pub fn audited(&self) -> u64 {
+        self.messages - self.foreign - self.unproven
+    }
+
+    /// Whether the topic holds exactly one copy per key, numbered without
+    /// gaps, and at least one message of the cluster's: a topic with none
+    /// (a wrong topic, another cluster's secret) proves nothing.
     pub fn is_clean(&self) -> bool {
+        self.audited() > 0 && self.is_whole()
+    }
+
+    /// Whether what the cluster wrote is whole, however much there is.
+    pub fn is_whole(&self) -> bool {
         self.duplicate_messages == 0
             && self.missing_seqs == 0
             && self.out_of_order == 0
@@ -181,16 +228,34 @@ impl Audit {
     pub fn push(&mut self, m: Seen) {
         let r = &mut self.report;
         r.messages += 1;
-        if m.foreign {
-            r.foreign += 1;
-            return;
+        match m.source {
+            Source::Ours => {}
+            Source::Foreign => {
+                r.foreign += 1;
+                return;
+            }
+            Source::Forged => {
+                r.foreign += 1;
+                r.forged += 1;
+                if let Some(seq) = m.seq.filter(|_| r.forged_seqs.len() < LIST_CAP) {
+                    r.forged_seqs.push(seq);
+                }
+                return;
+            }
+            Source::Unproven => {
+                r.unproven += 1;
+                return;
+            }
         }
         let (Some(key), Some(seq)) = (m.key, m.seq) else {
             r.unlabelled += 1;
             return;
         };
-        if m.set_aside {
+        if let Some(reason) = m.set_aside {
             r.set_aside += 1;
+            if r.markers.len() < LIST_CAP {
+                r.markers.push((seq, key.clone(), reason));
+            }
         }
         let bad = match m.contents {
             Contents::Unchecked => false,
@@ -297,16 +362,33 @@ impl std::fmt::Display for Report {
         if self.foreign > 0 {
             writeln!(
                 f,
-                "foreign         {} (written by producers that are not firstseen's; not audited)",
+                "foreign         {} (not the cluster's; not audited)",
                 self.foreign
+            )?;
+        }
+        if self.forged > 0 {
+            writeln!(
+                f,
+                "forged          {} of those carry firstseen's properties with a proof that does not hold: someone writes look-alikes of the cluster's messages (claimed seqs {:?})",
+                self.forged, self.forged_seqs
+            )?;
+        }
+        if self.unproven > 0 {
+            writeln!(
+                f,
+                "unproven        {} (no proof, from producers named like the cluster's: a release before proofs, or anyone; not audited, --trust-names audits them)",
+                self.unproven
             )?;
         }
         if self.set_aside > 0 {
             writeln!(
                 f,
-                "set aside       {} (markers for messages the broker would refuse; the messages are in a node's dead-letter store)",
+                "set aside       {} (markers for messages the broker would refuse; the cluster keeps each message, see docs/operations.md)",
                 self.set_aside
             )?;
+        }
+        for (seq, key, reason) in &self.markers {
+            writeln!(f, "  marker seq {seq} key {key}: {reason}")?;
         }
         for k in &self.duplicate_keys {
             writeln!(f, "  duplicate key {k}")?;
@@ -320,15 +402,19 @@ impl std::fmt::Display for Report {
         for s in &self.bad_contents {
             writeln!(f, "  seq {s}: contents do not match its key")?;
         }
-        write!(
-            f,
-            "verdict         {}",
-            if self.is_clean() {
-                "OK"
-            } else {
-                "PROBLEMS FOUND"
-            }
-        )
+        let how = if self.by_name {
+            " (told by producer name only: not proven)"
+        } else {
+            ""
+        };
+        let verdict = if self.audited() == 0 {
+            "NOTHING OF THE CLUSTER'S TO AUDIT"
+        } else if self.is_whole() {
+            "OK"
+        } else {
+            "PROBLEMS FOUND"
+        };
+        write!(f, "verdict         {verdict}{how}")
     }
 }
 
@@ -340,8 +426,8 @@ mod tests {
         Seen {
             key: Some(key.into()),
             seq: Some(seq),
-            foreign: false,
-            set_aside: false,
+            source: Source::Ours,
+            set_aside: None,
             late: false,
             contents: Contents::Unchecked,
         }
@@ -371,8 +457,8 @@ mod tests {
         a.push(Seen {
             key: None,
             seq: Some(6),
-            foreign: false,
-            set_aside: false,
+            source: Source::Ours,
+            set_aside: None,
             late: false,
             contents: Contents::Unchecked,
         });
@@ -422,8 +508,8 @@ mod tests {
         a.push(Seen {
             key: Some("a".into()),
             seq: Some(1_001),
-            foreign: true,
-            set_aside: false,
+            source: Source::Foreign,
+            set_aside: None,
             late: false,
             contents: Contents::Unchecked,
         });

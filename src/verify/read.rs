@@ -9,10 +9,19 @@ use futures::StreamExt;
 use pulsar::{Pulsar, TokioExecutor};
 
 use super::compare::{Comparison, Message as CompareMessage};
-use super::{check_contents, Audit, Contents, KeyRule, Report, Seen};
+use super::{check_contents, Audit, Contents, KeyRule, Report, Seen, Source};
 use crate::config::PulsarConfig;
 use crate::publish::{format, props, tail};
 use crate::{Error, TopicProblem};
+
+/// How the audit tells the cluster's messages from others'.
+#[derive(Debug, Clone)]
+pub enum Tell {
+    /// By the cluster's proof, under its secret (and previous ones).
+    Proof(tail::Ours),
+    /// By producer name alone (`--trust-names`): anyone can claim it.
+    Names,
+}
 
 /// Reads `topic` and audits it, checking each message's contents against
 /// its key under `rule` when there is one. `progress` is called about once
@@ -22,6 +31,7 @@ pub async fn verify_topic(
     topic: &str,
     idle: Duration,
     rule: Option<&KeyRule>,
+    tell: &Tell,
     progress: impl FnMut(u64),
 ) -> Result<Report, Error> {
     let pulsar = crate::publish::connect(config).await?;
@@ -29,9 +39,19 @@ pub async fn verify_topic(
     scan(&pulsar, topic, idle, progress, |msg| {
         let meta = msg.metadata();
         let key = props::get(meta, props::KEY).map(str::to_string);
-        let set_aside = props::get(meta, props::SET_ASIDE).is_some();
+        let set_aside = props::get(meta, props::SET_ASIDE).map(str::to_string);
+        let source = match tell {
+            Tell::Names if meta.producer_name.starts_with(tail::PRODUCER_PREFIX) => Source::Ours,
+            Tell::Names => Source::Foreign,
+            Tell::Proof(ours) => match ours.origin(topic, meta, &msg.payload.data, None) {
+                tail::Origin::Proven(_) => Source::Ours,
+                tail::Origin::Named(_) => Source::Unproven,
+                tail::Origin::Forged => Source::Forged,
+                tail::Origin::Foreign => Source::Foreign,
+            },
+        };
         let contents = match (rule, &key) {
-            (Some(rule), Some(key)) if !set_aside => check_contents(
+            (Some(rule), Some(key)) if set_aside.is_none() => check_contents(
                 rule,
                 |name| props::get(meta, name).map(str::to_string),
                 &msg.payload.data,
@@ -42,14 +62,16 @@ pub async fn verify_topic(
         audit.push(Seen {
             key,
             seq: props::get(meta, props::SEQ).and_then(|s| s.parse().ok()),
-            foreign: !meta.producer_name.starts_with(tail::PRODUCER_PREFIX),
+            source,
             set_aside,
             late: props::get(meta, props::LATE).is_some(),
             contents,
         });
     })
     .await?;
-    Ok(audit.finish())
+    let mut report = audit.finish();
+    report.by_name = matches!(tell, Tell::Names);
+    Ok(report)
 }
 
 /// Reads `topic` into side `side` of a comparison: every message whose time

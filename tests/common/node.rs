@@ -139,6 +139,18 @@ impl Node {
     }
 
     /// Where the node's data lives.
+    /// The cluster secret this node proves its messages with: its
+    /// `cluster.secret_file`, or the secret a group of one keeps in its
+    /// data directory.
+    pub fn secret_file(&self) -> PathBuf {
+        self.spec
+            .config
+            .cluster
+            .secret_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join(firstseen::cluster::LOCAL_SECRET))
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.spec
             .data_dir

@@ -145,10 +145,28 @@ pub fn assert_exactly_once_with_late(
     );
 }
 
-/// Runs `firstseen verify` and returns (exit code, stdout).
-pub fn verify(pulsar: &Pulsar, topic: &str, expect: Option<u64>) -> (i32, String) {
+/// Runs `firstseen verify --trust-names`: the audit of messages a test
+/// wrote itself, without the cluster's proofs.
+pub fn verify_by_name(pulsar: &Pulsar, topic: &str, expect: Option<u64>) -> (i32, String) {
+    let mut c = Command::new(bin());
+    c.args(["verify", "--pulsar-url", &pulsar.url, "--topic", topic, "--trust-names"]);
+    if let Some(n) = expect {
+        c.args(["--expect", &n.to_string()]);
+    }
+    let out = c.output().expect("run firstseen verify");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Runs `firstseen verify` with the cluster secret in `secret` (the
+/// cluster's file, or the one a group of one keeps in its data directory:
+/// [`Node::secret_file`]) and returns (exit code, stdout).
+pub fn verify(pulsar: &Pulsar, topic: &str, expect: Option<u64>, secret: &Path) -> (i32, String) {
     let mut c = Command::new(bin());
     c.args(["verify", "--pulsar-url", &pulsar.url, "--topic", topic]);
+    c.arg("--secret-file").arg(secret);
     if let Some(n) = expect {
         c.args(["--expect", &n.to_string()]);
     }

@@ -236,6 +236,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         &self,
         topic: &str,
         assigned: u64,
+        _strict: bool,
     ) -> Result<firstseen::publish::tail::Tail, Error> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut w = lock(&self.world);
@@ -245,7 +246,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
                 .and_then(|m| m.last())
                 .map(|(s, _)| *s)
                 .filter(|s| *s <= assigned),
-            foreign: 0,
+            ..Default::default()
         })
     }
 

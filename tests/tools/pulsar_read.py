@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--skip-key", action="append", default=[],
                     help="leave out messages with this firstseen-key (a foreign writer's "
                     "that a test planted), counted as skipped")
+    ap.add_argument("--skip-key-prefix", action="append", default=[],
+                    help="leave out messages whose firstseen-key starts with this, "
+                    "counted as skipped")
     ap.add_argument("--envelope", action="store_true",
                     help="expect every message to be a transitdata envelope and list "
                     "every difference from its contract")
@@ -99,7 +102,8 @@ def main():
             print(f"read stopped early: {e}", file=sys.stderr)
             break
         props = msg.properties()
-        if props.get("firstseen-key") in args.skip_key:
+        key = props.get("firstseen-key") or ""
+        if key in args.skip_key or any(key.startswith(p) for p in args.skip_key_prefix):
             skipped += 1
             continue
         count += 1

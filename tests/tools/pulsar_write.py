@@ -18,8 +18,14 @@ ap.add_argument("--producer-name", help="name the producer (firstseen-… to wri
 ap.add_argument("--retry-for", type=float, default=0.0,
                 help="keep trying for this many seconds while the topic is held by an "
                 "exclusive producer, one label per producer, and print how many got in")
-ap.add_argument("labels", nargs="+")
+ap.add_argument("--seqs", nargs=2, type=int, metavar=("FIRST", "LAST"),
+                help="also write one message for each sequence FIRST..=LAST, keyed "
+                "forged<seq>, as a forger numbering past the cluster's tail would")
+ap.add_argument("labels", nargs="*")
 args = ap.parse_args()
+if args.seqs:
+    first, last = args.seqs
+    args.labels += [f"{'%064x' % (0xf0f0 << 200 | s)}:{s}" for s in range(first, last + 1)]
 log = logging.getLogger("pulsar-write")
 log.setLevel(logging.ERROR)
 client = pulsar.Client(args.url, logger=log, operation_timeout_seconds=5)
