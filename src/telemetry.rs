@@ -71,6 +71,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Messages at the end of a topic that firstseen did not write, skipped by the tail read",
     ),
     (
+        "firstseen_tail_cut_short_total",
+        "counter",
+        "Tail reads that reached their bound without finding a message of the cluster's: the publisher resumed after the committed watermark",
+    ),
+    (
         "firstseen_oversize_total",
         "counter",
         "Messages over a dedup.max_* bound (payload, message, topic, properties), per upstream",

@@ -184,7 +184,12 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     node.wait_published(want.len() as u64, Duration::from_secs(120));
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     assert_exactly_once(&read_back(&pulsar, &topic), &want);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
+    let (code, report) = verify(
+        &pulsar,
+        &topic,
+        Some(want.len() as u64),
+        &node.secret_file(),
+    );
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     // The message itself, whole, in the dead-letter store.
@@ -352,7 +357,12 @@ fn a_topic_that_takes_smaller_messages_gets_a_marker_in_place() {
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     assert_eq!(node.metric("firstseen_publish_refusals_total"), 0.0);
     assert_exactly_once(&read_back(&pulsar, &topic), &want);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
+    let (code, report) = verify(
+        &pulsar,
+        &topic,
+        Some(want.len() as u64),
+        &node.secret_file(),
+    );
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     assert!(!report.contains("late"), "{report}");
@@ -392,7 +402,12 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
         .collect();
     assert_eq!(late.len(), 1, "one message came late: {:?}", read.seqs);
     assert_exactly_once_with_late(&read, &want, &late);
-    let (code, report) = verify(&pulsar, &topic, Some(want.len() as u64), &node.secret_file());
+    let (code, report) = verify(
+        &pulsar,
+        &topic,
+        Some(want.len() as u64),
+        &node.secret_file(),
+    );
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
     assert!(report.contains("late            1"), "{report}");

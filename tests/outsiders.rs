@@ -135,8 +135,19 @@ fn a_forged_tail_under_the_cluster_s_producer_name_loses_nothing() {
     let forger = format!("firstseen-c{cluster_id}-3-t9-forged");
     let status = std::process::Command::new("python3")
         .arg(repo().join("tests/tools/pulsar_write.py"))
-        .args(["--url", &pulsar.url, "--topic", &topic, "--producer-name", &forger])
-        .args(["--seqs", &(first + 1).to_string(), &(first + 300).to_string()])
+        .args([
+            "--url",
+            &pulsar.url,
+            "--topic",
+            &topic,
+            "--producer-name",
+            &forger,
+        ])
+        .args([
+            "--seqs",
+            &(first + 1).to_string(),
+            &(first + 300).to_string(),
+        ])
         .status()
         .expect("pulsar_write.py runs");
     assert!(status.success(), "the forger wrote");
@@ -157,4 +168,93 @@ fn a_forged_tail_under_the_cluster_s_producer_name_loses_nothing() {
     // the cluster's: duplicates of sequences the real messages have.
     let (code, report) = verify_by_name(&pulsar, &topic, Some(HFP_DISTINCT));
     assert_eq!(code, 1, "{report}");
+}
+
+/// A topic whose end holds a mass of someone else's messages: half a
+/// million, written in batches while the node was down. The tail read goes
+/// back through them to the cluster's last message, within its bounds
+/// (time, and 100,000 messages: past them it resumes after the committed
+/// watermark). The reader's close, which the broker did not answer after
+/// such a read, held the publisher for good: nothing was published again
+/// and the outbox filled (this test waited out its two minutes before the
+/// close was bounded too).
+#[test]
+fn a_topic_ending_in_a_mass_of_foreign_messages_does_not_wedge_the_publisher() {
+    let Some(pulsar) =
+        shared_pulsar("a_topic_ending_in_a_mass_of_foreign_messages_does_not_wedge_the_publisher")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("foreign-mass");
+    let mut node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+    wait_level(&node, 2);
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    let first = hfp_pairs(Some(1000)).len() as u64;
+    node.wait_published(first, Duration::from_secs(60));
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+    let status = std::process::Command::new("python3")
+        .arg(repo().join("tests/tools/pulsar_write.py"))
+        .args(["--url", &pulsar.url, "--topic", &topic, "--flood", "500000"])
+        .status()
+        .expect("pulsar_write.py runs");
+    assert!(status.success(), "the foreign writer wrote");
+    replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
+    node.restart();
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert!(node.metric("firstseen_foreign_messages_total") >= 1.0);
+    let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
+    assert_exactly_once(&read, &hfp_pairs(None));
+}
+
+/// The last ledger of the topic holds none of the cluster's messages: the
+/// topic was unloaded (a new ledger on the next write, as after a broker
+/// restart) and someone wrote 150,000 messages into it. The tail read goes
+/// back through that ledger and stops at its bound (100,000 messages)
+/// without finding one of the cluster's; before the bound it read the whole
+/// topic within one operation timeout and started again for ever. The
+/// publisher resumes after the committed watermark: every message once.
+#[test]
+fn a_last_ledger_without_the_cluster_s_messages_ends_in_the_watermark() {
+    let Some(pulsar) =
+        shared_pulsar("a_last_ledger_without_the_cluster_s_messages_ends_in_the_watermark")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("foreign-ledger");
+    let mut node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+    wait_level(&node, 2);
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    let first = hfp_pairs(Some(1000)).len() as u64;
+    node.wait_published(first, Duration::from_secs(60));
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+    let path = topic.strip_prefix("persistent://").unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-sSf", "-X", "PUT"])
+        .arg(format!(
+            "{}/admin/v2/persistent/{path}/unload",
+            pulsar.admin_url
+        ))
+        .output()
+        .expect("curl runs");
+    assert!(out.status.success(), "unload: {out:?}");
+    let status = std::process::Command::new("python3")
+        .arg(repo().join("tests/tools/pulsar_write.py"))
+        .args(["--url", &pulsar.url, "--topic", &topic, "--flood", "150000"])
+        .status()
+        .expect("pulsar_write.py runs");
+    assert!(status.success(), "the foreign writer wrote");
+    replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
+    node.restart();
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert!(
+        node.metric("firstseen_tail_cut_short_total") >= 1.0,
+        "the tail read stopped at its bound: {}",
+        node.log_tail(30)
+    );
+    let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
+    assert_exactly_once(&read, &hfp_pairs(None));
 }

@@ -416,7 +416,11 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 disk: firstseen::diskspace::DiskSpace::new(dir.clone(), 0),
                 max_message_bytes: usize::MAX,
                 dead_letter: None,
-                ours: firstseen::publish::tail::Ours::new(&firstseen::cluster::wire::ClusterKey::from_secret(b"sim"), &[], false),
+                ours: firstseen::publish::tail::Ours::new(
+                    &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
+                    &[],
+                    false,
+                ),
                 formats: Default::default(),
             };
             publishers.push(tokio::spawn(publisher.run()));
@@ -506,7 +510,11 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
             disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
             max_message_bytes: usize::MAX,
             dead_letter: None,
-            ours: firstseen::publish::tail::Ours::new(&firstseen::cluster::wire::ClusterKey::from_secret(b"sim"), &[], false),
+            ours: firstseen::publish::tail::Ours::new(
+                &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
+                &[],
+                false,
+            ),
             formats: Default::default(),
         };
         let task = tokio::spawn(publisher.run());

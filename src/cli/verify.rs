@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use crate::cluster::wire::ClusterKey;
 use crate::config::{Config, PulsarConfig};
-use crate::publish::tail::Ours;
-use crate::verify::read::Tell;
 use crate::ingest::route::Route;
 use crate::key::KeySpec;
+use crate::publish::tail::Ours;
+use crate::verify::read::Tell;
 use crate::verify::KeyRule;
 
 /// A byte key rule, as `--key` spells it (a field key is set by a route).

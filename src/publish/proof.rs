@@ -179,7 +179,10 @@ mod tests {
         let keys = ProofKeys::new(&ClusterKey::from_secret(b"s"), &[]);
         let key = [1u8; 32];
         let proof = keys.sign(&claim("t", 1, &key, b""));
-        assert!(keys.verifies(&claim("persistent://public/default/t", 1, &key, b""), &proof));
+        assert!(keys.verifies(
+            &claim("persistent://public/default/t", 1, &key, b""),
+            &proof
+        ));
         assert!(keys.verifies(&claim("public/default/t", 1, &key, b""), &proof));
     }
 

@@ -288,18 +288,22 @@ pub async fn last_seq(
     q: TailQuery<'_>,
 ) -> Result<Tail, Error> {
     let topic = q.topic;
-    let mut probe = reader(pulsar, topic, None, "tail").await?;
-    let last = probe
-        .get_last_message_id()
-        .await?
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::topic(topic, TopicProblem::NoLastMessageId))?;
-    let _ = probe.close().await;
+    let deadline = tokio::time::Instant::now() + q.budget;
+    let timed_out = || Error::topic(topic, TopicProblem::TailTimedOut);
+    let last = tokio::time::timeout_at(deadline, async {
+        let mut probe = reader(pulsar, topic, None, "tail").await?;
+        let last = probe.get_last_message_id().await;
+        close(probe).await;
+        last?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::topic(topic, TopicProblem::NoLastMessageId))
+    })
+    .await
+    .map_err(|_| timed_out())??;
     if is_empty_marker(&last) {
         return Ok(Tail::default());
     }
-    let deadline = tokio::time::Instant::now() + q.budget;
     let mut lookback = LOOKBACK;
     let mut total = Tail::default();
     let mut scanned = 0u64;
@@ -371,7 +375,12 @@ async fn read_to(
     deadline: tokio::time::Instant,
     limit: u64,
 ) -> Result<(Tail, u64, bool), Error> {
-    let mut consumer = reader(pulsar, q.topic, start, "tail").await?;
+    let Ok(consumer) =
+        tokio::time::timeout_at(deadline, reader(pulsar, q.topic, start, "tail")).await
+    else {
+        return Ok((Tail::default(), 0, false));
+    };
+    let mut consumer = consumer?;
     let end = (last.ledger_id, last.entry_id);
     let mut tail = Tail::default();
     let mut read = 0u64;
@@ -382,7 +391,7 @@ async fn read_to(
         let next = match tokio::time::timeout_at(deadline, consumer.next()).await {
             Ok(Some(msg)) => msg?,
             Ok(None) => {
-                let _ = consumer.close().await;
+                close(consumer).await;
                 return Err(Error::topic(q.topic, TopicProblem::ReaderClosed));
             }
             Err(_) => break false,
@@ -407,8 +416,16 @@ async fn read_to(
             break true;
         }
     };
-    let _ = consumer.close().await;
+    close(consumer).await;
     Ok((tail, read, done))
+}
+
+/// Closes a reader, or gives up on it after a second: a close the broker
+/// does not answer must not hold the publisher (the reader is non-durable
+/// and goes with the connection anyway).
+async fn close(consumer: Consumer<Vec<u8>, TokioExecutor>) {
+    let mut consumer = consumer;
+    let _ = tokio::time::timeout(Duration::from_secs(1), consumer.close()).await;
 }
 
 #[cfg(test)]
@@ -497,13 +514,23 @@ mod tests {
         let lookalike = written("firstseen-9-x", 9, [2; 32], b"body", None);
         let assigned = Some(10);
         assert_eq!(o.origin(TOPIC, &real, b"body", assigned), Origin::Proven(7));
-        assert_eq!(o.origin(TOPIC, &forged, b"body", assigned), Origin::Named(9));
+        assert_eq!(
+            o.origin(TOPIC, &forged, b"body", assigned),
+            Origin::Named(9)
+        );
         // The clause that took any `firstseen-<digit>` name as ours is gone.
-        assert_eq!(o.origin(TOPIC, &lookalike, b"body", assigned), Origin::Foreign);
+        assert_eq!(
+            o.origin(TOPIC, &lookalike, b"body", assigned),
+            Origin::Foreign
+        );
         // A proof of another body, another cluster's proof, a sequence the
         // group never assigned: forged.
         assert_eq!(o.origin(TOPIC, &real, b"other", assigned), Origin::Forged);
-        let other = Ours::new(&crate::cluster::wire::ClusterKey::from_secret(b"x"), &[], false);
+        let other = Ours::new(
+            &crate::cluster::wire::ClusterKey::from_secret(b"x"),
+            &[],
+            false,
+        );
         let theirs = written(&name, 7, [1; 32], b"body", Some(&other));
         assert_eq!(o.origin(TOPIC, &theirs, b"body", assigned), Origin::Forged);
         let beyond = written(&name, 11, [1; 32], b"body", Some(&o));

@@ -149,7 +149,14 @@ pub fn assert_exactly_once_with_late(
 /// wrote itself, without the cluster's proofs.
 pub fn verify_by_name(pulsar: &Pulsar, topic: &str, expect: Option<u64>) -> (i32, String) {
     let mut c = Command::new(bin());
-    c.args(["verify", "--pulsar-url", &pulsar.url, "--topic", topic, "--trust-names"]);
+    c.args([
+        "verify",
+        "--pulsar-url",
+        &pulsar.url,
+        "--topic",
+        topic,
+        "--trust-names",
+    ]);
     if let Some(n) = expect {
         c.args(["--expect", &n.to_string()]);
     }

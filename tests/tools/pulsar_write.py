@@ -21,6 +21,9 @@ ap.add_argument("--retry-for", type=float, default=0.0,
 ap.add_argument("--seqs", nargs=2, type=int, metavar=("FIRST", "LAST"),
                 help="also write one message for each sequence FIRST..=LAST, keyed "
                 "forged<seq>, as a forger numbering past the cluster's tail would")
+ap.add_argument("--flood", type=int, default=0,
+                help="also write this many messages without firstseen's properties, "
+                "batched: a topic whose end holds a mass of someone else's messages")
 ap.add_argument("labels", nargs="*")
 args = ap.parse_args()
 if args.seqs:
@@ -41,8 +44,18 @@ def write(labels):
     producer.close()
 
 
+if args.flood:
+    producer = client.create_producer(
+        args.topic, batching_enabled=True, batching_max_messages=1000,
+        batching_max_publish_delay_ms=10, block_if_queue_full=True,
+        max_pending_messages=100000, **options)
+    for _ in range(args.flood):
+        producer.send_async(b"foreign", None)
+    producer.flush()
+    producer.close()
 if args.retry_for <= 0:
-    write(args.labels)
+    if args.labels:
+        write(args.labels)
 else:
     # A producer is refused while firstseen's exclusive one holds the topic;
     # each label goes in the moment nobody does (a leader change).
