@@ -111,6 +111,11 @@ pub enum Error {
     /// This node could not confirm with a quorum that it still leads.
     #[error("leadership not confirmed by a quorum")]
     LeaseLost,
+    /// A message the broker would refuse could not be kept in the
+    /// replicated set-aside store: its marker is not sent (the publisher
+    /// tries again).
+    #[error("set-aside message not committed: {0}")]
+    SetAside(String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]

@@ -153,11 +153,16 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     let mqtt = Mosquitto::start();
     let topic = unique_topic("set-aside");
     let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    // Messages on topics no route takes come in too.
+    spec.upstream().subscriptions[0].filter = "#".into();
     // First, no broker to publish to: everything waits in the outbox.
     let real_url = spec.config.pulsar.url.clone();
     spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
     spec.config.pulsar.admin_url = None;
     let mut node = Node::start(spec);
+    wait_until(Duration::from_secs(30), "cluster level 2", || {
+        node.status().is_some_and(|s| s.level.cluster >= 2)
+    });
     let sent = replay(mqtt.port, &["--limit", "300", "--pace", "max"]).published;
     let big_topic = "/hfp/v2/journey/ongoing/vp/bus/big/1";
     let big = vec![b'x'; 400 * 1024];
@@ -178,6 +183,8 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     node.spec.config.pulsar.max_message_bytes = 256 * 1024;
     node.spec.config.dedup.max_message_bytes = 128 * 1024;
     node.spec.config.dedup.max_payload_bytes = 128 * 1024;
+    // The dead letters may hold 256 KiB.
+    node.spec.config.dead_letter.max_bytes = 256 * 1024;
     node.restart();
     let mut want = hfp_pairs(Some(400));
     want.insert((big_topic.to_string(), String::new()));
@@ -192,19 +199,29 @@ fn a_message_the_broker_would_refuse_goes_as_a_marker_and_nothing_waits_behind_i
     );
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("set aside       1"), "{report}");
-    // The message itself, whole, in the dead-letter store.
-    let kept: Vec<Vec<u8>> = std::fs::read_dir(node.data_dir().join("dead-letter"))
-        .unwrap()
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    assert_eq!(kept.len(), 1);
-    let text = String::from_utf8_lossy(&kept[0]);
-    assert!(
-        text.starts_with("{\"reason\":\"pulsar-limit\""),
-        "{}",
-        &text[..200]
+    // A sender on a topic no route takes publishes a megabyte: kept in the
+    // dead letters, which then had evicted the set-aside message (this
+    // test on the tree before the set-aside store).
+    for i in 0..20 {
+        publish(mqtt.port, &format!("elsewhere/{i}"), &[b'u'; 50 * 1024]);
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the unrouted messages acked",
+        || node.metric("firstseen_dead_letter_total") >= 20.0,
     );
-    assert!(kept[0].ends_with(&big), "the payload is kept whole");
+    // The message itself, whole, in the replicated set-aside store (not in
+    // the dead letters, where anyone's unrouted messages could evict it).
+    let kept = node.set_aside();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0]["mqtt_topic"], big_topic);
+    let (reason, payload) = node.set_aside_message(kept[0]["id"].as_u64().unwrap());
+    assert!(reason.contains("pulsar.max_message_bytes"), "{reason}");
+    assert_eq!(payload, big, "the payload is kept whole");
+    assert!(
+        report.contains(&format!("marker seq {}", kept[0]["seq"])),
+        "verify lists the marker: {report}"
+    );
 }
 
 /// A foreign producer keeps trying to write into the topic while a
@@ -321,6 +338,9 @@ fn publish_a_big_message_to_a_small_topic(
         spec.config.pulsar.admin_url = None;
     }
     let mut node = Node::start(spec);
+    wait_until(Duration::from_secs(30), "cluster level 2", || {
+        node.status().is_some_and(|s| s.level.cluster >= 2)
+    });
     let sent = replay(mqtt.port, &["--limit", "300", "--pace", "max"]).published;
     let big_topic = "/hfp/v2/journey/ongoing/vp/bus/big/1";
     publish(mqtt.port, big_topic, &vec![b'y'; 200 * 1024]);
@@ -412,14 +432,8 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
     assert!(report.contains("set aside       1"), "{report}");
     assert!(report.contains("late            1"), "{report}");
     eprintln!("{report}");
-    let kept: Vec<String> = std::fs::read_dir(node.data_dir().join("dead-letter"))
-        .unwrap()
-        .map(|e| String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap()).into_owned())
-        .collect();
-    assert_eq!(kept.len(), 1);
-    assert!(
-        kept[0].starts_with("{\"reason\":\"pulsar-refused\""),
-        "{}",
-        &kept[0][..200]
-    );
+    let kept = node.set_aside();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let (reason, _) = node.set_aside_message(kept[0]["id"].as_u64().unwrap());
+    assert!(reason.contains("refused by the broker"), "{reason}");
 }

@@ -882,6 +882,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         firstseen::ingest::deadletter::Bounds {
             max_bytes: config.dead_letter.max_bytes,
             retention_ms: u64::MAX,
+            unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
         },
     );
     let mut upstreams = Upstream::from_config(
@@ -909,7 +910,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             key: ClusterKey::from_secret(b"sim"),
             tls: None,
             disk,
-            dead_letter,
+            set_aside_local: dead_letter,
             ours: firstseen::publish::tail::Ours::new(&ClusterKey::from_secret(b"sim"), &[], false),
         },
         Ports {

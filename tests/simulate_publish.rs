@@ -160,6 +160,11 @@ impl Group for SimGroup {
         self.confirm_lease().await
     }
 
+    async fn set_aside(&self, _record: firstseen_store::SetAside) -> Result<(), firstseen::Error> {
+        // The model's broker takes every message: nothing is set aside.
+        Ok(())
+    }
+
     fn watermark(&self, topic: String, seq: u64) {
         let world = self.world.clone();
         let node = self.node;
@@ -415,7 +420,8 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                 shutdown: stop.clone(),
                 disk: firstseen::diskspace::DiskSpace::new(dir.clone(), 0),
                 max_message_bytes: usize::MAX,
-                dead_letter: None,
+                set_aside_local: None,
+                set_aside_max_bytes: u64::MAX,
                 ours: firstseen::publish::tail::Ours::new(
                     &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
                     &[],
@@ -509,7 +515,8 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
             shutdown: stop.clone(),
             disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
             max_message_bytes: usize::MAX,
-            dead_letter: None,
+            set_aside_local: None,
+            set_aside_max_bytes: u64::MAX,
             ours: firstseen::publish::tail::Ours::new(
                 &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
                 &[],

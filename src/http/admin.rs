@@ -37,6 +37,16 @@ fn admin_gate(
     client: listener::Client,
     headers: &HeaderMap,
 ) -> Result<(), AdminReply> {
+    credential_gate(app, client, headers)?;
+    leader_gate(app)
+}
+
+/// Checks the transport and the bearer secret.
+fn credential_gate(
+    app: &AppState,
+    client: listener::Client,
+    headers: &HeaderMap,
+) -> Result<(), AdminReply> {
     if !secret_may_travel(client, app.allow_plaintext_admin) {
         // Refused before the secret is even looked at; it has crossed the
         // network in the clear already, which the message says.
@@ -67,6 +77,11 @@ fn admin_gate(
             ),
         ));
     }
+    Ok(())
+}
+
+/// Checks that this node leads; otherwise says who does.
+fn leader_gate(app: &AppState) -> Result<(), AdminReply> {
     let m = app.raft.metrics().borrow().clone();
     if m.current_leader != Some(app.node_id) {
         let leader_http = m.current_leader.and_then(|l| {
@@ -135,6 +150,61 @@ pub async fn remove_member(
     tracing::info!(id, "removing member");
     match crate::cluster::remove_member(&app.raft, id).await {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({"removed": id}))),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+/// The messages sent to Pulsar as markers, kept whole on every node: the
+/// list (`GET /set-aside`), without payloads.
+pub async fn set_aside_list(State(app): State<Arc<AppState>>) -> AdminReply {
+    match app.state.set_aside_list() {
+        Ok(list) => (
+            StatusCode::OK,
+            Json(serde_json::json!({ "set_aside": list })),
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": e.to_string()})),
+        ),
+    }
+}
+
+/// One set-aside message whole (`GET /admin/set-aside/{id}`): its topic,
+/// reason and payload (hex), for the operator who takes it from here. It
+/// carries upstream data, so it asks for the admin credential; any node
+/// answers (every node keeps the same).
+pub async fn set_aside_get(
+    State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> AdminReply {
+    if let Err(r) = credential_gate(&app, client, &headers) {
+        return r;
+    }
+    match app.state.set_aside_get(id) {
+        Ok(Some(k)) => (
+            StatusCode::OK,
+            Json(serde_json::json!({
+                "id": id,
+                "pulsar_topic": k.pulsar_topic,
+                "seq": k.seq,
+                "reason": k.reason,
+                "at_ms": k.at_ms,
+                "key": hex::encode(k.message.key),
+                "mqtt_topic": k.message.mqtt_topic,
+                "node": k.message.node,
+                "first_seen_ms": k.message.first_seen_ms,
+                "payload_hex": hex::encode(&k.message.payload),
+            })),
+        ),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": format!("no set-aside message {id}")})),
+        ),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(serde_json::json!({"error": e.to_string()})),

@@ -82,6 +82,8 @@ pub async fn serve(listener: listener::Listener, app: Arc<AppState>, shutdown: C
         .route("/admin/members", post(admin::add_member))
         .route("/admin/members/{id}", delete(admin::remove_member))
         .route("/admin/upgrade", post(admin::upgrade))
+        .route("/set-aside", get(admin::set_aside_list))
+        .route("/admin/set-aside/{id}", get(admin::set_aside_get))
         .with_state(app);
     if let Err(e) = axum::serve(
         listener,

@@ -64,6 +64,14 @@ pub struct DeadLetterConfig {
     /// Age (by receive time) past which a dead letter is removed.
     #[serde(default = "default_dead_letter_retention")]
     pub retention_secs: u64,
+    /// Of `max_bytes`, what messages no route takes may hold; past it they
+    /// are acked and counted, not kept, so that a sender on an unrouted
+    /// topic cannot evict the other dead letters.
+    #[serde(
+        default = "default_unrouted_bytes",
+        skip_serializing_if = "is_default_unrouted"
+    )]
+    pub unrouted_max_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -180,6 +188,12 @@ fn default_max_properties() -> usize {
 fn default_dead_letter_bytes() -> u64 {
     1024 * 1024 * 1024
 }
+fn default_unrouted_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+fn is_default_unrouted(b: &u64) -> bool {
+    *b == default_unrouted_bytes()
+}
 fn default_dead_letter_retention() -> u64 {
     7 * 24 * 3600
 }
@@ -211,6 +225,7 @@ impl Default for DeadLetterConfig {
         Self {
             max_bytes: default_dead_letter_bytes(),
             retention_secs: default_dead_letter_retention(),
+            unrouted_max_bytes: default_unrouted_bytes(),
         }
     }
 }

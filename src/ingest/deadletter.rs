@@ -7,6 +7,15 @@
 //! store keeps the newest ones rather than stop acking: holding acks for a
 //! full dead-letter store would let one sender of bad messages stall every
 //! other message on its connection (G8).
+//!
+//! Unrouted messages (no route wants them: anyone may publish on a topic
+//! the node subscribes to) have a bound of their own, checked before one is
+//! stored: past it they are counted and not kept, so a sender of unrouted
+//! messages cannot evict the dead letters of other reasons. Each file's name
+//! holds its receive time, its reason and a suffix that makes it unique: two
+//! messages with the same payload in the same millisecond are two files.
+//! Messages the publisher sets aside are not kept here (they are replicated
+//! state, `firstseen_store`'s set-aside store).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,6 +34,20 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 pub struct Bounds {
     pub max_bytes: u64,
     pub retention_ms: u64,
+    /// Of `max_bytes`, what unrouted messages may hold.
+    pub unrouted_max_bytes: u64,
+}
+
+/// The reason of unrouted messages, which have a bound of their own.
+pub const UNROUTED: &str = "unrouted";
+
+/// What [`DeadLetter::store`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// Written, fsynced, at this path.
+    At(PathBuf),
+    /// Not kept: an unrouted message past the unrouted bound. Counted.
+    OverBound,
 }
 
 /// Why a file was removed, for the metric and the log.
@@ -50,6 +73,8 @@ pub struct Ledger {
     /// (received_ms, file name) → bytes on disk.
     files: BTreeMap<(u64, String), u64>,
     bytes: u64,
+    /// Of those, unrouted messages' ([`reason_of`]).
+    unrouted: u64,
 }
 
 impl Ledger {
@@ -63,19 +88,43 @@ impl Ledger {
         bytes: u64,
         max_bytes: u64,
     ) -> Vec<String> {
+        let unrouted = reason_of(&name) == Some(UNROUTED);
         if let Some(old) = self.files.insert((received_ms, name), bytes) {
             self.bytes -= old;
+            if unrouted {
+                self.unrouted -= old;
+            }
         }
         self.bytes += bytes;
+        if unrouted {
+            self.unrouted += bytes;
+        }
         let mut removed = Vec::new();
         while self.bytes > max_bytes && self.files.len() > 1 {
             let Some(((_, name), b)) = self.files.pop_first() else {
                 break;
             };
-            self.bytes -= b;
+            self.forget(&name, b);
             removed.push(name);
         }
         removed
+    }
+
+    fn forget(&mut self, name: &str, bytes: u64) {
+        self.bytes -= bytes;
+        if reason_of(name) == Some(UNROUTED) {
+            self.unrouted -= bytes;
+        }
+    }
+
+    /// Whether an unrouted message of `bytes` fits the unrouted bound.
+    pub fn unrouted_fits(&self, bytes: u64, bound: u64) -> bool {
+        self.unrouted.saturating_add(bytes) <= bound
+    }
+
+    /// Whether the store has a file of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.files.keys().any(|(_, n)| n == name)
     }
 
     /// The files received before `now_ms - retention_ms`, forgotten here.
@@ -87,7 +136,7 @@ impl Ledger {
                 break;
             }
             let ((_, name), b) = entry.remove_entry();
-            self.bytes -= b;
+            self.forget(&name, b);
             removed.push(name);
         }
         removed
@@ -111,6 +160,32 @@ pub fn received_ms_of(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".msg")?;
     let (ms, _) = stem.split_once('-')?;
     ms.parse().ok()
+}
+
+/// The reason a dead-letter file's name holds (`<ms>-<reason>-<digest>…`),
+/// if it holds one (names from before reasons do not).
+pub fn reason_of(name: &str) -> Option<&str> {
+    let stem = name.strip_suffix(".msg")?;
+    let mut parts = stem.splitn(3, '-');
+    parts.next()?;
+    let reason = parts.next()?;
+    parts.next()?;
+    reason
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b == b'_')
+        .then_some(reason)
+}
+
+/// A reason as a file name holds it: lowercase letters, `-` as `_`.
+fn name_part(reason: &str) -> String {
+    reason
+        .chars()
+        .map(|c| match c {
+            'a'..='z' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect()
 }
 
 /// Files in `<data_dir>/dead-letter/`, one per message: a JSON header line,
@@ -225,7 +300,9 @@ impl DeadLetter {
         }
     }
 
-    /// Stores one message durably and returns the file's path.
+    /// Stores one message durably and says where, or that it was not kept
+    /// (an unrouted message past its bound: checked before anything is
+    /// written).
     pub async fn store(
         &self,
         reason: &str,
@@ -234,7 +311,7 @@ impl DeadLetter {
         retain: Option<bool>,
         payload: &[u8],
         received_ms: u64,
-    ) -> std::io::Result<PathBuf> {
+    ) -> std::io::Result<Stored> {
         if !self.dir.is_dir() {
             let dir = self.dir.clone();
             tokio::task::spawn_blocking(move || firstseen_store::disk::create_dir_durable(&dir))
@@ -243,7 +320,27 @@ impl DeadLetter {
                 .map_err(std::io::Error::other)?;
         }
         let digest = blake3::hash(payload).to_hex();
-        let name = format!("{received_ms}-{}.msg", &digest.as_str()[..16]);
+        let stem = format!(
+            "{received_ms}-{}-{}",
+            name_part(reason),
+            &digest.as_str()[..16]
+        );
+        let size_hint = (payload.len() + topic.len() + 128) as u64;
+        let name = {
+            let l = self.lock();
+            if reason == UNROUTED && !l.unrouted_fits(size_hint, self.bounds.unrouted_max_bytes) {
+                return Ok(Stored::OverBound);
+            }
+            // Unique: the same payload in the same millisecond is another
+            // file, never the same one written over.
+            let mut name = format!("{stem}.msg");
+            let mut n = 1u32;
+            while l.has(&name) || self.dir.join(&name).exists() {
+                n += 1;
+                name = format!("{stem}-{n}.msg");
+            }
+            name
+        };
         let path = self.dir.join(&name);
         let header = Header {
             reason,
@@ -285,7 +382,7 @@ impl DeadLetter {
             let _ = tokio::task::spawn_blocking(move || store.remove(&over, Removal::Quota)).await;
         }
         self.publish_gauges();
-        Ok(path)
+        Ok(Stored::At(path))
     }
 }
 
@@ -356,6 +453,7 @@ mod tests {
         let bounds = Bounds {
             max_bytes: 1000,
             retention_ms: u64::MAX,
+            unrouted_max_bytes: 1000,
         };
         let store = DeadLetter::open(d.clone(), bounds);
         for i in 0..10u64 {
@@ -391,5 +489,76 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names.contains(&"README".to_string()));
         assert!(names.iter().any(|n| n.starts_with("1009-")), "{names:?}");
+    }
+
+    /// Two messages with the same payload in the same millisecond: named
+    /// `{ms}-{hash16}`, the second overwrote the first.
+    #[tokio::test]
+    async fn the_same_payload_in_the_same_millisecond_is_two_files() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let store = DeadLetter::open(
+            dir.path().join("dead-letter"),
+            Bounds {
+                max_bytes: u64::MAX,
+                retention_ms: u64::MAX,
+                unrouted_max_bytes: u64::MAX,
+            },
+        );
+        let a = store
+            .store("oversize", "t/a", Some(1), Some(false), b"same", 5)
+            .await
+            .unwrap();
+        let b = store
+            .store("oversize", "t/b", Some(1), Some(false), b"same", 5)
+            .await
+            .unwrap();
+        let (Stored::At(a), Stored::At(b)) = (a, b) else {
+            panic!("both kept");
+        };
+        assert_ne!(a, b);
+        assert!(std::fs::read_to_string(&a).unwrap().contains("t/a"));
+        assert!(std::fs::read_to_string(&b).unwrap().contains("t/b"));
+        assert_eq!(
+            reason_of(&a.file_name().unwrap().to_string_lossy()),
+            Some("oversize")
+        );
+    }
+
+    /// Unrouted messages have a bound of their own, checked before one is
+    /// written: past it they are not kept, and the other dead letters stay.
+    #[tokio::test]
+    async fn unrouted_messages_cannot_evict_the_other_dead_letters() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let store = DeadLetter::open(
+            dir.path().join("dead-letter"),
+            Bounds {
+                max_bytes: 10_000,
+                retention_ms: u64::MAX,
+                unrouted_max_bytes: 1_000,
+            },
+        );
+        let kept = store
+            .store("oversize", "t", Some(1), Some(false), &[1; 2_000], 1)
+            .await
+            .unwrap();
+        assert!(matches!(kept, Stored::At(_)));
+        let mut not_kept = 0;
+        for i in 0..100u64 {
+            if store
+                .store(UNROUTED, "u", Some(1), Some(false), &[2; 300], 10 + i)
+                .await
+                .unwrap()
+                == Stored::OverBound
+            {
+                not_kept += 1;
+            }
+        }
+        assert!(not_kept >= 97, "{not_kept}");
+        let l = store.lock();
+        assert!(l
+            .files
+            .keys()
+            .any(|(_, n)| reason_of(n) == Some("oversize")));
+        assert!(l.unrouted <= 1_000, "{}", l.unrouted);
     }
 }

@@ -363,9 +363,18 @@ impl Upstream {
                 )
                 .await
             {
-                Ok(path) => {
+                Ok(deadletter::Stored::At(path)) => {
                     let topic: String = p.topic.chars().take(200).collect();
                     tracing::warn!(upstream = %self.config.name, %topic, bytes = p.payload.len(), reason, path = %path.display(), "message set aside in dead-letter store");
+                    return;
+                }
+                Ok(deadletter::Stored::OverBound) => {
+                    // Acked and not kept: no route wants it, and keeping
+                    // more would evict the other dead letters.
+                    metrics::counter!("firstseen_dead_letter_not_kept_total", "reason" => reason.to_string())
+                        .increment(1);
+                    let topic: String = p.topic.chars().take(200).collect();
+                    tracing::debug!(upstream = %self.config.name, %topic, reason, "dead letter not kept: past dead_letter.unrouted_max_bytes");
                     return;
                 }
                 Err(e) => {

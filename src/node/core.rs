@@ -63,8 +63,9 @@ pub struct Parts {
     pub key: ClusterKey,
     pub tls: Option<PeerTls>,
     pub disk: Arc<DiskSpace>,
-    /// The node's dead-letter store, shared by ingest and the publisher.
-    pub dead_letter: crate::ingest::deadletter::DeadLetter,
+    /// Where the publisher keeps a message it sends as a marker while the
+    /// cluster level is 1 (from level 2 the replicated state keeps it).
+    pub set_aside_local: crate::ingest::deadletter::DeadLetter,
     /// Which messages at the end of a topic are this cluster's.
     pub ours: crate::publish::tail::Ours,
 }
@@ -203,7 +204,8 @@ impl Core {
             shutdown: stops.publish,
             disk: parts.disk.clone(),
             max_message_bytes: config.pulsar.max_message_bytes,
-            dead_letter: Some(parts.dead_letter.clone()),
+            set_aside_local: Some(parts.set_aside_local.clone()),
+            set_aside_max_bytes: config.outbox.set_aside_max_bytes,
             formats: config.formats(),
             ours,
         }

@@ -94,6 +94,7 @@ pub async fn run(
         crate::ingest::deadletter::Bounds {
             max_bytes: config.dead_letter.max_bytes,
             retention_ms: config.dead_letter.retention_secs.saturating_mul(1000),
+            unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
         },
     );
     let upstreams = Upstream::from_config(
@@ -116,7 +117,15 @@ pub async fn run(
             key: cluster.key.clone(),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
-            dead_letter: dead_letter.clone(),
+            set_aside_local: crate::ingest::deadletter::DeadLetter::open(
+                config.node.data_dir.join("set-aside"),
+                crate::ingest::deadletter::Bounds {
+                    max_bytes: config.outbox.set_aside_max_bytes,
+                    // Kept until the bound says otherwise: no age by clock.
+                    retention_ms: u64::MAX,
+                    unrouted_max_bytes: 0,
+                },
+            ),
             ours: ours.clone(),
         },
         Ports {

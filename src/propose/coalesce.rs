@@ -42,10 +42,10 @@ enum Work {
     /// entries rather than in their slot: the next batch need not wait for
     /// it, and apply keeps the larger of two receipts in any order.
     Watermark { topic: String, seq: u64 },
-    /// The cluster level rises (`crate::cluster::level`), answered once
-    /// committed.
-    Level {
-        level: u32,
+    /// A command other than observations and receipts (the cluster level
+    /// rising, a message set aside), answered once committed.
+    Append {
+        cmd: Command,
         reply: oneshot::Sender<Result<(), ForwardError>>,
     },
 }
@@ -156,11 +156,15 @@ impl Coalescer {
         answer.await.map_err(|_| ForwardError::ShuttingDown)?
     }
 
-    /// Appends `Level{level}` and returns once it is committed.
-    pub async fn level(&self, level: u32) -> Result<(), ForwardError> {
+    /// Appends `cmd` (the cluster level rising, a message set aside) and
+    /// returns once it is committed.
+    pub async fn append(&self, cmd: Command) -> Result<(), ForwardError> {
+        if let Some(reason) = self.disk.reason() {
+            return Err(ForwardError::DiskLow { reason });
+        }
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Work::Level { level, reply })
+            .send(Work::Append { cmd, reply })
             .map_err(|_| ForwardError::ShuttingDown)?;
         answer.await.map_err(|_| ForwardError::ShuttingDown)?
     }
@@ -202,8 +206,8 @@ async fn run(
                 Work::Watermark { topic, seq } => {
                     watermarks.spawn(watermark(raft.clone(), topic, seq));
                 }
-                Work::Level { level, reply } => {
-                    watermarks.spawn(raise_level(raft.clone(), level, reply));
+                Work::Append { cmd, reply } => {
+                    watermarks.spawn(append(raft.clone(), cmd, reply));
                 }
             }
         }
@@ -260,8 +264,8 @@ async fn run(
                 Some(Work::Watermark { topic, seq }) => {
                     watermarks.spawn(watermark(raft.clone(), topic, seq));
                 }
-                Some(Work::Level { level, reply }) => {
-                    watermarks.spawn(raise_level(raft.clone(), level, reply));
+                Some(Work::Append { cmd, reply }) => {
+                    watermarks.spawn(append(raft.clone(), cmd, reply));
                 }
                 None => open = false,
             },
@@ -368,19 +372,18 @@ async fn watermark(raft: Raft, topic: String, seq: u64) {
     }
 }
 
-/// Appends the level entry and answers once it is committed.
-async fn raise_level(raft: Raft, level: u32, reply: oneshot::Sender<Result<(), ForwardError>>) {
+/// Appends `cmd` and answers once it is committed.
+async fn append(raft: Raft, cmd: Command, reply: oneshot::Sender<Result<(), ForwardError>>) {
     let server = raft.server_metrics();
-    let result =
-        match until_deposed(raft.client_write(Command::Level { level }), server.clone()).await {
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(ForwardError::NotCommitted {
-                detail: e.to_string(),
-            }),
-            None => Err(ForwardError::NotLeader {
-                leader: server.borrow().current_leader,
-            }),
-        };
+    let result = match until_deposed(raft.client_write(cmd), server.clone()).await {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(ForwardError::NotCommitted {
+            detail: e.to_string(),
+        }),
+        None => Err(ForwardError::NotLeader {
+            leader: server.borrow().current_leader,
+        }),
+    };
     let _ = reply.send(result);
 }
 

@@ -285,7 +285,7 @@ impl LevelGate {
         );
         self.inner
             .coalescer
-            .level(to)
+            .append(firstseen_store::Command::Level { level: to })
             .await
             .map_err(|e| RaiseError::NotCommitted(e.to_string()))?;
         *firstseen_store::sync::lock(&self.inner.last) = (Vec::new(), None);

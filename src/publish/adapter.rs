@@ -340,6 +340,14 @@ impl Group for RaftGroup {
     fn watermark(&self, topic: String, seq: u64) {
         self.proposer.watermark(topic, seq);
     }
+
+    async fn set_aside(&self, record: firstseen_store::SetAside) -> Result<(), Error> {
+        self.proposer
+            .coalescer
+            .append(firstseen_store::Command::SetAside(Box::new(record)))
+            .await
+            .map_err(|e| Error::SetAside(e.to_string()))
+    }
 }
 
 /// The outbox in the replicated state, payloads read from the Raft log.

@@ -80,6 +80,21 @@ pub struct OutboxConfig {
     /// upstream until the publisher has drained it.
     #[serde(default = "default_quota")]
     pub quota_bytes: u64,
+    /// Bytes the set-aside store may hold: messages sent to Pulsar as
+    /// markers because the broker would refuse them, kept whole on every
+    /// node. Past it the oldest of them go (and only they).
+    #[serde(
+        default = "default_set_aside",
+        skip_serializing_if = "is_default_set_aside"
+    )]
+    pub set_aside_max_bytes: u64,
+}
+
+fn default_set_aside() -> u64 {
+    256 * 1024 * 1024
+}
+fn is_default_set_aside(b: &u64) -> bool {
+    *b == default_set_aside()
 }
 
 fn yes() -> bool {
@@ -101,6 +116,7 @@ impl Default for OutboxConfig {
     fn default() -> Self {
         Self {
             quota_bytes: default_quota(),
+            set_aside_max_bytes: default_set_aside(),
         }
     }
 }

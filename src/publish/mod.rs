@@ -84,9 +84,13 @@ pub struct Publisher<B: Broker, G: Group, O: Outbox> {
     /// What the broker accepts (`pulsar.max_message_bytes`); a larger
     /// message goes as a marker ([`policy::set_aside_reason`]).
     pub max_message_bytes: usize,
-    /// Where a message sent as a marker is kept, before the marker is sent.
-    /// `None` in the models, which keep nothing on disk.
-    pub dead_letter: Option<crate::ingest::deadletter::DeadLetter>,
+    /// Where a message sent as a marker is kept below cluster level 2 (a
+    /// directory of this node's own, apart from the dead letters), before
+    /// the marker is sent. `None` in the models, which keep nothing on
+    /// disk. From level 2 it is kept in the replicated state instead.
+    pub set_aside_local: Option<crate::ingest::deadletter::DeadLetter>,
+    /// The replicated set-aside store's bound (`outbox.set_aside_max_bytes`).
+    pub set_aside_max_bytes: u64,
     /// How this cluster names its producers.
     pub ours: tail::Ours,
     /// How each topic's messages are written (`routes[].format`).
@@ -447,11 +451,12 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         }
     }
 
-    /// Keeps a message that goes to Pulsar as a marker in this node's
-    /// dead-letter store (fsynced) before the marker is sent, so the marker
-    /// says where to look. The store's quota and retention apply to it as to
-    /// every dead letter (docs/configuration.md). A failed write fails the
-    /// batch, which is retried like any other error.
+    /// Keeps a message that goes to Pulsar as a marker before the marker is
+    /// sent: from cluster level 2 in the replicated set-aside store, on
+    /// every node, committed first; below it in this node's own set-aside
+    /// directory (fsynced), apart from the dead letters, with a bound of its
+    /// own and no retention by clock. A failure fails the batch, which is
+    /// retried like any other error.
     async fn keep_set_aside(
         &self,
         topic: &str,
@@ -461,7 +466,20 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         reason: &str,
     ) -> Result<(), Error> {
         metrics::counter!("firstseen_set_aside_total").increment(1);
-        let path = match &self.dead_letter {
+        if self.outbox.level() >= firstseen_store::level::KINDS {
+            self.group
+                .set_aside(firstseen_store::SetAside {
+                    pulsar_topic: topic.to_string(),
+                    seq,
+                    reason: reason.to_string(),
+                    message: m.clone(),
+                    keep_bytes: self.set_aside_max_bytes,
+                })
+                .await?;
+            tracing::warn!(topic, seq, key = %hex::encode(m.key), reason, "message the broker would refuse sent as a marker; kept in the replicated set-aside store (GET /set-aside)");
+            return Ok(());
+        }
+        let path = match &self.set_aside_local {
             Some(store) => Some(
                 store
                     .store(kind, &m.mqtt_topic, None, None, &m.payload, m.first_seen_ms)
@@ -469,7 +487,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             ),
             None => None,
         };
-        tracing::warn!(topic, seq, key = %hex::encode(m.key), reason, file = ?path, "message the broker would refuse sent as a marker; kept in the dead-letter store");
+        tracing::warn!(topic, seq, key = %hex::encode(m.key), reason, file = ?path, "message the broker would refuse sent as a marker; kept in this node's set-aside directory");
         Ok(())
     }
 

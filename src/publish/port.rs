@@ -121,6 +121,14 @@ pub trait Group: Send + Sync {
 
     /// Proposes the receipt `Published{topic, seq}` without waiting for it.
     fn watermark(&self, topic: String, seq: u64);
+
+    /// Keeps a message that goes to Pulsar as a marker in the replicated
+    /// set-aside store (cluster level 2), and returns once that is
+    /// committed: only then may the marker be sent.
+    fn set_aside(
+        &self,
+        record: firstseen_store::SetAside,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// The replicated outbox: messages with a sequence, not yet published.

@@ -280,6 +280,25 @@ pub enum Command {
         slim: Vec<u32>,
         kinds: Vec<KeyKind>,
     },
+    /// From cluster level 2: message `seq` of `pulsar_topic` goes to Pulsar
+    /// as a marker (the broker would refuse it), so every node keeps the
+    /// message itself in its replicated set-aside store, where nothing but
+    /// other set-aside messages can evict it (oldest first, past
+    /// `keep_bytes`, the leader's `outbox.set_aside_max_bytes`, stamped so
+    /// that every node keeps the same). Committed before the marker is sent.
+    SetAside(Box<SetAside>),
+}
+
+/// What [`Command::SetAside`] carries, and what the store keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAside {
+    pub pulsar_topic: String,
+    pub seq: u64,
+    /// Why it is not in the topic itself.
+    pub reason: String,
+    pub message: OutboxMessage,
+    /// The store's bound in bytes (of payloads and topics).
+    pub keep_bytes: u64,
 }
 
 impl Command {
@@ -332,7 +351,7 @@ impl Command {
                 observations,
                 ..
             } => Some((*stamped_ms, *window_ms, observations)),
-            Command::Published { .. } | Command::Level { .. } => None,
+            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
         }
     }
 
@@ -373,7 +392,7 @@ impl Command {
             | Command::ObserveWithProperties { observations, .. }
             | Command::ObserveSlim { observations, .. }
             | Command::ObserveKinds { observations, .. } => Some(observations),
-            Command::Published { .. } | Command::Level { .. } => None,
+            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
         }
     }
 
@@ -384,7 +403,7 @@ impl Command {
             | Command::ObserveWithProperties { observations, .. }
             | Command::ObserveSlim { observations, .. }
             | Command::ObserveKinds { observations, .. } => Some(observations),
-            Command::Published { .. } | Command::Level { .. } => None,
+            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
         }
     }
 }

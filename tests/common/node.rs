@@ -111,8 +111,13 @@ pub struct Node {
     starts: u32,
 }
 
+/// The firstseen binary the tests run: this build's, or the one
+/// `FIRSTSEEN_TEST_BIN` names (to run a test against another release's
+/// build, and see whether it fails there).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_firstseen"))
+    std::env::var_os("FIRSTSEEN_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_firstseen")))
 }
 
 impl Node {
@@ -395,6 +400,35 @@ impl Node {
         let mut buf = String::new();
         let _ = s.read_to_string(&mut buf);
         buf.starts_with("HTTP/1.") && buf.contains(" 200 ")
+    }
+
+    /// The replicated set-aside store as this node lists it (`/set-aside`).
+    pub fn set_aside(&self) -> Vec<Value> {
+        let (code, body) = self.get("/set-aside");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["set_aside"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// One set-aside message whole (`/admin/set-aside/{id}`), asked with
+    /// the node's secret: its reason and payload.
+    pub fn set_aside_message(&self, id: u64) -> (String, Vec<u8>) {
+        let secret = std::fs::read_to_string(self.secret_file()).unwrap();
+        let out = Command::new("curl")
+            .args(["-sSf", "-H"])
+            .arg(format!("Authorization: Bearer {}", secret.trim()))
+            .arg(format!(
+                "http://127.0.0.1:{}/admin/set-aside/{id}",
+                self.http_port
+            ))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["reason"].as_str().unwrap_or_default().to_string(),
+            hex::decode(v["payload_hex"].as_str().unwrap_or_default()).unwrap(),
+        )
     }
 
     /// Raw GET of an HTTP path: (status code, body).

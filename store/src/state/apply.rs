@@ -126,6 +126,7 @@ impl Memory {
                 self.published(disk, pulsar_topic, *seq)?
             }
             Some(Command::Level { level }) => self.raise_level(*level)?,
+            Some(Command::SetAside(s)) => self.set_aside(s)?,
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {

@@ -76,14 +76,33 @@ impl StateStore {
             .iter()
             .filter_map(|k| inner.runs.get(k).map(|r| (k, record::encode_run(r))))
             .collect();
+        let aside_new: Vec<([u8; 8], &Vec<u8>)> = inner
+            .aside
+            .new
+            .iter()
+            .map(|(id, raw)| (super::aside::record_key(*id), raw))
+            .collect();
+        let aside_gone: Vec<[u8; 8]> = inner
+            .aside
+            .gone
+            .iter()
+            .map(|id| super::aside::record_key(*id))
+            .collect();
         (
             &self.window,
             &self.masks,
             &self.runs,
             &self.inline,
             &self.meta,
+            &self.aside,
         )
-            .transaction(|(window_t, masks_t, runs_t, inline_t, meta_t)| {
+            .transaction(|(window_t, masks_t, runs_t, inline_t, meta_t, aside_t)| {
+                for (k, raw) in &aside_new {
+                    aside_t.insert(k, raw.as_slice())?;
+                }
+                for k in &aside_gone {
+                    aside_t.remove(k)?;
+                }
                 for rec in delete.clone() {
                     let k = record::record_key(rec);
                     window_t.remove(&k)?;
@@ -136,6 +155,8 @@ impl StateStore {
         inner.runs_new.clear();
         inner.runs_gone.clear();
         inner.inline_gone.clear();
+        inner.aside.new.clear();
+        inner.aside.gone.clear();
         inner.dirty = false;
         inner.durable_hold = inner.hold();
         Ok(())

@@ -40,6 +40,8 @@ pub(super) struct Memory {
     /// The cluster level. Kept apart from the head (whose encoding every
     /// release before levels reads), and written only once it rose.
     pub(super) levels: crate::level::Levels,
+    /// Messages sent as markers, kept whole (`aside.rs`).
+    pub(super) aside: super::aside::Aside,
     pub(super) index: Index,
     /// Records not yet written, oldest first; their ids are contiguous and
     /// follow the written ones.

@@ -11,7 +11,9 @@
 //! - `inline`: (pulsar topic, seq) → [`OutboxMessage`], for unpublished
 //!   messages that arrived in a snapshot rather than in the log
 //! - `meta`:   the head: totals, coverage, topics, node bits, expiry
-//!   position and the caller's applied marker
+//!   position and the caller's applied marker; and the cluster level
+//! - `set_aside`: id → a message sent to Pulsar as a marker, kept whole
+//!   (`aside.rs`)
 //!
 //! **Why checkpoints.** sled 0.34 never moves a live page to reclaim a
 //! segment, so its disk holds everything written during one window, not
@@ -32,6 +34,7 @@
 
 mod applied;
 mod apply;
+mod aside;
 mod checkpoint;
 mod memory;
 mod query;
@@ -53,6 +56,7 @@ use crate::record;
 use crate::StoreError;
 use memory::{Head, Memory};
 
+pub use aside::{Kept, KeptEntry};
 pub use snapshot::ResolveEntry;
 
 const META_HEAD: &[u8] = b"head";
@@ -61,7 +65,14 @@ const META_LEVEL: &[u8] = b"level";
 /// Present while a snapshot is being imported (see `import_with_progress`).
 const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
-const TREES: [&str; 5] = ["sm_window", "sm_masks", "sm_runs", "sm_inline", "sm_meta"];
+const TREES: [&str; 6] = [
+    "sm_window",
+    "sm_masks",
+    "sm_runs",
+    "sm_inline",
+    "sm_meta",
+    "sm_set_aside",
+];
 
 /// No log entry is held for the outbox.
 pub const NO_HOLD: u64 = u64::MAX;
@@ -76,6 +87,9 @@ pub struct StateStore {
     runs: sled::Tree,
     inline: sled::Tree,
     meta: sled::Tree,
+    /// Empty until the cluster level is 2 (an older release's snapshot
+    /// import would not know its tag).
+    aside: sled::Tree,
     inner: Arc<Mutex<Memory>>,
     /// When each entry's messages were applied (a measurement only).
     applied_at: Arc<Mutex<applied::AppliedAt>>,
@@ -135,6 +149,7 @@ impl StateStore {
             runs: sled.open_tree(TREES[2])?,
             inline: sled.open_tree(TREES[3])?,
             meta: sled.open_tree(TREES[4])?,
+            aside: sled.open_tree(TREES[5])?,
             inner: Arc::default(),
             applied_at: Arc::default(),
             log_db,
@@ -218,6 +233,7 @@ impl StateStore {
             written_from: written_from.unwrap_or(head.expired_below),
             head,
             levels,
+            aside: aside::Aside::load(&self.aside)?,
             index,
             runs,
             ..Memory::default()

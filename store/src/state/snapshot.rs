@@ -120,7 +120,13 @@ impl StateStore {
         // onto; with it imported, as a complete state missing part of its
         // outbox (the inline records come last).
         self.meta.insert(META_IMPORTING, &[])?;
-        for tree in [&self.window, &self.masks, &self.runs, &self.inline] {
+        for tree in [
+            &self.window,
+            &self.masks,
+            &self.runs,
+            &self.inline,
+            &self.aside,
+        ] {
             tree.clear()?;
         }
         for key in self.meta.iter().keys() {
@@ -154,13 +160,14 @@ impl StateStore {
         Ok(records)
     }
 
-    fn trees(&self) -> [&sled::Tree; 5] {
+    fn trees(&self) -> [&sled::Tree; 6] {
         [
             &self.window,
             &self.masks,
             &self.runs,
             &self.inline,
             &self.meta,
+            &self.aside,
         ]
     }
 }
