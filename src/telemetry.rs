@@ -108,7 +108,17 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_set_aside_total",
         "counter",
-        "Messages the publisher sent as a marker because the broker would refuse them (over pulsar.max_message_bytes); each is kept in the dead-letter store",
+        "Messages the publisher sent as a marker because the broker would refuse them (over pulsar.max_message_bytes); each is kept in the set-aside store",
+    ),
+    (
+        "firstseen_set_aside_evicted_total",
+        "counter",
+        "Set-aside messages evicted by newer ones past outbox.set_aside_max_bytes",
+    ),
+    (
+        "firstseen_dead_letter_not_kept_total",
+        "counter",
+        "Unrouted messages acked and not kept: past dead_letter.unrouted_max_bytes",
     ),
     (
         "firstseen_dead_letter_removed_total",
