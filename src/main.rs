@@ -103,6 +103,11 @@ enum Command {
         #[arg(long, env = "FIRSTSEEN_CA_FILE")]
         ca_file: Option<PathBuf>,
     },
+    /// Make a stopped node whose cluster lost its majority for good the
+    /// only member of a new one, keeping its window, outbox and sequences
+    /// (then `members add` grows it back). Refused while the old cluster
+    /// still has a quorum. Exit 1 when refused, 2 when it could not run.
+    Recover(cli::recover::Args),
     /// Show a node's view of the cluster, from its HTTP API.
     Status {
         /// Base URL of any node's HTTP API.
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
             Command::Run { config } => cli::node::run(config).await,
             Command::CheckConfig { file } => cli::node::check_config(file),
             Command::Verify(args) => cli::verify::run(args).await,
+            Command::Recover(args) => cli::recover::run(args).await,
             Command::Compare(args) => cli::compare::run(args).await,
             Command::Status {
                 url,

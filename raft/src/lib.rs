@@ -25,6 +25,8 @@
 //!   so a log that a damaged file shortened is refused at start-up.
 //! - [`rejoin`]: a damaged log set aside, and the rule that keeps the node
 //!   from voting until the group has brought it up to date.
+//! - [`recover`]: a lone survivor made a cluster of one, its log and state
+//!   kept, when the rest of its cluster is gone for good.
 //! - [`cover`]: what the snapshot on disk covers; the log's purge point
 //!   never passes it, so a state rebuilt from that snapshot finds the rest
 //!   in the log.
@@ -42,6 +44,7 @@ pub mod damage;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
+pub mod recover;
 pub mod rejoin;
 pub mod runtime;
 pub mod snapshot_files;

@@ -10,10 +10,13 @@
 //!   rule for where the admin credential may travel.
 //! - [`members`]: `members add|remove` and `upgrade`.
 //! - [`status`]: the `status` command.
+//! - [`recover`]: `recover --force-new-cluster`, a lone survivor made a
+//!   cluster of one.
 
 pub mod api;
 pub mod compare;
 pub mod members;
 pub mod node;
+pub mod recover;
 pub mod status;
 pub mod verify;

@@ -1,0 +1,132 @@
+//! A lone survivor made a cluster of one (`firstseen recover
+//! --force-new-cluster`).
+//!
+//! When a majority of the members is gone for good, the group can never
+//! commit again: Raft needs a majority of the old membership to change it.
+//! The survivor's log holds every entry it received, and its state every one
+//! it applied: its window, its outbox and its sequences. [`force_single`]
+//! keeps all of that and appends one entry, a membership of this node alone,
+//! under a term above every term the log has seen, with this node's vote for
+//! itself in that term committed. openraft then starts the node as the
+//! leader of a group of one, which commits the whole log (the survivor is
+//! its only copy) and applies what it had not applied yet. The group grows
+//! back with `firstseen members add`.
+//!
+//! What it cannot give back: an entry the lost members committed and this
+//! node never received. A leader has every committed entry, so recover the
+//! node that led, or the one with the longest log. And the lost members must
+//! never come back with their old data: among themselves they are still a
+//! majority of the old membership.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, Vote};
+
+use crate::{Member, NodeId, RaftError, Storage, TypeConfig};
+
+/// What the forced membership replaced, and where the log stands now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forced {
+    /// The members before.
+    pub before: BTreeSet<NodeId>,
+    /// The term of the new membership, and its entry's index.
+    pub term: u64,
+    pub index: u64,
+    /// The last entry of the log before it (every one of them is now this
+    /// group's to commit).
+    pub last_before: Option<LogId<NodeId>>,
+}
+
+/// Why the survivor cannot be made a cluster of one.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error("the storage: {0}")]
+    Storage(#[from] openraft::StorageError<NodeId>),
+    #[error(transparent)]
+    Open(#[from] RaftError),
+    #[error(
+        "this node holds no membership: it never joined a cluster, so there is nothing to recover"
+    )]
+    NoMembership,
+    #[error("node {me} is not a member of the cluster its log describes (members {members:?})")]
+    NotAMember {
+        me: NodeId,
+        members: BTreeSet<NodeId>,
+    },
+    #[error("this node's log was set aside after damage and it has not caught up since: it holds nothing to recover from")]
+    Rejoining,
+}
+
+/// The membership the log ends with, with its members' addresses: the
+/// last membership entry, or the one the applied state (or snapshot)
+/// holds when the log has none left.
+pub async fn membership(
+    storage: &mut Storage,
+) -> Result<Option<Membership<NodeId, Member>>, RecoverError> {
+    let state = storage.log.get_log_state().await?;
+    if let Some(last) = state.last_log_id {
+        let first = state.last_purged_log_id.map_or(0, |l| l.index + 1);
+        let entries = storage.log.try_get_log_entries(first..=last.index).await?;
+        for e in entries.iter().rev() {
+            if let EntryPayload::Membership(m) = &e.payload {
+                return Ok(Some(m.clone()));
+            }
+        }
+    }
+    let (_, stored) = storage.state_machine.applied_state().await?;
+    let m = stored.membership();
+    Ok((m.voter_ids().count() > 0).then(|| m.clone()))
+}
+
+/// Makes the node whose storage is `storage` (opened, and not running) the
+/// only member of its cluster, keeping its log and state. Blocking in the
+/// sense that the node must not run meanwhile.
+pub async fn force_single(
+    dir: &std::path::Path,
+    storage: &mut Storage,
+    me: NodeId,
+) -> Result<Forced, RecoverError> {
+    if crate::rejoin::pending(dir) {
+        return Err(RecoverError::Rejoining);
+    }
+    let membership = membership(storage)
+        .await?
+        .ok_or(RecoverError::NoMembership)?;
+    let before: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+    let mine = membership
+        .nodes()
+        .find(|(id, _)| **id == me)
+        .map(|(_, m)| m.clone())
+        .ok_or(RecoverError::NotAMember {
+            me,
+            members: before.clone(),
+        })?;
+    let state = storage.log.get_log_state().await?;
+    let vote = storage.log.read_vote().await?;
+    let last = state.last_log_id;
+    let term = vote
+        .map_or(0, |v| v.leader_id().term)
+        .max(last.map_or(0, |l| l.leader_id.term))
+        + 1;
+    let index = last.map_or(0, |l| l.index + 1);
+    // The vote first: a node that voted for itself in a term above every
+    // one its log has seen is that term's leader, and the entry below is
+    // its own.
+    storage
+        .log
+        .save_vote(&Vote::new_committed(term, me))
+        .await?;
+    let single = Membership::new(vec![BTreeSet::from([me])], BTreeMap::from([(me, mine)]));
+    let entry = Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(term, me), index),
+        payload: EntryPayload::Membership(single),
+    };
+    storage.log.blocking_append([entry]).await?;
+    Ok(Forced {
+        before,
+        term,
+        index,
+        last_before: last,
+    })
+}

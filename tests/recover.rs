@@ -1,0 +1,134 @@
+//! A lone survivor brought back: two of three zones gone for good mid-load,
+//! the third made a cluster of one with `firstseen recover
+//! --force-new-cluster`, grown back with two empty nodes, on the real
+//! brokers. Read back with the official Pulsar client and `firstseen verify`.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::cluster::TestCluster;
+use common::*;
+
+fn recover(node: &Node) -> std::process::Output {
+    Command::new(bin())
+        .args(["recover", "--force-new-cluster", "--config"])
+        .arg(node.config_path())
+        .output()
+        .expect("firstseen recover runs")
+}
+
+fn add(c: &mut TestCluster, leader: u64, id: u64, addr: &str, http: &str) {
+    let url = format!("http://127.0.0.1:{}", c.node(leader).http_port);
+    let out = Command::new(bin())
+        .args(["members", "add", "--id", &id.to_string(), "--zone"])
+        .arg(format!("zone-{id}"))
+        .args([
+            "--addr",
+            addr,
+            "--http",
+            http,
+            "--url",
+            &url,
+            "--secret-file",
+        ])
+        .arg(c.secret_file())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "members add {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The recovery is refused while the old cluster still has a quorum; then
+/// the two followers are killed for good in the middle of the capture, the
+/// leader (which holds every committed entry) is stopped and recovered,
+/// starts as a cluster of one with its window and outbox, publishes what
+/// waited, and takes two new, empty members, which catch up. A replay of
+/// the capture after that is all duplicates, and the new group survives
+/// the loss of the recovered node: every acked message in Pulsar once.
+#[test]
+fn a_lone_survivor_recovers_as_a_cluster_of_one_and_grows_back() {
+    let Some(pulsar) = shared_pulsar("a_lone_survivor_recovers_as_a_cluster_of_one_and_grows_back")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("recover");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let survivor = c.wait_leader(None, Duration::from_secs(30));
+    let lost: Vec<u64> = (1..=3).filter(|id| *id != survivor).collect();
+
+    // With the other two running, the old cluster has its quorum: refused.
+    c.node(lost[0])
+        .terminate(Duration::from_secs(20))
+        .expect("stops");
+    let out = recover(c.node(lost[0]));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("still has a quorum"),
+        "{out:?}"
+    );
+    c.node(lost[0]).restart();
+    c.wait_ready();
+
+    let mut load = replay_cmd(mqtt.port, &["--pace", "2000"]).spawn().unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "half the capture published",
+        || c.node(survivor).published() > 2_000,
+    );
+    for id in &lost {
+        c.node(*id).kill9();
+        c.node(*id).wipe();
+    }
+    assert!(load.wait().unwrap().success());
+    // Alone it cannot commit; it stops within its bound.
+    c.node(survivor)
+        .terminate(Duration::from_secs(30))
+        .expect("stops");
+    let out = recover(c.node(survivor));
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("recover: {said}");
+    assert!(said.contains("only member"), "{said}");
+    c.node(survivor).restart();
+    c.node(survivor)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+
+    // Grown back with two empty nodes of new ids.
+    for id in [4, 5] {
+        let (addr, http) = c.start_joiner(id, |_| {});
+        add(&mut c, survivor, id, &addr, &http);
+    }
+    for id in [4, 5] {
+        wait_until(
+            Duration::from_secs(60),
+            "a new member holds the window",
+            || {
+                c.node(id)
+                    .status()
+                    .is_some_and(|s| s.totals.window_keys == HFP_DISTINCT)
+            },
+        );
+    }
+    replay(mqtt.port, &["--pace", "max"]);
+    // The recovered node is lost in turn: the two new ones carry on.
+    c.node(survivor).kill9();
+    let leader = c.wait_leader_among(&[4, 5], Some(survivor), Duration::from_secs(30));
+    let before = c.node(leader).status().unwrap().totals.observed;
+    replay(mqtt.port, &["--pace", "max"]);
+    // Both remaining zones deliver every line of the capture once more.
+    wait_until(Duration::from_secs(60), "the new group settled", || {
+        c.node(leader).status().is_some_and(|s| {
+            s.totals.outbox_messages == 0 && s.totals.observed >= before + 2 * 5_000
+        })
+    });
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
+    assert_eq!(code, 0, "{report}");
+}
