@@ -17,6 +17,9 @@ pub struct NodeSpec {
     pub env: Vec<(String, String)>,
     /// Fixed HTTP port (the cluster harness needs it before start).
     pub http_port: Option<u16>,
+    /// The binary to run, when not this build's ([`bin`]): a previous
+    /// release, for the upgrade test.
+    pub binary: Option<PathBuf>,
 }
 
 impl NodeSpec {
@@ -45,6 +48,7 @@ impl NodeSpec {
             data_dir: None,
             env: Vec::new(),
             http_port: None,
+            binary: None,
         }
     }
 
@@ -173,7 +177,7 @@ impl Node {
             .unwrap();
         self.starts += 1;
         writeln!(log, "===== start #{} =====", self.starts).unwrap();
-        let child = Command::new(bin())
+        let child = Command::new(self.spec.binary.clone().unwrap_or_else(bin))
             .args(["run", "--config"])
             .arg(self.config_path())
             .env("RUST_LOG", "info,pulsar=warn,openraft=warn")
