@@ -587,6 +587,10 @@ impl UpstreamClient for SimClient {
         Ok(())
     }
 
+    fn try_unsubscribe(&self, _filters: &[String]) -> Result<(), QueueFull> {
+        Ok(())
+    }
+
     fn try_disconnect(&self) {}
 }
 
@@ -887,7 +891,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     );
     let mut upstreams = Upstream::from_config(
         config,
-        Route::all(&config.routes),
+        firstseen::ingest::route::LiveRoutes::new(Route::all(&config.routes)),
         disk.clone(),
         Arc::new(SimClock {
             node: id,

@@ -20,7 +20,7 @@ pub async fn run(path: PathBuf) -> ExitCode {
     let upstreams: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
     let metrics = crate::telemetry::install_metrics(config.node.id, &config.node.zone, &upstreams);
     let shutdown = CancellationToken::new();
-    let node = crate::node::run(config, metrics, shutdown.clone());
+    let node = crate::node::run(config, Some(path), metrics, shutdown.clone());
     tokio::pin!(node);
     let outcome = tokio::select! {
         r = &mut node => r,

@@ -212,6 +212,34 @@ pub async fn set_aside_get(
     }
 }
 
+/// Reads the config file again and applies routes and subscriptions; any
+/// node, for itself.
+pub async fn reload(
+    State(app): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<listener::Client>,
+    headers: HeaderMap,
+) -> AdminReply {
+    if let Err(r) = credential_gate(&app, client, &headers) {
+        return r;
+    }
+    match app.reloader.reload() {
+        Ok(applied) => {
+            tracing::info!(routes = applied.routes, subscriptions = ?applied.subscriptions, "config reloaded (admin API)");
+            (
+                StatusCode::OK,
+                Json(serde_json::json!({ "applied": applied })),
+            )
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "config not reloaded (admin API)");
+            (
+                StatusCode::CONFLICT,
+                Json(serde_json::json!({"error": e.to_string()})),
+            )
+        }
+    }
+}
+
 /// Raises the cluster level to the highest every member runs.
 pub async fn upgrade(
     State(app): State<Arc<AppState>>,

@@ -40,6 +40,8 @@ pub use status::{NotReady, Status};
 pub struct AppState {
     /// The cluster level: its status, and raising it (`/admin/upgrade`).
     pub levels: crate::propose::level::LevelGate,
+    /// Reads the config file again (`POST /admin/reload`).
+    pub reloader: Arc<crate::node::reload::Reloader>,
     pub node_id: u64,
     pub zone: String,
     pub raft: Raft,
@@ -82,6 +84,7 @@ pub async fn serve(listener: listener::Listener, app: Arc<AppState>, shutdown: C
         .route("/admin/members", post(admin::add_member))
         .route("/admin/members/{id}", delete(admin::remove_member))
         .route("/admin/upgrade", post(admin::upgrade))
+        .route("/admin/reload", post(admin::reload))
         .route("/set-aside", get(admin::set_aside_list))
         .route("/admin/set-aside/{id}", get(admin::set_aside_get))
         .with_state(app);

@@ -28,7 +28,6 @@ use crate::config::{Config, OversizePolicy, UpstreamConfig};
 use ack::{AckGate, AckToken};
 use deadletter::DeadLetter;
 use port::{Event, Message, SessionError, UpstreamClient, UpstreamSession};
-use route::Route;
 
 pub use config::{BadUpstreamUrl, UpstreamAddr};
 
@@ -65,7 +64,11 @@ pub struct Upstream {
     pub config: UpstreamConfig,
     pub client_id: String,
     pub node: NodeId,
-    pub routes: Arc<Vec<Route>>,
+    /// The routes now: a reload replaces them while the node runs.
+    pub routes: Arc<route::LiveRoutes>,
+    /// The subscriptions now, (filter, qos): a reload sends new ones, and
+    /// the session subscribes and unsubscribes the difference.
+    pub subscriptions: Arc<tokio::sync::watch::Sender<Vec<(String, u8)>>>,
     /// What one message may cost; over it, `oversize` decides.
     pub limits: bound::Limits,
     pub oversize: OversizePolicy,
@@ -82,7 +85,7 @@ impl Upstream {
     /// Builds the upstream tasks' inputs from the config.
     pub fn from_config(
         config: &Config,
-        routes: Arc<Vec<Route>>,
+        routes: Arc<route::LiveRoutes>,
         disk: Arc<crate::diskspace::DiskSpace>,
         clock: SharedClock,
         dead_letter: DeadLetter,
@@ -97,6 +100,7 @@ impl Upstream {
                 config: u.clone(),
                 node: config.node.id,
                 routes: routes.clone(),
+                subscriptions: Arc::new(tokio::sync::watch::channel(subscriptions(u)).0),
                 limits: bound::Limits {
                     payload: config.dedup.max_payload_bytes,
                     message: config.dedup.max_message_bytes,
@@ -147,12 +151,8 @@ impl Upstream {
         acks_done: CancellationToken,
     ) -> Result<(), crate::Error> {
         self.gate.attach(client.clone());
-        let filters: Vec<(String, u8)> = self
-            .config
-            .subscriptions
-            .iter()
-            .map(|s| (s.filter.clone(), s.qos))
-            .collect();
+        let mut live = self.subscriptions.subscribe();
+        let mut filters: Vec<(String, u8)> = live.borrow_and_update().clone();
         let name = self.config.name.clone();
         let mut backoff = Duration::from_millis(100);
         let mut tx = Some(tx);
@@ -165,6 +165,23 @@ impl Upstream {
                     continue;
                 }
                 _ = acks_done.cancelled(), if tx.is_none() => break,
+                Ok(()) = live.changed() => {
+                    let now = live.borrow_and_update().clone();
+                    let (added, removed) = subscription_changes(&filters, &now);
+                    tracing::info!(upstream = %name, ?added, ?removed, "subscriptions reloaded");
+                    // Queued on the session: a connection that fails before
+                    // they go out subscribes to `now` when it comes back
+                    // without a session; one with its session keeps the old
+                    // set until the next reload.
+                    if !removed.is_empty() && client.try_unsubscribe(&removed).is_err() {
+                        tracing::error!(upstream = %name, "could not queue unsubscribe");
+                    }
+                    if !added.is_empty() && client.try_subscribe(&added).is_err() {
+                        tracing::error!(upstream = %name, "could not queue subscribe");
+                    }
+                    filters = now;
+                    continue;
+                }
                 event = session.poll() => event,
             };
             match event {
@@ -183,6 +200,8 @@ impl Upstream {
                     }
                 }
                 Ok(Event::Subscribed { refused }) => {
+                    // At a new session and after a reload only.
+                    tracing::info!(upstream = %name, refused = refused.len(), "the broker acknowledged a subscribe");
                     for (i, reason) in refused {
                         let f = filters.get(i).map(|f| f.0.as_str()).unwrap_or("?");
                         tracing::error!(upstream = %name, filter = f, reason = %reason, "broker refused subscription");
@@ -246,7 +265,8 @@ impl Upstream {
             qos: p.qos,
         });
         let qos_level = p.qos;
-        let Some(route) = route::route_for(&self.routes, &p.topic) else {
+        let routes = self.routes.current();
+        let Some(route) = route::route_for(&routes, &p.topic) else {
             self.set_aside("unrouted", &p, now).await;
             return Received {
                 observation: None,
@@ -387,6 +407,29 @@ impl Upstream {
     }
 }
 
+/// An upstream's subscriptions as (filter, qos).
+pub fn subscriptions(u: &UpstreamConfig) -> Vec<(String, u8)> {
+    u.subscriptions
+        .iter()
+        .map(|s| (s.filter.clone(), s.qos))
+        .collect()
+}
+
+/// What a reload changes of a session's subscriptions: the (filter, qos)
+/// to subscribe (new, or with another QoS) and the filters to unsubscribe.
+pub fn subscription_changes(
+    old: &[(String, u8)],
+    new: &[(String, u8)],
+) -> (Vec<(String, u8)>, Vec<String>) {
+    let added = new.iter().filter(|n| !old.contains(n)).cloned().collect();
+    let removed = old
+        .iter()
+        .filter(|(f, _)| !new.iter().any(|(g, _)| g == f))
+        .map(|(f, _)| f.clone())
+        .collect();
+    (added, removed)
+}
+
 /// An operator-readable reason for a connection failure, naming the
 /// upstream's URL.
 fn describe(e: &SessionError, url: &str) -> String {
@@ -400,6 +443,17 @@ fn describe(e: &SessionError, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_subscribes_and_unsubscribes_the_difference() {
+        let s = |f: &str, q: u8| (f.to_string(), q);
+        let (added, removed) = subscription_changes(
+            &[s("a/#", 1), s("b/#", 1), s("c/#", 0)],
+            &[s("a/#", 1), s("b/#", 2), s("d/#", 1)],
+        );
+        assert_eq!(added, vec![s("b/#", 2), s("d/#", 1)]);
+        assert_eq!(removed, vec!["c/#".to_string()]);
+    }
 
     #[test]
     fn upstream_urls_parse() {

@@ -60,6 +60,10 @@ pub trait UpstreamClient: Send + Sync {
     /// Queues one SUBSCRIBE for every (filter, qos).
     fn try_subscribe(&self, filters: &[(String, u8)]) -> Result<(), QueueFull>;
 
+    /// Queues an UNSUBSCRIBE of every filter (a subscription removed by a
+    /// reload).
+    fn try_unsubscribe(&self, filters: &[String]) -> Result<(), QueueFull>;
+
     /// Queues a DISCONNECT; the persistent session stays on the broker.
     fn try_disconnect(&self);
 }

@@ -65,3 +65,30 @@ mod tests {
         );
     }
 }
+
+/// The routes a node uses now, which a reload may replace while it runs
+/// (`crate::node::reload`). Each message reads them once.
+#[derive(Debug, Default)]
+pub struct LiveRoutes(std::sync::RwLock<std::sync::Arc<Vec<Route>>>);
+
+impl LiveRoutes {
+    pub fn new(routes: std::sync::Arc<Vec<Route>>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self(std::sync::RwLock::new(routes)))
+    }
+
+    /// The routes now.
+    pub fn current(&self) -> std::sync::Arc<Vec<Route>> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces them: the next message goes by the new ones.
+    pub fn replace(&self, routes: std::sync::Arc<Vec<Route>>) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = routes;
+    }
+}

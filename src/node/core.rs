@@ -100,6 +100,9 @@ pub struct Core {
     /// (`cluster::level`); the status and the admin API hold its handle.
     pub level_gate: crate::propose::level::LevelGate,
     pub levels: Task,
+    /// Each Pulsar topic's format, shared with the publisher: a reload
+    /// replaces it.
+    pub formats: crate::publish::format::Formats,
 }
 
 impl Core {
@@ -129,6 +132,7 @@ impl Core {
             parts.disk.clone(),
             stops.proposals,
         );
+        let formats = config.formats();
         let level_gate = crate::propose::level::LevelGate::new(
             parts.raft.clone(),
             id,
@@ -206,7 +210,7 @@ impl Core {
             max_message_bytes: config.pulsar.max_message_bytes,
             set_aside_local: Some(parts.set_aside_local.clone()),
             set_aside_max_bytes: config.outbox.set_aside_max_bytes,
-            formats: config.formats(),
+            formats: formats.clone(),
             ours,
         }
         .run();
@@ -236,6 +240,7 @@ impl Core {
             batcher: Box::pin(batcher),
             level_gate,
             levels: Box::pin(levels),
+            formats,
         }
     }
 }

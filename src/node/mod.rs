@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod core;
+pub mod reload;
 pub mod stages;
 pub mod supervise;
 
@@ -39,6 +40,7 @@ const INGEST_QUEUE: usize = 20_000;
 /// final sled flush.
 pub async fn run(
     config: Config,
+    config_path: Option<std::path::PathBuf>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
@@ -97,9 +99,10 @@ pub async fn run(
             unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
         },
     );
+    let routes = crate::ingest::route::LiveRoutes::new(Route::all(&config.routes));
     let upstreams = Upstream::from_config(
         &config,
-        Route::all(&config.routes),
+        routes.clone(),
         disk.clone(),
         clock.clone(),
         dead_letter.clone(),
@@ -146,6 +149,13 @@ pub async fn run(
         },
         rx,
     );
+    let reloader = Arc::new(reload::Reloader::new(
+        config_path,
+        config.clone(),
+        routes,
+        core.formats.clone(),
+        upstreams.iter().map(|u| u.subscriptions.clone()).collect(),
+    ));
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),
@@ -170,6 +180,7 @@ pub async fn run(
         timing: cluster.timing,
         publishing: Default::default(),
         levels: core.level_gate.clone(),
+        reloader: reloader.clone(),
     });
     let http_tls = match &config.node.http_tls {
         Some(t) => Some(
@@ -221,6 +232,11 @@ pub async fn run(
         http::serve(listener, app.clone(), stop.clone()),
     );
     stages.spawn(observe, "gauges", http::gauges(app, stop.clone()));
+    stages.spawn(
+        observe,
+        "reload on SIGHUP",
+        reload_on_hangup(reloader, stop.clone()),
+    );
     stages.spawn(observe, "disk space", disk.clone().watch(stop.clone()));
     stages.spawn(
         observe,
@@ -285,5 +301,26 @@ pub async fn run(
     match early {
         Some(e) => Err(e.into()),
         None => Ok(()),
+    }
+}
+
+/// Reads the config file again at every SIGHUP (`reload`), until `stop`.
+async fn reload_on_hangup(reloader: Arc<reload::Reloader>, stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::warn!(
+            "cannot listen for SIGHUP: the config is reloaded only through POST /admin/reload"
+        );
+        stop.cancelled().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => match reloader.reload() {
+                Ok(applied) => tracing::info!(routes = applied.routes, subscriptions = ?applied.subscriptions, "config reloaded (SIGHUP)"),
+                Err(e) => tracing::error!(error = %e, "config not reloaded (SIGHUP)"),
+            },
+            _ = stop.cancelled() => return,
+        }
     }
 }

@@ -88,17 +88,38 @@ impl Format {
 }
 
 /// Each Pulsar topic's format; topics no route names are [`Format::Raw`].
-/// Cheap to clone.
+/// Cheap to clone; clones share one table, which a reload replaces (the
+/// publisher reads a topic's format when it takes the topic's producer).
 #[derive(Debug, Clone, Default)]
-pub struct Formats(Arc<HashMap<String, Format>>);
+pub struct Formats(Arc<std::sync::RwLock<HashMap<String, Format>>>);
 
 impl Formats {
     pub fn new(by_topic: impl IntoIterator<Item = (String, Format)>) -> Self {
-        Self(Arc::new(by_topic.into_iter().collect()))
+        Self(Arc::new(std::sync::RwLock::new(
+            by_topic.into_iter().collect(),
+        )))
     }
 
     pub fn of(&self, pulsar_topic: &str) -> Format {
-        self.0.get(pulsar_topic).copied().unwrap_or_default()
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(pulsar_topic)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Replaces the table with `other`'s.
+    pub fn replace(&self, other: &Formats) {
+        let table = other
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = table;
     }
 }
 

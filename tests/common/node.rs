@@ -167,9 +167,15 @@ impl Node {
             .unwrap_or_else(|| self.dir.path().join("data"))
     }
 
-    fn spawn(&mut self) {
+    /// Writes the spec's config to the node's config file (as each start
+    /// does), for a reload.
+    pub fn write_config(&self) {
         let text = self.spec.toml(&self.data_dir(), self.http_port);
         std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    fn spawn(&mut self) {
+        self.write_config();
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

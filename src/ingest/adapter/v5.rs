@@ -71,6 +71,13 @@ impl UpstreamClient for Client {
             .map_err(|_| QueueFull)
     }
 
+    fn try_unsubscribe(&self, filters: &[String]) -> Result<(), QueueFull> {
+        for f in filters {
+            self.0.try_unsubscribe(f.clone()).map_err(|_| QueueFull)?;
+        }
+        Ok(())
+    }
+
     fn try_disconnect(&self) {
         // A full queue drops the DISCONNECT; the broker keeps the session
         // either way, and notices the closed connection.
