@@ -209,15 +209,6 @@ pub fn previous_keys(config: &Config) -> Result<Vec<ClusterKey>, Error> {
         .collect()
 }
 
-/// Which messages are this cluster's, for the publisher's tail read.
-pub fn ours(config: &Config, key: &ClusterKey) -> Result<crate::publish::tail::Ours, Error> {
-    Ok(crate::publish::tail::Ours::new(
-        key,
-        &previous_keys(config)?,
-        config.cluster.secret_file.is_none(),
-    ))
-}
-
 /// The key of the secret in file `path`, named by its setting `key` in
 /// the error.
 fn key_from_file(key: &str, path: &std::path::Path) -> Result<ClusterKey, Error> {

@@ -68,7 +68,7 @@ pub struct Upstream {
     pub routes: Arc<route::LiveRoutes>,
     /// The subscriptions now, (filter, qos): a reload sends new ones, and
     /// the session subscribes and unsubscribes the difference.
-    pub subscriptions: Arc<tokio::sync::watch::Sender<Vec<(String, u8)>>>,
+    pub subscriptions: LiveSubscriptions,
     /// What one message may cost; over it, `oversize` decides.
     pub limits: bound::Limits,
     pub oversize: OversizePolicy,
@@ -406,6 +406,9 @@ impl Upstream {
         }
     }
 }
+
+/// An upstream's subscriptions, which a reload replaces while it runs.
+pub type LiveSubscriptions = Arc<tokio::sync::watch::Sender<Vec<(String, u8)>>>;
 
 /// An upstream's subscriptions as (filter, qos).
 pub fn subscriptions(u: &UpstreamConfig) -> Vec<(String, u8)> {

@@ -108,7 +108,11 @@ pub async fn run(
         dead_letter.clone(),
     );
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
-    let ours = crate::cluster::ours(&config, &cluster.key)?;
+    let ours = crate::publish::tail::Ours::new(
+        &cluster.key,
+        &crate::cluster::previous_keys(&config)?,
+        config.cluster.secret_file.is_none(),
+    );
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(
         &config,

@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::ingest::route::{LiveRoutes, Route};
@@ -102,7 +101,7 @@ pub struct Reloader {
     routes: Arc<LiveRoutes>,
     formats: Formats,
     /// Per upstream, in the config's order.
-    subscriptions: Vec<Arc<watch::Sender<Vec<(String, u8)>>>>,
+    subscriptions: Vec<crate::ingest::LiveSubscriptions>,
 }
 
 impl Reloader {
@@ -111,7 +110,7 @@ impl Reloader {
         running: Config,
         routes: Arc<LiveRoutes>,
         formats: Formats,
-        subscriptions: Vec<Arc<watch::Sender<Vec<(String, u8)>>>>,
+        subscriptions: Vec<crate::ingest::LiveSubscriptions>,
     ) -> Self {
         Self {
             path,

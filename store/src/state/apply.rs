@@ -126,7 +126,7 @@ impl Memory {
                 self.published(disk, pulsar_topic, *seq)?
             }
             Some(Command::Level { level }) => self.raise_level(*level)?,
-            Some(Command::SetAside(s)) => self.set_aside(s)?,
+            Some(Command::SetAside(s)) => self.aside.keep(s, self.head.totals.clock_ms)?,
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {

@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::memory::Memory;
 use super::{corrupt, decode, encode, StateStore};
 use crate::model::{Response, SetAside};
 use crate::StoreError;
@@ -93,11 +92,12 @@ impl Aside {
     }
 }
 
-impl Memory {
-    /// Keeps one set-aside message; one already kept (a new leader set the
-    /// same message aside again) changes nothing.
-    pub(super) fn set_aside(&mut self, s: &SetAside) -> Result<Response, StoreError> {
-        if self.aside.holds(&s.pulsar_topic, s.seq) {
+impl Aside {
+    /// Keeps one set-aside message, at window clock `clock_ms`; one already
+    /// kept (a new leader set the same message aside again) changes
+    /// nothing.
+    pub(super) fn keep(&mut self, s: &SetAside, clock_ms: u64) -> Result<Response, StoreError> {
+        if self.holds(&s.pulsar_topic, s.seq) {
             return Ok(Response::None);
         }
         let kept = Kept {
@@ -105,10 +105,10 @@ impl Memory {
             seq: s.seq,
             reason: s.reason.clone(),
             message: s.message.clone(),
-            at_ms: self.head.totals.clock_ms,
+            at_ms: clock_ms,
         };
         let raw = encode(&kept)?;
-        let a = &mut self.aside;
+        let a = self;
         let id = a.next_id;
         let bytes = charge(&s.message);
         a.next_id += 1;
