@@ -34,20 +34,33 @@
 //! writes while the data directory's filesystem is nearly full;
 //! [`watchdog`] ends a node whose storage can no longer be trusted;
 //! [`peraddr`] bounds what one address may hold open.
+//!
+//! Shared by the stages, importing none of them (so that no stage folder
+//! reaches back into another, `tests/layout.rs`): [`context`] what a stage
+//! knows of its node; [`dedup`] the `[dedup]` section (the window and the
+//! bounds of a message); [`format`] how a route's messages look in Pulsar;
+//! [`deadletter`] the store of messages not forwarded; [`secret`] the
+//! cluster secret as a key; [`problem`] what is wrong with a config.
 
 pub mod batch;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod context;
+pub mod deadletter;
+pub mod dedup;
 pub mod diskspace;
+pub mod format;
 pub mod http;
 pub mod ingest;
 pub mod key;
 pub mod node;
 pub mod peraddr;
+pub mod problem;
 pub mod propose;
 pub mod publish;
+pub mod secret;
 pub mod telemetry;
 pub mod tls;
 pub mod verify;
@@ -119,7 +132,7 @@ pub enum Error {
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    TaskEnded(#[from] node::supervise::Early),
+    TaskEnded(#[from] Early),
 }
 
 impl Error {
@@ -147,6 +160,27 @@ impl Error {
         Error::Topic {
             topic: topic.to_string(),
             problem,
+        }
+    }
+}
+
+/// A task that ended before the node was asked to stop (the node's
+/// supervisor reports it, `node::supervise`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Early {
+    /// The task's name, as it was spawned.
+    pub task: &'static str,
+    /// The panic's message, when it panicked; `None` when it returned.
+    pub panic: Option<String>,
+}
+
+impl std::error::Error for Early {}
+
+impl std::fmt::Display for Early {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.panic {
+            Some(p) => write!(f, "task `{}` panicked: {p}", self.task),
+            None => write!(f, "task `{}` ended before the node was stopped", self.task),
         }
     }
 }

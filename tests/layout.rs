@@ -245,7 +245,7 @@ fn stage_configs_read_no_file_and_do_not_import_the_aggregate() {
         let code = product_code(&file);
         for line in code.lines() {
             let imports_aggregate =
-                line.contains("crate::config::") && !line.contains("crate::config::problem::");
+                line.contains("crate::config::") && !line.contains("crate::problem::");
             assert!(
                 !imports_aggregate,
                 "{}: imports the config aggregate: {line}",
@@ -414,5 +414,98 @@ fn no_circle_between_modules() {
         circles.is_empty(),
         "modules that use each other:\n{}",
         circles.join("\n")
+    );
+}
+
+/// The folders of the pipeline's stages, each a stage of the data flow.
+const STAGES: [&str; 6] = ["ingest", "batch", "propose", "cluster", "publish", "verify"];
+
+/// Arrows between the top folders of the `firstseen` crate (a file at the
+/// top is a folder of its own; the crate root is ""), from the module
+/// arrows of [`uses`].
+fn folder_arrows() -> std::collections::BTreeSet<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let known = modules(&root.join("src"));
+    let top = |m: &str| m.split("::").next().unwrap_or_default().to_string();
+    let mut arrows = std::collections::BTreeSet::new();
+    for (m, code) in &known {
+        for used in uses(m, code, &known) {
+            let (from, to) = (top(m), top(&used));
+            if from != to {
+                arrows.insert((from, to));
+            }
+        }
+    }
+    // The crate root names its modules without `crate::` (`node::x`).
+    let (_, root_code) = known.iter().find(|(m, _)| m.is_empty()).expect("lib.rs");
+    let code: String = root_code.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (m, _) in known
+        .iter()
+        .filter(|(m, _)| !m.contains("::") && !m.is_empty())
+    {
+        let named = format!("{m}::");
+        let used = code.match_indices(&named).any(|(i, _)| {
+            !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+        });
+        if used {
+            arrows.insert((String::new(), m.clone()));
+        }
+    }
+    assert!(arrows.len() > 10, "found almost no arrows between folders");
+    arrows
+}
+
+/// The folders say the pipeline: each stage builds itself from its own
+/// section of the config and reaches back to nothing that depends on it.
+/// - No stage folder imports the aggregate config (`config/`): a stage
+///   reads its own section, which its own `config.rs` declares.
+/// - No two stage folders import each other, however far round.
+/// - `tls/` imports no stage (the stages read their TLS settings from it).
+/// - The crate root imports no stage and not `node/`.
+#[test]
+fn no_stage_folder_reaches_back() {
+    let arrows = folder_arrows();
+    let mut found = Vec::new();
+    for (from, to) in &arrows {
+        let stage = |f: &str| STAGES.contains(&f);
+        if stage(from) && to == "config" {
+            found.push(format!("stage {from} imports the aggregate config"));
+        }
+        if from == "tls" && stage(to) {
+            found.push(format!("tls imports stage {to}"));
+        }
+        if from.is_empty() && (stage(to) || to == "node") {
+            found.push(format!("the crate root imports {to}"));
+        }
+    }
+    // Circles among the stage folders.
+    let stage_arrows: Vec<&(String, String)> = arrows
+        .iter()
+        .filter(|(a, b)| STAGES.contains(&a.as_str()) && STAGES.contains(&b.as_str()))
+        .collect();
+    fn reach(from: &str, to: &str, arrows: &[&(String, String)], seen: &mut Vec<String>) -> bool {
+        if from == to {
+            return true;
+        }
+        if seen.iter().any(|s| s == from) {
+            return false;
+        }
+        seen.push(from.to_string());
+        arrows
+            .iter()
+            .filter(|(a, _)| a == from)
+            .any(|(_, b)| reach(b, to, arrows, seen))
+    }
+    for (a, b) in &stage_arrows {
+        if reach(b, a, &stage_arrows, &mut Vec::new()) {
+            found.push(format!(
+                "stages {a} and {b} import each other (through {b} -> … -> {a})"
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "folders that reach back:\n{}",
+        found.join("\n")
     );
 }

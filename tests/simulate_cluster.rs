@@ -861,10 +861,15 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     // time at all, and the open failed on "could not acquire lock".
     let mut attempt = 0;
     let started = std::time::Instant::now();
+    let cx = config.node.cx();
     let group = loop {
         // Inside the node's gate, so that a pause stops openraft's tasks
         // too: they are spawned as the group opens.
-        let opened = Gate(pause_of(world, id)).scope(Group::open(config, Network(call.clone())));
+        let opened = Gate(pause_of(world, id)).scope(Group::open(
+            &config.cluster,
+            &cx,
+            Network(call.clone()),
+        ));
         match opened.await {
             Ok(g) => break g,
             Err(e) if attempt < 100 || started.elapsed() < Duration::from_secs(10) => {
@@ -881,16 +886,18 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         }
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
-    let dead_letter = firstseen::ingest::deadletter::DeadLetter::open(
+    let dead_letter = firstseen::deadletter::DeadLetter::open(
         config.node.data_dir.join("dead-letter"),
-        firstseen::ingest::deadletter::Bounds {
+        firstseen::deadletter::Bounds {
             max_bytes: config.dead_letter.max_bytes,
             retention_ms: u64::MAX,
             unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
         },
     );
-    let mut upstreams = Upstream::from_config(
-        config,
+    let mut upstreams = Upstream::build(
+        &config.upstreams,
+        &config.dedup,
+        &config.node.cx(),
         firstseen::ingest::route::LiveRoutes::new(Route::all(&config.routes)),
         disk.clone(),
         Arc::new(SimClock {

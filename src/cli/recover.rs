@@ -73,7 +73,7 @@ pub async fn run(args: Args) -> ExitCode {
     };
     // The old cluster still commits if a majority of it runs: this node
     // plus the others that answer.
-    let key = match crate::cluster::load_key(&config) {
+    let key = match crate::cluster::load_key(&config.cluster, &config.node.cx()) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("error: {e}");

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::cluster::wire::ClusterKey;
 use crate::config::{Config, PulsarConfig};
 use crate::ingest::route::Route;
 use crate::key::KeySpec;
 use crate::publish::tail::Ours;
+use crate::secret::ClusterKey;
 use crate::verify::read::Tell;
 use crate::verify::KeyRule;
 
@@ -78,12 +78,12 @@ pub struct Args {
 /// previous ones'. Empty when there is none to read.
 fn config_keys(c: &Config) -> Result<Vec<ClusterKey>, crate::Error> {
     let current = match &c.cluster.secret_file {
-        Some(_) => Some(crate::cluster::load_key(c)?),
+        Some(_) => Some(crate::cluster::load_key(&c.cluster, &c.node.cx())?),
         None => crate::cluster::read_local_key(&c.node.data_dir)?,
     };
     Ok(match current {
         Some(k) => std::iter::once(k)
-            .chain(crate::cluster::previous_keys(c)?)
+            .chain(crate::cluster::previous_keys(&c.cluster)?)
             .collect(),
         None => Vec::new(),
     })

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::problem::Problems;
+use crate::problem::Problems;
+pub use crate::tls::config::TlsConfig;
 
 impl UpgradeMode {
     pub fn is_auto(&self) -> bool {
@@ -85,26 +86,6 @@ pub struct ClusterConfig {
     pub upgrade: UpgradeMode,
 }
 
-/// Mutual TLS between nodes: every node presents `cert_file` and accepts
-/// only peers whose certificate `ca_file` signed.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// This node's certificate chain (PEM), used as server and as client.
-    pub cert_file: PathBuf,
-    /// Its private key (PEM).
-    pub key_file: PathBuf,
-    /// The CA that signs every node's certificate (PEM).
-    pub ca_file: PathBuf,
-    /// DNS name every node's certificate carries, checked by the connecting side.
-    #[serde(default = "default_tls_name")]
-    pub server_name: String,
-}
-
-fn default_tls_name() -> String {
-    "firstseen-peer".into()
-}
-
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
@@ -147,22 +128,6 @@ fn default_election_max_ms() -> u64 {
 fn default_snapshot_logs() -> u64 {
     20_000
 }
-impl TlsConfig {
-    /// Mutual TLS between peers, with the default server name.
-    pub fn new(
-        cert_file: impl Into<PathBuf>,
-        key_file: impl Into<PathBuf>,
-        ca_file: impl Into<PathBuf>,
-    ) -> Self {
-        Self {
-            cert_file: cert_file.into(),
-            key_file: key_file.into(),
-            ca_file: ca_file.into(),
-            server_name: default_tls_name(),
-        }
-    }
-}
-
 impl ClusterConfig {
     /// Adds every problem of `[cluster]` that needs no file to `p`.
     pub fn check(&self, p: &mut Problems) {

@@ -25,8 +25,9 @@ use openraft::error::{InitializeError, RaftError};
 use openraft::ChangeMembers;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::context::NodeCx;
 use crate::Error;
+use config::ClusterConfig;
 use peers::Peers;
 use wire::ClusterKey;
 
@@ -49,13 +50,12 @@ pub struct Cluster {
     pub reaper: Option<firstseen_raft::log_store::Reaper>,
 }
 
-/// Raft timing from the config (`cluster.heartbeat_ms`,
-/// `cluster.election_timeout_*`).
-pub fn timing(config: &Config) -> liveness::Timing {
+/// Raft timing from `[cluster]` (`heartbeat_ms`, `election_timeout_*`).
+pub fn timing(section: &ClusterConfig) -> liveness::Timing {
     liveness::Timing {
-        heartbeat: Duration::from_millis(config.cluster.heartbeat_ms),
-        election_min: Duration::from_millis(config.cluster.election_timeout_min_ms),
-        election_max: Duration::from_millis(config.cluster.election_timeout_max_ms),
+        heartbeat: Duration::from_millis(section.heartbeat_ms),
+        election_min: Duration::from_millis(section.election_timeout_min_ms),
+        election_max: Duration::from_millis(section.election_timeout_max_ms),
     }
 }
 
@@ -63,12 +63,12 @@ pub fn timing(config: &Config) -> liveness::Timing {
 /// default: the defaults of 250 ms and 1–2 s made openraft's own timer wait
 /// its lease plus an election timeout, 3–4 s, after a leader died. openraft's
 /// election timer is off: [`elect`] drives elections, after a pre-vote.
-fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
+fn raft_config(section: &ClusterConfig, id: NodeId) -> Result<openraft::Config, Error> {
     openraft::Config {
         cluster_name: "firstseen".into(),
-        heartbeat_interval: config.cluster.heartbeat_ms,
-        election_timeout_min: config.cluster.election_timeout_min_ms,
-        election_timeout_max: config.cluster.election_timeout_max_ms,
+        heartbeat_interval: section.heartbeat_ms,
+        election_timeout_min: section.election_timeout_min_ms,
+        election_timeout_max: section.election_timeout_max_ms,
         enable_elect: false,
         // openraft gives a whole AppendEntries (send, follower flush,
         // reply) one heartbeat interval. A catching-up follower is sent
@@ -78,10 +78,10 @@ fn raft_config(config: &Config) -> Result<openraft::Config, Error> {
         // Snapshots let the log be purged: disk is bounded by the window
         // (state), not by uptime (log).
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every(
-            config.cluster.snapshot_logs,
-            config.node.id,
+            section.snapshot_logs,
+            id,
         )),
-        max_in_snapshot_log_to_keep: config.cluster.snapshot_logs.min(1_000),
+        max_in_snapshot_log_to_keep: section.snapshot_logs.min(1_000),
         ..Default::default()
     }
     .validate()
@@ -98,25 +98,20 @@ fn snapshot_every(snapshot_logs: u64, id: NodeId) -> u64 {
 }
 
 /// The initial membership: the configured members, or this node alone.
-pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
-    if config.cluster.members.is_empty() {
+pub fn initial_members(section: &ClusterConfig, cx: &NodeCx) -> BTreeMap<NodeId, Member> {
+    if section.members.is_empty() {
         let mut m = BTreeMap::new();
         m.insert(
-            config.node.id,
+            cx.id,
             Member {
-                addr: config
-                    .cluster
-                    .listen
-                    .map(|a| a.to_string())
-                    .unwrap_or_default(),
-                zone: config.node.zone.clone(),
-                http: config.node.http_listen.to_string(),
+                addr: section.listen.map(|a| a.to_string()).unwrap_or_default(),
+                zone: cx.zone.clone(),
+                http: cx.http.clone(),
             },
         );
         return m;
     }
-    config
-        .cluster
+    section
         .members
         .iter()
         .map(|m| {
@@ -134,10 +129,10 @@ pub fn initial_members(config: &Config) -> BTreeMap<NodeId, Member> {
 
 /// Reads the cluster secret. A group of one without a secret file gets a
 /// random key: it has no peers to authenticate.
-pub fn load_key(config: &Config) -> Result<ClusterKey, Error> {
-    match &config.cluster.secret_file {
-        Some(f) => key_from_file("cluster.secret_file", f),
-        None => local_key(&config.node.data_dir),
+pub fn load_key(section: &ClusterConfig, cx: &NodeCx) -> Result<ClusterKey, Error> {
+    match &section.secret_file {
+        Some(f) => ClusterKey::read("cluster.secret_file", f),
+        None => local_key(&cx.data_dir),
     }
 }
 
@@ -199,34 +194,13 @@ pub fn read_local_key(data_dir: &std::path::Path) -> Result<Option<ClusterKey>, 
 /// The keys of the secrets the cluster had before a rotation
 /// (`cluster.previous_secret_files`): messages proven under them are still
 /// its own.
-pub fn previous_keys(config: &Config) -> Result<Vec<ClusterKey>, Error> {
-    config
-        .cluster
+pub fn previous_keys(section: &ClusterConfig) -> Result<Vec<ClusterKey>, Error> {
+    section
         .previous_secret_files
         .iter()
         .enumerate()
-        .map(|(i, f)| key_from_file(&format!("cluster.previous_secret_files[{i}]"), f))
+        .map(|(i, f)| ClusterKey::read(&format!("cluster.previous_secret_files[{i}]"), f))
         .collect()
-}
-
-/// The key of the secret in file `path`, named by its setting `key` in
-/// the error.
-fn key_from_file(key: &str, path: &std::path::Path) -> Result<ClusterKey, Error> {
-    let raw = std::fs::read(path).map_err(|source| Error::SettingFile {
-        key: key.into(),
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(ClusterKey::from_secret(&raw))
-}
-
-/// The key admin requests are checked against: the admin token's when
-/// `node.admin_token_file` is set, the cluster secret's otherwise.
-pub fn load_admin_key(config: &Config, cluster: &ClusterKey) -> Result<ClusterKey, Error> {
-    match &config.node.admin_token_file {
-        Some(f) => key_from_file("node.admin_token_file", f),
-        None => Ok(cluster.clone()),
-    }
 }
 
 /// The least free space a node needs to set a damaged log aside and rejoin.
@@ -248,35 +222,38 @@ impl Group {
     /// skips bootstrap, and nodes bootstrapping together write the same
     /// membership entry. The node passes its TCP peers; the whole-cluster
     /// simulation passes its in-memory network.
-    pub async fn open(config: &Config, network: network::Network) -> Result<Self, Error> {
+    pub async fn open(
+        section: &ClusterConfig,
+        cx: &NodeCx,
+        network: network::Network,
+    ) -> Result<Self, Error> {
         // A damaged log can be set aside only where other voters hold what
         // it held; a group of one refuses it. The room asked for: the
         // node's reserve, and never less than a rebuilt state and a new log
         // need to get going.
-        let on_damaged_log = if initial_members(config).len() > 1 {
+        let on_damaged_log = if initial_members(section, cx).len() > 1 {
             firstseen_raft::OnDamagedLog::Rejoin {
-                min_free_bytes: config.node.disk_reserve_bytes.max(REJOIN_MIN_FREE_BYTES),
+                min_free_bytes: cx.disk_reserve_bytes.max(REJOIN_MIN_FREE_BYTES),
             }
         } else {
             firstseen_raft::OnDamagedLog::Refuse
         };
-        let storage =
-            firstseen_raft::open_with(&config.node.data_dir.join("raft"), on_damaged_log).await?;
+        let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
         let raft = Raft::new(
-            config.node.id,
-            Arc::new(raft_config(config)?),
+            cx.id,
+            Arc::new(raft_config(section, cx.id)?),
             network,
             storage.log,
             storage.state_machine,
         )
         .await
         .map_err(|e| Error::raft("start", e))?;
-        let members = initial_members(config);
+        let members = initial_members(section, cx);
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| Error::raft("read whether the group is initialised", e))?;
-        if !initialized && !members.contains_key(&config.node.id) {
+        if !initialized && !members.contains_key(&cx.id) {
             tracing::info!(
                 "not among the initial members: waiting to be added with `firstseen members add`"
             );
@@ -304,40 +281,42 @@ impl Cluster {
     /// [`Group`] on them.
     ///
     /// Connection tasks are spawned on `tasks`, the node's supervisor's.
-    pub async fn start(config: &Config, tasks: TaskTracker) -> Result<Self, Error> {
-        let key = load_key(config)?;
-        let source_ip: Option<IpAddr> = config
-            .cluster
+    pub async fn start(
+        section: &ClusterConfig,
+        cx: &NodeCx,
+        tasks: TaskTracker,
+    ) -> Result<Self, Error> {
+        let key = load_key(section, cx)?;
+        let source_ip: Option<IpAddr> = section
             .listen
             .map(|a| a.ip())
             .filter(|ip| !ip.is_unspecified());
-        let tls = config
-            .cluster
+        let tls = section
             .tls
             .as_ref()
             .map(crate::tls::PeerTls::load)
             .transpose()?;
         let liveness = Arc::new(liveness::Liveness::new());
         let peers = Peers::new(
-            config.node.id,
+            cx.id,
             key.clone(),
             source_ip,
             tls.clone(),
             liveness.clone(),
             tasks,
         );
-        let group = Group::open(config, network::Network(Arc::new(peers.clone()))).await?;
+        let group = Group::open(section, cx, network::Network(Arc::new(peers.clone()))).await?;
         Ok(Self {
             raft: group.raft,
             state: group.state,
             outbox: group.outbox,
             disk: group.disk,
-            node_id: config.node.id,
+            node_id: cx.id,
             peers,
             key,
             tls,
             liveness,
-            timing: timing(config),
+            timing: timing(section),
             reaper: Some(group.reaper),
         })
     }

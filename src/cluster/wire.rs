@@ -77,44 +77,12 @@ pub struct PreVoteReply {
 /// an attack and closes the connection before anything is allocated.
 pub const MAX_FRAME: u32 = 256 * 1024 * 1024;
 
-/// The MAC key derived from the cluster secret.
-#[derive(Clone)]
-pub struct ClusterKey([u8; 32]);
+pub use crate::secret::ClusterKey;
 
+/// The handshake's proofs, under the cluster key.
 impl ClusterKey {
-    /// Derives the key from the secret file's contents (trailing newline
-    /// ignored). An empty secret is refused by config validation.
-    pub fn from_secret(secret: &[u8]) -> Self {
-        let trimmed = secret.strip_suffix(b"\n").unwrap_or(secret);
-        Self(blake3::derive_key("firstseen cluster secret v1", trimmed))
-    }
-
-    /// Whether `secret` (as an operator presents it to the admin API) is the
-    /// cluster secret. Compares derived keys in constant time.
-    pub fn matches_secret(&self, secret: &[u8]) -> bool {
-        let other = Self::from_secret(secret);
-        blake3::Hash::from(self.0) == blake3::Hash::from(other.0)
-    }
-
-    /// This cluster's id, as its producers' names carry it (16 hex
-    /// digits): the same on every node, another for a cluster with another
-    /// secret, and saying nothing about the secret. A secret rotated while
-    /// messages wait unpublished makes the tail written under the old one
-    /// foreign (docs/operations.md, "Security").
-    pub fn cluster_id(&self) -> String {
-        let h = blake3::keyed_hash(&self.0, b"firstseen cluster id");
-        hex::encode(&h.as_bytes()[..8])
-    }
-
-    /// A key of its own for `context`, derived from this one: what the
-    /// cluster proves its Pulsar messages with, say. Knowing it says
-    /// nothing about this key or the secret.
-    pub fn derive(&self, context: &str) -> [u8; 32] {
-        *blake3::keyed_hash(&self.0, context.as_bytes()).as_bytes()
-    }
-
     fn mac(&self, role: &[u8], nonce: &[u8; 32], node: NodeId) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(&self.0);
+        let mut h = blake3::Hasher::new_keyed(self.keyed());
         h.update(role);
         h.update(nonce);
         h.update(&node.to_be_bytes());
@@ -272,7 +240,7 @@ impl FrameSeal {
         server_nonce: &[u8; 32],
         client_nonce: &[u8; 32],
     ) -> Self {
-        let mut h = blake3::Hasher::new_keyed(&key.0);
+        let mut h = blake3::Hasher::new_keyed(key.keyed());
         h.update(b"firstseen frames v1");
         h.update(match direction {
             Direction::ToServer => b"to server",

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use super::problem::Problems;
 use super::{secret_strength, Config};
+use crate::problem::Problems;
 
 /// Adds a problem for every file of `config` that cannot serve.
 pub fn check(config: &Config, p: &mut Problems) {
@@ -36,7 +36,7 @@ pub fn check(config: &Config, p: &mut Problems) {
         let tls = crate::ingest::config::UpstreamAddr::parse(&u.url).is_ok_and(|a| a.tls);
         let paired = u.cert_file.is_some() == u.key_file.is_some();
         if u.tls_files() && tls && paired {
-            if let Err(e) = crate::tls::upstream::client_config(u) {
+            if let Err(e) = crate::tls::upstream::client_config(u.tls_settings()) {
                 p.add(format!("upstreams[{i}].{}", e.key), e.problem.to_string());
             }
         }

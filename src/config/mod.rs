@@ -15,7 +15,6 @@ use crate::publish::format::Formats;
 
 mod env;
 mod files;
-pub mod problem;
 
 pub use crate::batch::config::BatchConfig;
 pub use crate::cluster::config::{ClusterConfig, MemberConfig, TlsConfig};
@@ -24,8 +23,8 @@ pub use crate::ingest::config::{
     UpstreamConfig,
 };
 pub use crate::node::config::{HttpTlsConfig, NodeConfig};
+pub use crate::problem::{Problem, Problems};
 pub use crate::publish::config::{OAuth2Config, OutboxConfig, PulsarConfig};
-pub use problem::{Problem, Problems};
 
 /// The whole node configuration.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -222,10 +221,7 @@ impl Config {
 
     /// The client id an upstream connection uses.
     pub fn client_id(&self, upstream: &UpstreamConfig) -> String {
-        upstream
-            .client_id
-            .clone()
-            .unwrap_or_else(|| format!("firstseen-{}-{}", self.node.id, upstream.name))
+        upstream.client_id_on(self.node.id)
     }
 }
 

@@ -24,8 +24,8 @@ use firstseen_store::StateStore;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::wire::ClusterKey;
 use crate::ingest::UpstreamStatus;
+use crate::secret::ClusterKey;
 
 pub mod admin;
 pub mod gauges;
@@ -35,6 +35,18 @@ pub mod status;
 
 pub use gauges::{gauges, Sample, SAMPLE_EVERY};
 pub use status::{NotReady, Status};
+
+/// The key admin requests are checked against: the admin token's when
+/// `node.admin_token_file` is set, the cluster secret's otherwise.
+pub fn admin_key(
+    token_file: Option<&std::path::Path>,
+    cluster: &ClusterKey,
+) -> Result<ClusterKey, crate::Error> {
+    match token_file {
+        Some(f) => ClusterKey::read("node.admin_token_file", f),
+        None => Ok(cluster.clone()),
+    }
+}
 
 /// What the handlers read.
 pub struct AppState {

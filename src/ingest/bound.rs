@@ -11,19 +11,7 @@
 use firstseen_store::window::message_bytes;
 use firstseen_store::Properties;
 
-/// The bounds of one message (`dedup.*` in the config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest payload (`dedup.max_payload_bytes`).
-    pub payload: usize,
-    /// Largest message as stored and published: topic, MQTT 5 properties
-    /// and payload (`dedup.max_message_bytes`).
-    pub message: usize,
-    /// Longest MQTT topic, in bytes (`dedup.max_topic_bytes`).
-    pub topic: usize,
-    /// Most MQTT 5 user properties (`dedup.max_properties`).
-    pub properties: usize,
-}
+pub use crate::dedup::Limits;
 
 /// Why a message is over its bounds.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -8,50 +8,11 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::problem::Problems;
+pub use crate::dedup::{DedupConfig, OversizePolicy};
+use crate::format::Format;
 use crate::ingest::filter::filter_is_valid;
 use crate::key::KeySpec;
-use crate::publish::format::Format;
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DedupConfig {
-    /// How long a key is remembered, in seconds (default one hour).
-    #[serde(default = "default_window_secs")]
-    pub window_secs: u64,
-    /// Largest payload forwarded to Pulsar, in bytes.
-    #[serde(default = "default_max_payload")]
-    pub max_payload_bytes: usize,
-    /// Largest message as stored and published, in bytes: MQTT topic, MQTT
-    /// 5 properties (as the Pulsar properties they become) and payload.
-    /// The default keeps every message, with firstseen's own properties,
-    /// under Pulsar's default `maxMessageSize` (5 MiB).
-    #[serde(default = "default_max_message")]
-    pub max_message_bytes: usize,
-    /// Longest MQTT topic, in bytes.
-    #[serde(default = "default_max_topic")]
-    pub max_topic_bytes: usize,
-    /// Most MQTT 5 user properties on one message.
-    #[serde(default = "default_max_properties")]
-    pub max_properties: usize,
-    /// What happens to a message over any of these bounds. See
-    /// [`OversizePolicy`].
-    #[serde(default)]
-    pub oversize: OversizePolicy,
-}
-
-/// The documented policy for messages over a `dedup.max_*` bound.
-/// Neither choice loses a message silently: both count it in
-/// `firstseen_oversize_total` and log its topic and size.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OversizePolicy {
-    /// Write it to `<data_dir>/dead-letter/` (fsynced) and then ack it.
-    #[default]
-    DeadLetter,
-    /// Ack it without storing it, for feeds where such payloads are junk.
-    Drop,
-}
+use crate::problem::Problems;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -168,23 +129,6 @@ pub struct RouteConfig {
     pub format: Format,
 }
 
-fn default_window_secs() -> u64 {
-    3_600
-}
-fn default_max_payload() -> usize {
-    1024 * 1024
-}
-/// 4 MiB: under Pulsar's default `maxMessageSize` of 5 MiB with room for
-/// firstseen's own properties.
-fn default_max_message() -> usize {
-    4 * 1024 * 1024
-}
-fn default_max_topic() -> usize {
-    4_096
-}
-fn default_max_properties() -> usize {
-    128
-}
 fn default_dead_letter_bytes() -> u64 {
     1024 * 1024 * 1024
 }
@@ -207,25 +151,31 @@ fn default_qos() -> u8 {
     1
 }
 
-impl Default for DedupConfig {
-    fn default() -> Self {
-        Self {
-            window_secs: default_window_secs(),
-            max_payload_bytes: default_max_payload(),
-            max_message_bytes: default_max_message(),
-            max_topic_bytes: default_max_topic(),
-            max_properties: default_max_properties(),
-            oversize: OversizePolicy::default(),
-        }
-    }
-}
-
 impl Default for DeadLetterConfig {
     fn default() -> Self {
         Self {
             max_bytes: default_dead_letter_bytes(),
             retention_secs: default_dead_letter_retention(),
             unrouted_max_bytes: default_unrouted_bytes(),
+        }
+    }
+}
+
+impl UpstreamConfig {
+    /// Its MQTT client id on node `node`: the configured one, or
+    /// `firstseen-<node>-<name>`.
+    pub fn client_id_on(&self, node: u64) -> String {
+        self.client_id
+            .clone()
+            .unwrap_or_else(|| format!("firstseen-{node}-{}", self.name))
+    }
+
+    /// Its TLS files, for `crate::tls::upstream`.
+    pub fn tls_settings(&self) -> crate::tls::config::UpstreamFiles<'_> {
+        crate::tls::config::UpstreamFiles {
+            ca_file: self.ca_file.as_ref(),
+            cert_file: self.cert_file.as_ref(),
+            key_file: self.key_file.as_ref(),
         }
     }
 }
@@ -271,30 +221,6 @@ impl RouteConfig {
             pulsar_topic: pulsar_topic.into(),
             key: KeySpec::default(),
             format: Format::default(),
-        }
-    }
-}
-
-impl DedupConfig {
-    /// Adds every problem of `[dedup]` to `p`.
-    pub fn check(&self, p: &mut Problems) {
-        if self.window_secs == 0 {
-            p.add("dedup.window_secs", "must be at least 1");
-        }
-        if self.max_payload_bytes == 0 {
-            p.add("dedup.max_payload_bytes", "must be at least 1");
-        }
-        if self.max_message_bytes < self.max_payload_bytes {
-            p.add(
-                "dedup.max_message_bytes",
-                format!(
-                    "{} is below dedup.max_payload_bytes ({}): the message bound counts the payload too",
-                    self.max_message_bytes, self.max_payload_bytes
-                ),
-            );
-        }
-        if self.max_topic_bytes == 0 {
-            p.add("dedup.max_topic_bytes", "must be at least 1");
         }
     }
 }

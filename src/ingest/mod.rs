@@ -10,7 +10,6 @@ pub mod ack;
 pub mod adapter;
 pub mod bound;
 pub mod config;
-pub mod deadletter;
 pub mod filter;
 pub mod port;
 pub mod route;
@@ -24,9 +23,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::config::{Config, OversizePolicy, UpstreamConfig};
+use crate::deadletter::{self, DeadLetter};
+use crate::dedup::OversizePolicy;
 use ack::{AckGate, AckToken};
-use deadletter::DeadLetter;
+use config::UpstreamConfig;
 use port::{Event, Message, SessionError, UpstreamClient, UpstreamSession};
 
 pub use config::{BadUpstreamUrl, UpstreamAddr};
@@ -82,32 +82,29 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the upstream tasks' inputs from the config.
-    pub fn from_config(
-        config: &Config,
+    /// Builds the upstream tasks' inputs from `[[upstreams]]` and
+    /// `[dedup]`, on node `cx`.
+    pub fn build(
+        upstreams: &[UpstreamConfig],
+        dedup: &crate::dedup::DedupConfig,
+        cx: &crate::context::NodeCx,
         routes: Arc<route::LiveRoutes>,
         disk: Arc<crate::diskspace::DiskSpace>,
         clock: SharedClock,
         dead_letter: DeadLetter,
     ) -> Vec<Upstream> {
-        config
-            .upstreams
+        upstreams
             .iter()
             .enumerate()
             .map(|(index, u)| Upstream {
                 index,
-                client_id: config.client_id(u),
+                client_id: u.client_id_on(cx.id),
                 config: u.clone(),
-                node: config.node.id,
+                node: cx.id,
                 routes: routes.clone(),
                 subscriptions: Arc::new(tokio::sync::watch::channel(subscriptions(u)).0),
-                limits: bound::Limits {
-                    payload: config.dedup.max_payload_bytes,
-                    message: config.dedup.max_message_bytes,
-                    topic: config.dedup.max_topic_bytes,
-                    properties: config.dedup.max_properties,
-                },
-                oversize: config.dedup.oversize,
+                limits: dedup.limits(),
+                oversize: dedup.oversize,
                 dead_letter: dead_letter.clone(),
                 gate: Arc::new(AckGate::new()),
                 status: Arc::new(UpstreamStatus::default()),

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::problem::Problems;
+use crate::problem::Problems;
+pub use crate::tls::config::HttpTlsConfig;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -48,17 +49,6 @@ pub struct NodeConfig {
     pub admin_token_file: Option<PathBuf>,
 }
 
-/// The HTTP listener's certificate. Clients check it against their own
-/// roots (`firstseen members --ca-file`, curl `--cacert`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpTlsConfig {
-    /// The certificate chain (PEM) the listener presents.
-    pub cert_file: PathBuf,
-    /// Its private key (PEM).
-    pub key_file: PathBuf,
-}
-
 fn default_disk_reserve() -> u64 {
     256 * 1024 * 1024
 }
@@ -85,6 +75,17 @@ impl NodeConfig {
 }
 
 impl NodeConfig {
+    /// What the stages know of this node.
+    pub fn cx(&self) -> crate::context::NodeCx {
+        crate::context::NodeCx {
+            id: self.id,
+            zone: self.zone.clone(),
+            data_dir: self.data_dir.clone(),
+            http: self.http_listen.to_string(),
+            disk_reserve_bytes: self.disk_reserve_bytes,
+        }
+    }
+
     /// Adds every problem of `[node]` that needs no file to `p`.
     pub fn check(&self, p: &mut Problems) {
         if self.zone.trim().is_empty() {

@@ -25,7 +25,6 @@ use crate::clock::SharedClock;
 use crate::cluster::liveness::{Liveness, Timing};
 use crate::cluster::peers::Call;
 use crate::cluster::server::PeerService;
-use crate::cluster::wire::ClusterKey;
 use crate::cluster::{self, elect};
 use crate::config::Config;
 use crate::diskspace::DiskSpace;
@@ -35,6 +34,7 @@ use crate::propose::Proposer;
 use crate::publish::adapter::{RaftGroup, StateOutbox};
 use crate::publish::port::Broker;
 use crate::publish::Publisher;
+use crate::secret::ClusterKey;
 use crate::tls::PeerTls;
 
 /// A task of the core, to run until its stop token (or forever, in a
@@ -65,7 +65,7 @@ pub struct Parts {
     pub disk: Arc<DiskSpace>,
     /// Where the publisher keeps a message it sends as a marker while the
     /// cluster level is 1 (from level 2 the replicated state keeps it).
-    pub set_aside_local: crate::ingest::deadletter::DeadLetter,
+    pub set_aside_local: crate::deadletter::DeadLetter,
     /// Which messages at the end of a topic are this cluster's.
     pub ours: crate::publish::tail::Ours,
 }
@@ -119,7 +119,7 @@ impl Core {
         B: Broker + 'static,
     {
         let id: NodeId = config.node.id;
-        let timing: Timing = cluster::timing(config);
+        let timing: Timing = cluster::timing(&config.cluster);
         let (coalescer, coalescing) = Coalescer::new(
             parts.raft.clone(),
             parts.state.clone(),

@@ -66,7 +66,8 @@ pub async fn run(
         None => None,
     };
     let mut stages = Stages::new(shutdown.clone());
-    let mut cluster = Cluster::start(&config, stages.tracker()).await?;
+    let cx = config.node.cx();
+    let mut cluster = Cluster::start(&config.cluster, &cx, stages.tracker()).await?;
     let disk = crate::diskspace::DiskSpace::new(
         config.node.data_dir.clone(),
         config.node.disk_reserve_bytes,
@@ -91,17 +92,19 @@ pub async fn run(
     let intake = stages.add("intake", Share::Whole);
 
     let clock = crate::clock::SystemClock::shared();
-    let dead_letter = crate::ingest::deadletter::DeadLetter::open(
+    let dead_letter = crate::deadletter::DeadLetter::open(
         config.node.data_dir.join("dead-letter"),
-        crate::ingest::deadletter::Bounds {
+        crate::deadletter::Bounds {
             max_bytes: config.dead_letter.max_bytes,
             retention_ms: config.dead_letter.retention_secs.saturating_mul(1000),
             unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
         },
     );
     let routes = crate::ingest::route::LiveRoutes::new(Route::all(&config.routes));
-    let upstreams = Upstream::from_config(
-        &config,
+    let upstreams = Upstream::build(
+        &config.upstreams,
+        &config.dedup,
+        &cx,
         routes.clone(),
         disk.clone(),
         clock.clone(),
@@ -110,7 +113,7 @@ pub async fn run(
     let gates: Vec<_> = upstreams.iter().map(|u| u.gate.clone()).collect();
     let ours = crate::publish::tail::Ours::new(
         &cluster.key,
-        &crate::cluster::previous_keys(&config)?,
+        &crate::cluster::previous_keys(&config.cluster)?,
         config.cluster.secret_file.is_none(),
     );
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
@@ -124,9 +127,9 @@ pub async fn run(
             key: cluster.key.clone(),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
-            set_aside_local: crate::ingest::deadletter::DeadLetter::open(
+            set_aside_local: crate::deadletter::DeadLetter::open(
                 config.node.data_dir.join("set-aside"),
-                crate::ingest::deadletter::Bounds {
+                crate::deadletter::Bounds {
                     max_bytes: config.outbox.set_aside_max_bytes,
                     // Kept until the bound says otherwise: no age by clock.
                     retention_ms: u64::MAX,
@@ -171,7 +174,7 @@ pub async fn run(
             .map(|u| (u.config.name.clone(), u.status.clone()))
             .collect(),
         metrics,
-        key: crate::cluster::load_admin_key(&config, &cluster.key)?,
+        key: http::admin_key(config.node.admin_token_file.as_deref(), &cluster.key)?,
         allow_plaintext_admin: config.node.allow_plaintext_admin,
         admin_refusals: crate::telemetry::RefusalLog::new(
             "firstseen_admin_refused_total",

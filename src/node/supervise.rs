@@ -25,25 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A task that ended before the node was asked to stop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Early {
-    /// The task's name, as it was spawned.
-    pub task: &'static str,
-    /// The panic's message, when it panicked; `None` when it returned.
-    pub panic: Option<String>,
-}
-
-impl std::error::Error for Early {}
-
-impl std::fmt::Display for Early {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.panic {
-            Some(p) => write!(f, "task `{}` panicked: {p}", self.task),
-            None => write!(f, "task `{}` ended before the node was stopped", self.task),
-        }
-    }
-}
+pub use crate::Early;
 
 /// Spawns the node's tasks and reports the first that ends early.
 ///

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use super::port::{Broker, Group, Outbox, Receipt, Sending, Session};
 use super::{connect, props, tail, Admin};
 use crate::cluster::liveness::Liveness;
-use crate::config::PulsarConfig;
 use crate::propose::Proposer;
+use crate::publish::config::PulsarConfig;
 use crate::Error;
 
 /// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pulsar::error::AuthenticationError;
 use pulsar::Authentication as Credentials;
 
-use crate::config::PulsarConfig;
+use crate::publish::config::PulsarConfig;
 use crate::Error;
 
 /// A JWT in a file, read each time the broker asks for credentials: on

@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use prost::Message as _;
-use serde::{Deserialize, Serialize};
 
 /// The envelope's type, generated from `proto/transitdata.proto`.
 pub mod envelope {
@@ -35,28 +34,9 @@ pub const MQTT_RAW_VERSION: i32 = 1;
 /// Property holding when the message was received, in ms since the epoch.
 pub const SOURCE_TS: &str = "source-ts";
 
-/// How a route writes its messages (`routes[].format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    #[default]
-    Raw,
-    Transitdata,
-}
+pub use crate::format::Format;
 
 impl Format {
-    /// Most bytes this format adds to a message beyond what
-    /// `dedup.max_message_bytes` and [`super::props::OWN_BYTES`] count, for
-    /// an MQTT topic of `topic_len` bytes: the envelope holds the topic a
-    /// second time, five field tags and lengths (at most 24 bytes), and the
-    /// three schema properties (under 64).
-    pub fn extra_bytes(self, topic_len: usize) -> usize {
-        match self {
-            Format::Raw => 0,
-            Format::Transitdata => topic_len + 128,
-        }
-    }
-
     /// The message body and the properties this format adds to
     /// firstseen's own.
     pub fn encode(
@@ -254,6 +234,7 @@ mod tests {
 
     #[test]
     fn formats_are_spelled_in_lowercase_and_raw_is_the_default() {
+        use serde::Deserialize;
         #[derive(Deserialize)]
         struct R {
             #[serde(default)]

@@ -39,7 +39,7 @@ use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Pulsar, TokioExecuto
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::PulsarConfig;
+use crate::publish::config::PulsarConfig;
 use crate::telemetry::{self, Stage};
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
@@ -88,7 +88,7 @@ pub struct Publisher<B: Broker, G: Group, O: Outbox> {
     /// directory of this node's own, apart from the dead letters), before
     /// the marker is sent. `None` in the models, which keep nothing on
     /// disk. From level 2 it is kept in the replicated state instead.
-    pub set_aside_local: Option<crate::ingest::deadletter::DeadLetter>,
+    pub set_aside_local: Option<crate::deadletter::DeadLetter>,
     /// The replicated set-aside store's bound (`outbox.set_aside_max_bytes`).
     pub set_aside_max_bytes: u64,
     /// How this cluster names its producers.

@@ -18,7 +18,7 @@
 //! a publisher resumes no further than that (at worst a few messages twice,
 //! never one skipped), and `verify` counts the copy as a repeat.
 
-use crate::cluster::wire::ClusterKey;
+use crate::secret::ClusterKey;
 
 /// Bytes of a proof: 128 bits of blake3 in keyed mode, written as hex.
 const PROOF_BYTES: usize = 16;

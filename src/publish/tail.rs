@@ -99,7 +99,7 @@ pub const PRODUCER_PREFIX: &str = "firstseen-";
 /// be of a release that writes no proofs), those its producers' names claim.
 ///
 /// Its producers are named `firstseen-c<cluster id>-…`, with the id derived
-/// from the cluster secret ([`crate::cluster::wire::ClusterKey::cluster_id`]);
+/// from the cluster secret ([`crate::secret::ClusterKey::cluster_id`]);
 /// a name is for the operator, and counts as evidence only at level 1.
 #[derive(Clone, Debug)]
 pub struct Ours {
@@ -133,8 +133,8 @@ impl Ours {
     /// secrets it had before (`previous`). `local` for a group of one
     /// without a secret file.
     pub fn new(
-        current: &crate::cluster::wire::ClusterKey,
-        previous: &[crate::cluster::wire::ClusterKey],
+        current: &crate::secret::ClusterKey,
+        previous: &[crate::secret::ClusterKey],
         local: bool,
     ) -> Self {
         let name = |id: &str| format!("{PRODUCER_PREFIX}c{id}-");
@@ -454,8 +454,8 @@ mod tests {
 
     const TOPIC: &str = "persistent://public/default/t";
 
-    fn secret() -> crate::cluster::wire::ClusterKey {
-        crate::cluster::wire::ClusterKey::from_secret(b"the cluster's secret")
+    fn secret() -> crate::secret::ClusterKey {
+        crate::secret::ClusterKey::from_secret(b"the cluster's secret")
     }
 
     fn ours() -> Ours {
@@ -526,11 +526,7 @@ mod tests {
         // A proof of another body, another cluster's proof, a sequence the
         // group never assigned: forged.
         assert_eq!(o.origin(TOPIC, &real, b"other", assigned), Origin::Forged);
-        let other = Ours::new(
-            &crate::cluster::wire::ClusterKey::from_secret(b"x"),
-            &[],
-            false,
-        );
+        let other = Ours::new(&crate::secret::ClusterKey::from_secret(b"x"), &[], false);
         let theirs = written(&name, 7, [1; 32], b"body", Some(&other));
         assert_eq!(o.origin(TOPIC, &theirs, b"body", assigned), Origin::Forged);
         let beyond = written(&name, 11, [1; 32], b"body", Some(&o));
@@ -551,7 +547,7 @@ mod tests {
 
     #[test]
     fn a_previous_secret_s_messages_and_the_local_name_stay_ours() {
-        let old = crate::cluster::wire::ClusterKey::from_secret(b"old");
+        let old = crate::secret::ClusterKey::from_secret(b"old");
         let before = Ours::new(&old, &[], false);
         let after = Ours::new(&secret(), std::slice::from_ref(&old), true);
         let m = written(&before.producer_name("p"), 4, [5; 32], b"b", Some(&before));

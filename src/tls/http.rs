@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use rustls::ServerConfig;
 
+use super::config::HttpTlsConfig;
 use super::{TlsProblem, TlsSettingError};
-use crate::node::config::HttpTlsConfig;
 
 /// rustls settings for the HTTP listener, or the key (inside
 /// `node.http_tls`) at fault and why. check-config and the node both call it.

@@ -2,6 +2,7 @@
 //! of each link that has TLS. Each builder names the config key at fault,
 //! so check-config and the node report the same thing.
 //!
+//! - [`config`]: the settings of each link, as the config file names them.
 //! - [`http`]: the HTTP API's server side (`node.http_tls`).
 //! - [`upstream`]: a client to an upstream broker (`upstreams[i]`).
 //! - [`peer`]: both sides of the peer links, mutual (`cluster.tls`), and
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub mod config;
 pub mod http;
 pub mod peer;
 pub mod upstream;

@@ -10,8 +10,8 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use super::config::TlsConfig;
 use super::{TlsProblem, TlsSettingError};
-use crate::cluster::config::TlsConfig;
 
 /// A byte stream to a peer: plain TCP or TLS over TCP.
 pub trait PeerStream: AsyncRead + AsyncWrite + Unpin + Send {}

@@ -5,20 +5,20 @@ use std::sync::Arc;
 
 use rustls::{ClientConfig, RootCertStore};
 
+use super::config::UpstreamFiles;
 use super::{TlsProblem, TlsSettingError};
-use crate::ingest::config::UpstreamConfig;
 
 /// rustls settings for `u`, or `None` when it sets no file of its own and
 /// rumqttc's default (the system's roots, no client certificate) applies.
 /// Every problem names its key inside `upstreams[i]`: check-config and the
 /// node report the same.
-pub fn client_config(u: &UpstreamConfig) -> Result<Option<Arc<ClientConfig>>, TlsSettingError> {
+pub fn client_config(u: UpstreamFiles<'_>) -> Result<Option<Arc<ClientConfig>>, TlsSettingError> {
     use TlsSettingError as E;
     if u.ca_file.is_none() && u.cert_file.is_none() && u.key_file.is_none() {
         return Ok(None);
     }
     let mut roots = RootCertStore::empty();
-    match &u.ca_file {
+    match u.ca_file {
         Some(path) => {
             for ca in super::certs(path).map_err(E::at("ca_file"))? {
                 roots.add(ca).map_err(|source| {
@@ -41,7 +41,7 @@ pub fn client_config(u: &UpstreamConfig) -> Result<Option<Arc<ClientConfig>>, Tl
         .with_safe_default_protocol_versions()
         .map_err(|e| E::at("url")(e.into()))?
         .with_root_certificates(roots);
-    let config = match (&u.cert_file, &u.key_file) {
+    let config = match (u.cert_file, u.key_file) {
         (Some(cert), Some(key)) => {
             let chain = super::certs(cert).map_err(E::at("cert_file"))?;
             let key_der = super::key(key).map_err(E::at("key_file"))?;

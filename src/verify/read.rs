@@ -10,7 +10,7 @@ use pulsar::{Pulsar, TokioExecutor};
 
 use super::compare::{Comparison, Message as CompareMessage};
 use super::{check_contents, Audit, Contents, KeyRule, Report, Seen, Source};
-use crate::config::PulsarConfig;
+use crate::publish::config::PulsarConfig;
 use crate::publish::{format, props, tail};
 use crate::{Error, TopicProblem};
 

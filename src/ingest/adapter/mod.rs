@@ -78,13 +78,16 @@ pub fn options(u: &Upstream) -> Result<Options, crate::Error> {
         None => None,
     };
     Ok(Options {
-        v5: u.config.protocol == crate::config::Protocol::V5,
+        v5: u.config.protocol == super::super::config::Protocol::V5,
         client_id: u.client_id.clone(),
         host: addr.host,
         port: addr.port,
         keepalive: Duration::from_secs(u.config.keepalive_secs),
         credentials,
-        transport: match (addr.tls, crate::tls::upstream::client_config(&u.config)) {
+        transport: match (
+            addr.tls,
+            crate::tls::upstream::client_config(u.config.tls_settings()),
+        ) {
             (false, _) => None,
             (true, Ok(None)) => Some(Transport::tls_with_default_config()),
             (true, Ok(Some(c))) => Some(Transport::tls_with_config(
