@@ -6,6 +6,10 @@
 #   scripts/fuzz.sh peer_frame      one target
 #   FUZZ_SECONDS=600 scripts/fuzz.sh
 #   FUZZ_JOBS=1 scripts/fuzz.sh     one target at a time (default: one per core)
+#   FUZZ_DEV=1 scripts/fuzz.sh      targets built without optimisation (CI):
+#                                   about three minutes of build instead of
+#                                   eight on two cores, fewer runs per second,
+#                                   and overflow checks on
 #
 # Targets: peer_frame (frame header and bincode body of peer requests and
 # replies), handshake (both sides of the peer handshake, fed forged messages),
@@ -31,6 +35,8 @@ root="$(cd "$here/.." && pwd)"
 . "$here/lib.sh"
 
 seconds=${FUZZ_SECONDS:-60}
+profile=()
+[ -z "${FUZZ_DEV:-}" ] || profile=(--dev)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(peer_frame handshake stored window_record snapshot_import config json_key)
 
@@ -42,7 +48,7 @@ command -v protoc >/dev/null || "$here/setup.sh"
 export RUSTC_BOOTSTRAP=1
 cd "$root"
 log "building the fuzz targets"
-cargo fuzz build -s none --fuzz-dir fuzz
+cargo fuzz build -s none "${profile[@]}" --fuzz-dir fuzz
 work=$(mktemp -d -t firstseen-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # One target per core at a time: each libFuzzer run is one process, so on
@@ -54,7 +60,7 @@ fuzz_one() {
   mkdir -p "$work/$t" "fuzz/artifacts/$t"
   # -rss_limit_mb: an input that makes a decoder allocate without bound is
   # a finding, not an out-of-memory machine.
-  if cargo fuzz run -s none --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
+  if cargo fuzz run -s none "${profile[@]}" --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
       -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="fuzz/artifacts/$t/" >"$work/$t.log" 2>&1; then
     echo ok > "$work/$t.result"
