@@ -14,6 +14,10 @@
 #   BENCH_BENTHOS=0  leaves out the Benthos baselines
 #   BENCH_PIN=1      the measured system on core 1, the brokers, load and
 #                    probe on core 0
+#   BENCH_ZONE_DELAY_MS=10  zones apart: every peer link of the firstseen
+#                    clusters crosses a relay that delays each direction this
+#                    long (this kernel has no netem; `firstseen-bench delay`).
+#                    The baselines have no peer links and pay nothing.
 #   BENCH_PULSAR_WARMUP_SECS=60  load through a naive forwarder before
 #                    anything is measured, so that no system pays for
 #                    Pulsar's JIT (0: none, as runs before 4 December 2026)
@@ -77,6 +81,7 @@ cargo build -q --release -p firstseen -p firstseen-bench
 # before/after) under the same benchmark.
 fs="${BENCH_FIRSTSEEN_BIN:-$root/target/release/firstseen}"
 bench="$root/target/release/firstseen-bench"
+export ZONE_DELAY_MS=${BENCH_ZONE_DELAY_MS:-0} DELAY_BIN="$bench"
 
 work="$root/.bench"
 rm -rf "$work"; mkdir -p "$work" "$root/bench-results"
@@ -213,7 +218,7 @@ sync0=($(sync_stats))
 # (commit, publish batch) over the peak alone are their difference.
 for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics0-$i.txt"; done
 
-log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s)"
+log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s, zones ${ZONE_DELAY_MS} ms apart)"
 # RSS of every node every 5 s: flat at a constant rate, or growing?
 (
   t0=$(date +%s)

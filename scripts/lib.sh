@@ -106,17 +106,27 @@ start_mosquitto() {
 # $PULSAR_ADMIN_URL must be set), pids appended to $6. Waits until every node
 # is ready. Sets the arrays zones, http (HTTP port per node) and peer.
 # ROUTE_FORMAT sets the route's format (transitdata; unset, the default raw).
+# ZONE_DELAY_MS puts that one-way delay between the zones: each node's peer
+# port sits behind a relay (`firstseen-bench delay`, binary $DELAY_BIN), and
+# the membership names the relay, so every peer link crosses one.
 start_cluster() {
   local dir=$1 bin=$2 mqtt=$3 filter=$4 topic=$5 pids=$6 i members=""
   zones=(zone-a zone-b zone-c)
   head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/cluster.secret"
-  for i in 1 2 3; do http[$i]=$(free_port); peer[$i]=$(free_port); done
+  for i in 1 2 3; do http[$i]=$(free_port); peer[$i]=$(free_port); advertised[$i]=${peer[$i]}; done
+  if [ -n "${ZONE_DELAY_MS:-}" ] && [ "$ZONE_DELAY_MS" != 0 ]; then
+    for i in 1 2 3; do
+      advertised[$i]=$(free_port)
+      "$DELAY_BIN" delay --listen "127.0.0.1:${advertised[$i]}" --to "127.0.0.1:${peer[$i]}" --ms "$ZONE_DELAY_MS" &
+      echo $! >> "$pids"
+    done
+  fi
   for i in 1 2 3; do
     members+="
 [[cluster.members]]
 id = $i
 zone = \"${zones[$((i-1))]}\"
-addr = \"127.0.0.1:${peer[$i]}\"
+addr = \"127.0.0.1:${advertised[$i]}\"
 http = \"127.0.0.1:${http[$i]}\"
 "
   done

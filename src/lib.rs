@@ -40,7 +40,8 @@
 //! knows of its node; [`dedup`] the `[dedup]` section (the window and the
 //! bounds of a message); [`format`] how a route's messages look in Pulsar;
 //! [`deadletter`] the store of messages not forwarded; [`secret`] the
-//! cluster secret as a key; [`problem`] what is wrong with a config.
+//! cluster secret as a key; [`problem`] what is wrong with a config;
+//! [`send`] what can go wrong sending to the output broker.
 
 pub mod batch;
 pub mod cli;
@@ -61,6 +62,7 @@ pub mod problem;
 pub mod propose;
 pub mod publish;
 pub mod secret;
+pub mod send;
 pub mod telemetry;
 pub mod tls;
 pub mod verify;
@@ -121,6 +123,9 @@ pub enum Error {
         topic: String,
         problem: TopicProblem,
     },
+    /// The broker, as the publisher's port reports it.
+    #[error("broker: {0}")]
+    Broker(#[from] send::SendError),
     /// This node could not confirm with a quorum that it still leads.
     #[error("leadership not confirmed by a quorum")]
     LeaseLost,

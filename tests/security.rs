@@ -322,8 +322,17 @@ fn wrong_pulsar_credentials_lose_nothing_and_oauth2_delivers_exactly_once_and_no
     node.terminate(Duration::from_secs(20)).expect("stops");
 
     let log = std::fs::read_to_string(node.log_path()).unwrap();
+    // Trace on, in the crates that see a credential: the producer's
+    // frames (a CONNECT carries the token) and the HTTP and TLS clients.
+    let traced = |target: &str| {
+        log.lines()
+            .any(|l| l.contains(" TRACE ") && l.contains(target))
+    };
     assert!(
-        log.contains("new OAuth2 access token") && log.lines().count() > 1000,
+        log.contains("new OAuth2 access token")
+            && traced("firstseen::publish::producer")
+            && traced("rustls")
+            && traced("hyper"),
         "the node did not log at trace level"
     );
     for (what, needle) in [

@@ -886,25 +886,18 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         }
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
-    let dead_letter = firstseen::deadletter::DeadLetter::open(
-        config.node.data_dir.join("dead-letter"),
-        firstseen::deadletter::Bounds {
-            max_bytes: config.dead_letter.max_bytes,
-            retention_ms: u64::MAX,
-            unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
-        },
-    );
+    let dead_letter = config.dead_letter.open(&cx);
     let mut upstreams = Upstream::build(
         &config.upstreams,
         &config.dedup,
-        &config.node.cx(),
+        &cx,
         firstseen::ingest::route::LiveRoutes::new(Route::all(&config.routes)),
         disk.clone(),
         Arc::new(SimClock {
             node: id,
             world: world.clone(),
         }),
-        dead_letter.clone(),
+        dead_letter,
     );
     let upstream = upstreams.pop().expect("one upstream");
     let gates = vec![upstream.gate.clone()];
@@ -921,7 +914,6 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             key: ClusterKey::from_secret(b"sim"),
             tls: None,
             disk,
-            set_aside_local: dead_letter,
             ours: firstseen::publish::tail::Ours::new(&ClusterKey::from_secret(b"sim"), &[], false),
         },
         Ports {
@@ -949,16 +941,11 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     // Paused as SIGSTOP pauses a process: not polled at all, timers counting
     // on, whatever came due firing when it resumes.
     let gate = Gate(pause_of(world, id));
-    let node_tasks: [Task; 8] = [
-        core.coalescer,
-        core.levels,
-        Box::pin(group.reaper),
-        core.elections,
-        core.lease,
-        core.publisher,
-        core.batcher,
-        ingest(id, upstream, world, tx),
-    ];
+    // The core's tasks as the node runs them, with the group's log reaper
+    // and ingest on the broker's model.
+    let mut node_tasks: Vec<Task> = core.tasks.into_iter().map(|(_, _, t)| t).collect();
+    node_tasks.push(Box::pin(group.reaper));
+    node_tasks.push(ingest(id, upstream, world, tx));
     let mut tasks: Vec<JoinHandle<()>> = node_tasks
         .into_iter()
         .map(|t| tokio::spawn(gate.clone().run(t)))

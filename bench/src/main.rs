@@ -13,8 +13,10 @@
 //!   subscribers, the ceiling of this machine.
 //! - `window`: disk bytes per key of the dedup window, on the real state
 //!   machine at millions of keys.
+//! - `delay`: a TCP relay that delays each direction, for zones apart.
 
 mod bounds;
+mod delay;
 mod sync;
 mod window;
 
@@ -116,7 +118,16 @@ enum Cmd {
         #[arg(long)]
         dir: Option<String>,
     },
-    /// Disk bytes per key of the dedup window, on the real state machine.
+    /// Relay TCP connections from `listen` to `to`, every byte `ms` late in
+    /// each direction: the one-way latency between two zones.
+    Delay {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        #[arg(long)]
+        ms: u64,
+    },
     /// What the hostile-input bounds cost per message, against the key's
     /// blake3 hash, over the HFP capture.
     Bounds {
@@ -126,6 +137,7 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         rounds: u32,
     },
+    /// Disk bytes per key of the dedup window, on the real state machine.
     Window {
         /// Keys in the window when it is measured.
         #[arg(long, default_value_t = 1_000_000)]
@@ -556,6 +568,7 @@ async fn main() -> Result<()> {
             println!("{out}");
             Ok(())
         }
+        Cmd::Delay { listen, to, ms } => delay::run(listen, to, Duration::from_millis(ms)).await,
         Cmd::Bounds { template, rounds } => {
             println!("{}", bounds::run(&template, rounds)?);
             Ok(())

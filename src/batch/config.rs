@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::BatchPolicy;
 use crate::problem::Problems;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -54,6 +55,17 @@ impl BatchConfig {
         }
         if self.max_bytes == 0 {
             p.add("batch.max_bytes", "must be at least 1");
+        }
+    }
+}
+
+impl BatchConfig {
+    /// When a batch is complete, as the batcher decides it.
+    pub fn policy(&self) -> BatchPolicy {
+        BatchPolicy {
+            max_messages: self.max_messages,
+            max_bytes: self.max_bytes,
+            linger: std::time::Duration::from_millis(self.linger_ms),
         }
     }
 }

@@ -15,7 +15,49 @@ use tokio::time::Instant;
 
 pub use run::{run, Batcher};
 
+use std::sync::Arc;
+
+use firstseen_store::StateStore;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
 use crate::ingest::Received;
+
+/// What the batch stage works with besides its section: the group it
+/// commits to, the sessions it acks on, and what holds it back.
+pub struct Links {
+    /// The group: the node's [`crate::propose::Proposer`].
+    pub group: Arc<dyn port::Commit>,
+    /// The upstream sessions' acks.
+    pub acks: Arc<dyn port::Acks>,
+    pub state: StateStore,
+    pub disk: Arc<crate::diskspace::DiskSpace>,
+    /// The outbox's bound (`outbox.quota_bytes`): above it nothing is
+    /// proposed, and nothing acked.
+    pub outbox_quota_bytes: u64,
+}
+
+/// The batch stage, built from `[batch]`: the task that turns `received`
+/// into committed, acked batches until its senders are gone or `stop`.
+pub fn build(
+    section: &config::BatchConfig,
+    links: Links,
+    received: mpsc::Receiver<Received>,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    run(
+        Batcher {
+            policy: section.policy(),
+            group: links.group,
+            acks: links.acks,
+            state: links.state,
+            quota_bytes: links.outbox_quota_bytes,
+            disk: links.disk,
+            shutdown: stop,
+        },
+        received,
+    )
+}
 
 /// When a batch is complete.
 #[derive(Debug, Clone, Copy)]

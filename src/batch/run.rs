@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,59 +32,82 @@ pub struct Batcher {
     pub shutdown: CancellationToken,
 }
 
+/// Batches proposed and not yet committed, at most. With one, a batch that
+/// filled (or lingered out) while the previous one committed waited for that
+/// commit before it could leave: at 2,000 msg/s most of the receive stage's
+/// time (docs/benchmarks.md, "Where a message's 16.6 ms go"). A second one
+/// in flight goes while the first commits; the leader's coalescer may merge
+/// them into one entry. Acks still go out in receive order: batches are
+/// settled oldest first whatever order they commit in (G4).
+pub const IN_FLIGHT: usize = 2;
+
 /// Runs until every ingest task has dropped its sender and the last batch is
 /// committed and acked.
-pub async fn run(mut b: Batcher, mut rx: mpsc::Receiver<Received>) {
+pub async fn run(b: Batcher, mut rx: mpsc::Receiver<Received>) {
     let mut pending = Pending::default();
+    // Oldest first: a later batch that commits sooner waits here for the
+    // ones before it, so that its acks never pass theirs.
+    let mut in_flight = FuturesOrdered::new();
+    let mut closed = false;
     loop {
-        let Some(first) = rx.recv().await else { break };
-        // The linger runs from the first message's arrival, not from when
-        // the batcher got to it: a message that waited out the previous
-        // batch's commit in the channel has lingered already. Counting from
-        // the pick-up made it wait a commit and then a whole linger (tokio's
-        // clock, so that a simulation on a paused clock drives it too).
-        let arrived = first.received_at;
-        pending.push(first, arrived);
-        let mut closed = false;
-        while !pending.is_full(&b.policy) {
-            let deadline = pending
-                .deadline(&b.policy)
-                .expect("batch has a first message");
-            if deadline <= Instant::now() {
-                // Lingered enough: what is already queued goes along, and
-                // nothing waits for more.
-                while !pending.is_full(&b.policy) {
-                    match rx.try_recv() {
-                        Ok(item) => pending.push(item, Instant::now()),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => {
-                            closed = true;
-                            break;
-                        }
-                    }
+        let room = in_flight.len() < IN_FLIGHT;
+        let due = pending.deadline(&b.policy);
+        let ready = !pending.is_empty()
+            && (pending.is_full(&b.policy) || closed || due.is_some_and(|d| d <= Instant::now()));
+        if ready && room {
+            // Lingered enough (or full): what is already queued goes along,
+            // and nothing waits for more.
+            while !pending.is_full(&b.policy) && !closed {
+                match rx.try_recv() {
+                    Ok(item) => pending.push(item, Instant::now()),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
-                break;
             }
-            tokio::select! {
-                item = rx.recv() => match item {
-                    Some(item) => pending.push(item, Instant::now()),
-                    None => { closed = true; break }
-                },
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
+            in_flight.push_back(commit(&b, pending.take()));
+            continue;
         }
-        if !flush(&mut b, pending.take()).await {
+        if closed && pending.is_empty() && in_flight.is_empty() {
             break;
         }
-        if closed {
-            break;
+        tokio::select! {
+            // More only while the batch has room; a full one waits for a
+            // commit to end.
+            item = rx.recv(), if !closed && !pending.is_full(&b.policy) => match item {
+                // The linger runs from the first message's arrival, not from
+                // when the batcher got to it: a message that waited in the
+                // channel has lingered already (tokio's clock, so that a
+                // simulation on a paused clock drives it too).
+                Some(item) if pending.is_empty() => {
+                    let arrived = item.received_at;
+                    pending.push(item, arrived);
+                }
+                Some(item) => pending.push(item, Instant::now()),
+                None => closed = true,
+            },
+            done = in_flight.next(), if !in_flight.is_empty() => match done {
+                Some(Some(items)) => ack(&b, &items),
+                // Shutdown cut a commit short: what it held stays unacked,
+                // and so does everything after it.
+                Some(None) | None => break,
+            },
+            _ = sleep_until_some(due), if room && !pending.is_empty() => {}
         }
     }
     tracing::info!("batcher stopped");
 }
 
-/// Commits one batch and acks it. Returns false when shutdown interrupted it.
-async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Commits one batch; returns its messages to ack, or `None` when shutdown
+/// interrupted it.
+async fn commit(b: &Batcher, items: Vec<Received>) -> Option<Vec<Received>> {
     let mut batch = firstseen_store::Batch::default();
     for i in &items {
         if let Some(o) = &i.observation {
@@ -93,7 +117,7 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
     let observations = &batch.observations;
     if !observations.is_empty() {
         if !wait_for_quota(b).await {
-            return false;
+            return None;
         }
         let started = Instant::now();
         for i in items.iter().filter(|i| i.observation.is_some()) {
@@ -122,7 +146,7 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = next_leader => {}
-                        _ = b.shutdown.cancelled() => return false,
+                        _ = b.shutdown.cancelled() => return None,
                     }
                     if !changed {
                         delay = (delay * 2).min(Duration::from_secs(2));
@@ -143,9 +167,15 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         telemetry::stage(Stage::Commit, commit, observations.len() as u64);
         metrics::histogram!("firstseen_batch_messages").record(observations.len() as f64);
     }
+    Some(items)
+}
+
+/// Acks a committed batch's messages.
+fn ack(b: &Batcher, items: &[Received]) {
     // G4: everything in `items` is now either committed (its entry, or an
-    // earlier copy's, is in the state machine) or set aside durably. Acks go
-    // out in receive order, per upstream.
+    // earlier copy's, is in the state machine) or set aside durably, and so
+    // is every batch received before it. Acks go out in receive order, per
+    // upstream.
     for upstream in 0..b.acks.upstreams() {
         let tokens: Vec<AckToken> = items
             .iter()
@@ -166,7 +196,6 @@ async fn flush(b: &mut Batcher, items: Vec<Received>) -> bool {
         }
         metrics::counter!("firstseen_acks_total").increment(stats.sent);
     }
-    true
 }
 
 /// G5 backpressure: while the outbox is over its quota, or this node's disk
@@ -258,13 +287,10 @@ mod tests {
         }
     }
 
-    /// Messages that arrive while a batch commits have waited a commit's
-    /// time already: the next batch leaves as soon as the commit returns,
-    /// not a whole linger later. Before the fix the second proposal came at
-    /// 12 ms (the commit ending at 10 ms, then a 2-ms linger from the
-    /// pick-up).
-    #[tokio::test(start_paused = true)]
-    async fn messages_that_waited_out_a_commit_do_not_linger_again() {
+    /// Runs the batcher on `group` (commits take 8 ms, a 2-ms linger),
+    /// sending message `tag` at each `(ms, tag)`, and returns each proposal
+    /// as (ms, messages).
+    async fn proposals(sends: &[(u64, u8)]) -> Vec<(u128, usize)> {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::Config::new().temporary(true).open().unwrap();
         let group = Arc::new(Slow {
@@ -287,23 +313,127 @@ mod tests {
         let (tx, rx) = mpsc::channel(64);
         let t0 = Instant::now();
         let task = tokio::spawn(run(batcher, rx));
-        tx.send(test_message(1, 1)).await.unwrap();
-        // Lingers 2 ms for company, then commits for 8 ms; two more arrive
-        // at 4 and 5 ms, during the commit.
-        tokio::time::sleep(Duration::from_millis(4)).await;
-        tx.send(test_message(2, 1)).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        tx.send(test_message(3, 1)).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        for (at, tag) in sends {
+            tokio::time::sleep_until(t0 + Duration::from_millis(*at)).await;
+            let mut m = test_message(*tag, 1);
+            m.received_at = Instant::now();
+            tx.send(m).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
         drop(tx);
         task.await.unwrap();
-        let proposed: Vec<(u128, usize)> = group
-            .proposed
-            .lock()
-            .unwrap()
+        let proposed = group.proposed.lock().unwrap();
+        proposed
             .iter()
             .map(|(at, n)| ((*at - t0).as_millis(), *n))
-            .collect();
-        assert_eq!(proposed, vec![(2, 1), (10, 2)]);
+            .collect()
+    }
+
+    /// A batch that lingers out while another commits leaves at once: a
+    /// second proposal is in flight beside the first. With one in flight
+    /// (before) the second waited for the first commit, at 10 ms.
+    #[tokio::test(start_paused = true)]
+    async fn a_second_batch_is_proposed_while_the_first_commits() {
+        assert_eq!(proposals(&[(0, 1), (3, 2)]).await, vec![(2, 1), (5, 1)]);
+    }
+
+    /// With both slots taken, messages wait for a commit, not for a linger
+    /// on top of it: those that arrived at 6 and 7 ms lingered out by 8 ms
+    /// and leave when the first commit ends, at 10 ms. Counting the linger
+    /// from the pick-up instead would have sent them at 12 ms.
+    #[tokio::test(start_paused = true)]
+    async fn messages_that_waited_out_a_commit_do_not_linger_again() {
+        assert_eq!(
+            proposals(&[(0, 1), (3, 2), (6, 3), (7, 4)]).await,
+            vec![(2, 1), (5, 1), (10, 2)]
+        );
+    }
+
+    /// A group whose first commit takes 20 ms and every later one 1 ms.
+    struct FirstSlow {
+        proposed: Mutex<usize>,
+    }
+
+    impl Commit for FirstSlow {
+        fn propose(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ProposeError>> {
+            let n = {
+                let mut p = self.proposed.lock().unwrap();
+                *p += 1;
+                *p
+            };
+            Box::pin(async move {
+                let ms = if n == 1 { 20 } else { 1 };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(batch
+                    .observations
+                    .iter()
+                    .map(|_| Outcome::FirstSeen { seq: 1 })
+                    .collect())
+            })
+        }
+        fn leader(&self) -> Option<NodeId> {
+            Some(1)
+        }
+        fn leader_moves(&self, _: Option<NodeId>, _: Duration) -> BoxFuture<'_, ()> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// Records every ack's packet id, in the order sent.
+    struct Recorded(Mutex<Vec<u16>>);
+    impl Acks for Recorded {
+        fn upstreams(&self) -> usize {
+            1
+        }
+        fn ack(&self, _: usize, tokens: &[AckToken]) -> AckStats {
+            self.0.lock().unwrap().extend(tokens.iter().map(|t| t.pkid));
+            AckStats::default()
+        }
+    }
+
+    /// G4 with two batches in flight: the second commits first, and its
+    /// acks still wait for the first batch's.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_commits_sooner_is_acked_after_the_one_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let acks = Arc::new(Recorded(Mutex::new(Vec::new())));
+        let batcher = Batcher {
+            policy: BatchPolicy {
+                max_messages: 2,
+                max_bytes: 1 << 20,
+                linger: Duration::from_millis(2),
+            },
+            group: Arc::new(FirstSlow {
+                proposed: Mutex::new(0),
+            }),
+            acks: acks.clone(),
+            state: StateStore::open(&db).unwrap(),
+            quota_bytes: u64::MAX,
+            disk: crate::diskspace::DiskSpace::new(dir.path().to_path_buf(), 0),
+            shutdown: CancellationToken::new(),
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(run(batcher, rx));
+        for pkid in 1..=4u16 {
+            let mut m = test_message(pkid as u8, 1);
+            m.ack = Some(AckToken {
+                upstream: 0,
+                epoch: 1,
+                pkid,
+                qos: 1,
+            });
+            tx.send(m).await.unwrap();
+        }
+        // The second batch (3, 4) commits at about 1 ms, the first at 20.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            acks.0.lock().unwrap().is_empty(),
+            "acked before the first batch committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(*acks.0.lock().unwrap(), vec![1, 2, 3, 4]);
+        drop(tx);
+        task.await.unwrap();
     }
 }

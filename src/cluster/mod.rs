@@ -1,16 +1,20 @@
 //! The Raft group as the rest of the node sees it: start it, bootstrap it
 //! idempotently, change membership, elect leaders ([`elect`]) and talk to
-//! peers ([`wire`], [`server`], [`peers`], and openraft's [`network`] over
-//! them). Proposing is not here: it is a step of the pipeline
+//! peers ([`wire`] the protocol, [`frames`] reading it off a connection,
+//! [`server`], [`peers`], and openraft's [`network`] over them); and
+//! [`services`] the ones that run on the open group (the peer service,
+//! elections, the lease watch). Proposing is not here: it is a step of the pipeline
 //! (`crate::propose`), which uses this network to forward batches; the
 //! network knows nothing of it.
 
 pub mod config;
 pub mod elect;
+pub mod frames;
 pub mod liveness;
 pub mod network;
 pub mod peers;
 pub mod server;
+pub mod services;
 
 pub mod wire;
 

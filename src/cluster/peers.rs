@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::frames::{write_frames, FrameReader, ReadError};
 use super::liveness::Liveness;
 use super::wire::{self, ClusterKey, Envelope, Reply, Request};
 use crate::tls::{BoxStream, PeerTls};
@@ -484,10 +485,10 @@ impl Peers {
         addr: String,
         stream: BoxStream,
         peer: NodeId,
-        (mut seal, mut check): Seals,
+        (seal, check): Seals,
     ) -> Arc<Conn> {
-        let (mut rd, mut wr) = tokio::io::split(stream);
-        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
+        let (rd, wr) = tokio::io::split(stream);
+        let (frames, queue) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
         let closed = self.inner.stop.child_token();
         let conn = Arc::new(Conn {
             frames,
@@ -497,51 +498,20 @@ impl Peers {
             peer,
             last_frame: Mutex::new(Instant::now()),
         });
-        let writer_closed = closed.clone();
-        self.inner.tasks.spawn(async move {
-            loop {
-                let frame = tokio::select! {
-                    f = queue.recv() => match f { Some(f) => f, None => break },
-                    _ = writer_closed.cancelled() => break,
-                };
-                let mut frame = frame;
-                seal.seal(&mut frame);
-                if wr.write_all(&frame).await.is_err() {
-                    break;
-                }
-            }
-            writer_closed.cancel();
-            let _ = wr.shutdown().await;
-        });
+        self.inner
+            .tasks
+            .spawn(write_frames(wr, seal, queue, closed.clone()));
         let reader = conn.clone();
         let liveness = self.inner.liveness.clone();
         self.inner.tasks.spawn(async move {
+            let mut incoming = FrameReader::new(rd, check);
             let reason = loop {
-                let mut header = [0u8; 4];
                 let read = tokio::select! {
-                    r = rd.read_exact(&mut header) => r,
+                    r = incoming.next::<Reply>() => r,
                     _ = reader.closed.cancelled() => break "closed".to_string(),
                 };
-                if let Err(e) = read {
-                    break e.to_string();
-                }
-                let len = match wire::frame_len(header) {
-                    Ok(l) => l,
-                    Err(e) => break e.to_string(),
-                };
-                let body = match wire::read_body(&mut rd, len).await {
-                    Ok(b) => b,
-                    Err(e) => break e.to_string(),
-                };
-                let mut mac = [0u8; wire::FRAME_MAC];
-                if let Err(e) = rd.read_exact(&mut mac).await {
-                    break e.to_string();
-                }
-                if !check.open(&body, &mac) {
-                    break "a frame failed its integrity check".to_string();
-                }
-                let env: Envelope<Reply> = match wire::decode(&body) {
-                    Ok(e) => e,
+                let env = match read {
+                    Ok(env) => env,
                     Err(e) => break e.to_string(),
                 };
                 *lock(&reader.last_frame) = Instant::now();
@@ -633,7 +603,7 @@ impl Peers {
         addr: &str,
         request: &Request,
     ) -> Result<Reply, CallError> {
-        let (stream, _, (mut seal, mut check)) = self.dial(node, addr).await?;
+        let (stream, _, (mut seal, check)) = self.dial(node, addr).await?;
         let lost = |reason: String| CallError::Lost {
             addr: addr.into(),
             reason,
@@ -647,31 +617,25 @@ impl Peers {
             reason: e.to_string(),
         })?;
         seal.seal(&mut frame);
-        let (mut rd, mut wr) = tokio::io::split(stream);
+        let (rd, mut wr) = tokio::io::split(stream);
         wr.write_all(&frame)
             .await
             .map_err(|e| lost(e.to_string()))?;
-        let mut header = [0u8; 4];
-        rd.read_exact(&mut header).await.map_err(|e| {
-            lost(format!(
-                "{e} (a node of a release that does not know the request closes the connection)"
-            ))
-        })?;
-        let len = wire::frame_len(header).map_err(|e| lost(e.to_string()))?;
-        let body = wire::read_body(&mut rd, len)
-            .await
-            .map_err(|e| lost(e.to_string()))?;
-        let mut mac = [0u8; wire::FRAME_MAC];
-        rd.read_exact(&mut mac)
-            .await
-            .map_err(|e| lost(e.to_string()))?;
-        if !check.open(&body, &mac) {
-            return Err(lost("a frame failed its integrity check".into()));
-        }
-        let env: Envelope<Reply> = wire::decode(&body).map_err(|e| CallError::Protocol {
-            addr: addr.into(),
-            reason: e.to_string(),
-        })?;
+        let env = match FrameReader::new(rd, check).next::<Reply>().await {
+            Ok(env) => env,
+            Err(ReadError::Closed) => {
+                return Err(lost(
+                    "closed before answering (a node of a release that does not know the request closes the connection)".into(),
+                ))
+            }
+            Err(ReadError::Garbled(e)) => {
+                return Err(CallError::Protocol {
+                    addr: addr.into(),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => return Err(lost(e.to_string())),
+        };
         let _ = wr.shutdown().await;
         Ok(env.body)
     }

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::frames::{write_frames, FrameReader, ReadError};
 use super::liveness::{Liveness, Timing};
 use super::wire::{self, ClusterKey, Envelope, ForwardError, Reply, Request};
 use crate::telemetry::RefusalLog;
@@ -26,8 +27,6 @@ use crate::tls::{BoxStream, PeerTls};
 
 /// How long a connecting peer has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a frame's body may take once its header arrived.
-const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests of one connection served at once; more wait to be read.
 const IN_FLIGHT_PER_CONN: usize = 256;
 /// Connections that have not yet authenticated, served at once. A real
@@ -172,27 +171,11 @@ enum ConnectionError {
     NoHandshake(#[source] std::io::Error),
     #[error(transparent)]
     Handshake(#[from] wire::HandshakeError),
-    #[error("node {node}: read failed: {source}")]
-    Read {
-        node: NodeId,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("node {node}: {source}")]
     Frame {
         node: NodeId,
         #[source]
-        source: wire::FrameError,
-    },
-    #[error("node {node}: frame body timed out")]
-    BodyTimeout { node: NodeId },
-    #[error("node {node}: frame failed its integrity check (changed on the way, or not from the peer that authenticated)")]
-    Integrity { node: NodeId },
-    #[error("node {node}: garbled frame: {source}")]
-    Garbled {
-        node: NodeId,
-        #[source]
-        source: wire::FrameError,
+        source: ReadError,
     },
 }
 
@@ -221,66 +204,30 @@ async fn connection(
     })
     .await
     .map_err(|_| ConnectionError::HandshakeTimeout)??;
-    let (s, node, mut seal, mut check) = (s.0, s.1, s.2, s.3);
+    let (s, node, seal, check) = (s.0, s.1, s.2, s.3);
     drop(handshake_slot);
     // It proved the secret: its address gets the members' reserve from now
     // on, so a flood cannot keep it out when it connects again.
     admission.learn(peer.ip());
     tracing::debug!(peer = %peer, node, "peer authenticated");
     metrics::counter!("firstseen_peer_accepted_total").increment(1);
-    let (mut rd, mut wr) = tokio::io::split(s);
-    let (replies, mut out) = mpsc::channel::<Vec<u8>>(IN_FLIGHT_PER_CONN);
+    let (rd, wr) = tokio::io::split(s);
+    let (replies, out) = mpsc::channel::<Vec<u8>>(IN_FLIGHT_PER_CONN);
     let done = stop.child_token();
-    let writer_done = done.clone();
     // The connection's tasks: its writer, and one per request being served.
     let handlers = TaskTracker::new();
-    let writer = handlers.spawn(async move {
-        while let Some(frame) = tokio::select! {
-            f = out.recv() => f,
-            _ = writer_done.cancelled() => None,
-        } {
-            let mut frame = frame;
-            seal.seal(&mut frame);
-            if wr.write_all(&frame).await.is_err() {
-                break;
-            }
-        }
-        writer_done.cancel();
-        let _ = wr.shutdown().await;
-    });
+    let writer = handlers.spawn(write_frames(wr, seal, out, done.clone()));
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN));
+    let mut incoming = FrameReader::new(rd, check);
     let result = loop {
-        let mut header = [0u8; 4];
         let read = tokio::select! {
-            r = rd.read_exact(&mut header) => r,
+            r = incoming.next::<Request>() => r,
             _ = done.cancelled() => break Ok(()),
         };
-        match read {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(source) => break Err(ConnectionError::Read { node, source }),
-        }
-        let len = match wire::frame_len(header) {
-            Ok(l) => l,
+        let env = match read {
+            Ok(env) => env,
+            Err(ReadError::Closed) => break Ok(()),
             Err(source) => break Err(ConnectionError::Frame { node, source }),
-        };
-        let read = async {
-            let body = wire::read_body(&mut rd, len).await?;
-            let mut mac = [0u8; wire::FRAME_MAC];
-            rd.read_exact(&mut mac).await?;
-            Ok::<_, std::io::Error>((body, mac))
-        };
-        let (body, mac) = match tokio::time::timeout(BODY_TIMEOUT, read).await {
-            Ok(Ok(b)) => b,
-            Ok(Err(source)) => break Err(ConnectionError::Read { node, source }),
-            Err(_) => break Err(ConnectionError::BodyTimeout { node }),
-        };
-        if !check.open(&body, &mac) {
-            break Err(ConnectionError::Integrity { node });
-        }
-        let env: Envelope<Request> = match wire::decode(&body) {
-            Ok(e) => e,
-            Err(source) => break Err(ConnectionError::Garbled { node, source }),
         };
         svc.liveness.peer_seen(node);
         let Ok(slot) = slots.clone().acquire_owned().await else {

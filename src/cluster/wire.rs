@@ -39,8 +39,12 @@ use openraft::raft::{
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
-/// Protocol magic and version, sent first by the server. Version 2 carries
-/// [`Envelope`]s, many in flight on one connection.
+/// Protocol magic and version, sent first by the server. Version 3 seals
+/// every frame ([`FrameSeal`]) and carries [`Envelope`]s, many in flight on
+/// one connection. Requests added since are new variants at the end of
+/// [`Request`], so the magic stays: a node of an older release cannot
+/// decode them, which is why they are sent only when it can (the cluster
+/// level) or on a connection of their own ([`Request::may_be_unknown`]).
 pub const MAGIC: &[u8; 8] = b"FSPEER03";
 
 /// One frame after the handshake: a request or its reply, with the id the

@@ -226,6 +226,19 @@ impl RouteConfig {
 }
 
 impl DeadLetterConfig {
+    /// Opens the node's dead-letter store (`<data_dir>/dead-letter/`)
+    /// under these bounds.
+    pub fn open(&self, cx: &crate::context::NodeCx) -> crate::deadletter::DeadLetter {
+        crate::deadletter::DeadLetter::open(
+            cx.data_dir.join("dead-letter"),
+            crate::deadletter::Bounds {
+                max_bytes: self.max_bytes,
+                retention_ms: self.retention_secs.saturating_mul(1000),
+                unrouted_max_bytes: self.unrouted_max_bytes,
+            },
+        )
+    }
+
     /// Adds every problem of `[dead_letter]` to `p`; `largest` is the
     /// largest message the store may be asked to keep.
     pub fn check(&self, largest: usize, p: &mut Problems) {

@@ -3,7 +3,8 @@
 //! They start in that order and stop in reverse within
 //! `node.shutdown_timeout_secs`: intake first, then the last batch
 //! (committed and acked), the acks, the publisher, HTTP and the watchdogs,
-//! the group's tasks, the coalescer, and last Raft and storage. The core
+//! the group's tasks, the coalescer, and last Raft and storage (the one
+//! place this order is written out; [`run`] builds the list). The core
 //! that decides is built in [`core`], shared with the whole-cluster
 //! simulation; [`supervise`] makes the node fail fast when a task ends
 //! early; [`config`] is the `[node]` section.
@@ -20,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use self::core::{Core, Parts, Ports, Stops};
+use self::core::{Core, Parts, Ports, Stops, StopsAt};
 use self::stages::{Share, Stages};
 use crate::cluster::server;
 use crate::cluster::Cluster;
@@ -35,9 +36,8 @@ use crate::Error;
 /// ingest waits, and the broker's in-flight window bounds the rest.
 const INGEST_QUEUE: usize = 20_000;
 
-/// Runs a node until `shutdown` is cancelled, then stops it in order:
-/// ingest, the last batch (committed and acked), the publisher, Raft, and a
-/// final sled flush.
+/// Runs a node until `shutdown` is cancelled, then stops it in the order
+/// the module describes.
 pub async fn run(
     config: Config,
     config_path: Option<std::path::PathBuf>,
@@ -92,14 +92,7 @@ pub async fn run(
     let intake = stages.add("intake", Share::Whole);
 
     let clock = crate::clock::SystemClock::shared();
-    let dead_letter = crate::deadletter::DeadLetter::open(
-        config.node.data_dir.join("dead-letter"),
-        crate::deadletter::Bounds {
-            max_bytes: config.dead_letter.max_bytes,
-            retention_ms: config.dead_letter.retention_secs.saturating_mul(1000),
-            unrouted_max_bytes: config.dead_letter.unrouted_max_bytes,
-        },
-    );
+    let dead_letter = config.dead_letter.open(&cx);
     let routes = crate::ingest::route::LiveRoutes::new(Route::all(&config.routes));
     let upstreams = Upstream::build(
         &config.upstreams,
@@ -127,15 +120,6 @@ pub async fn run(
             key: cluster.key.clone(),
             tls: cluster.tls.clone(),
             disk: disk.clone(),
-            set_aside_local: crate::deadletter::DeadLetter::open(
-                config.node.data_dir.join("set-aside"),
-                crate::deadletter::Bounds {
-                    max_bytes: config.outbox.set_aside_max_bytes,
-                    // Kept until the bound says otherwise: no age by clock.
-                    retention_ms: u64::MAX,
-                    unrouted_max_bytes: 0,
-                },
-            ),
             ours: ours.clone(),
         },
         Ports {
@@ -206,8 +190,16 @@ pub async fn run(
         stages.tracker(),
     )?;
 
-    stages.spawn(proposals, "coalescer", core.coalescer);
-
+    // The core's tasks, each in the stage whose stop ends it.
+    for (at, name, task) in core.tasks {
+        let stage = match at {
+            StopsAt::Proposals => proposals,
+            StopsAt::Services => group,
+            StopsAt::Publish => publish,
+            StopsAt::Batch => batch,
+        };
+        stages.spawn(stage, name, task);
+    }
     let stop = stages.token(group);
     if let Some(listener) = peer_listener {
         let serving = server::serve(listener, core.peer_service.clone(), stop.clone());
@@ -223,9 +215,6 @@ pub async fn run(
             }
         });
     }
-    stages.spawn(group, "elections", core.elections);
-    stages.spawn(group, "cluster level", core.levels);
-    stages.spawn(group, "lease", core.lease);
     let following = crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), stop.clone());
     stages.spawn(group, "heartbeats", following);
     let leadership = crate::cluster::log_leadership(cluster.raft.clone(), stop);
@@ -258,7 +247,6 @@ pub async fn run(
     );
     stages.spawn(observe, "storage watchdog", watching);
 
-    stages.spawn(publish, "publisher", core.publisher);
     for u in upstreams {
         let name = u.config.name.clone();
         let task = u.run(tx.clone(), stages.token(intake), stages.token(acks));
@@ -269,7 +257,6 @@ pub async fn run(
         });
     }
     drop(tx);
-    stages.spawn(batch, "batcher", core.batcher);
 
     let early = tokio::select! {
         _ = shutdown.cancelled() => None,
@@ -282,7 +269,8 @@ pub async fn run(
     let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
     tracing::info!(
         bound_secs = bound.as_secs(),
-        "shutting down: the stages in reverse (intake, batch, acks, publish, observe, cluster, proposals), then raft and storage"
+        stages = %stages.stop_order(),
+        "shutting down: the stages in this order, then raft and storage"
     );
     // A stage that does not end in time is abandoned. Nothing is lost by
     // that: a batch that was not committed was not acked either, and the

@@ -107,6 +107,12 @@ impl Stages {
         self.supervisor.early().await
     }
 
+    /// The stages' names in the order they stop, for the log.
+    pub fn stop_order(&self) -> String {
+        let names: Vec<&str> = self.list.iter().rev().map(|s| s.name).collect();
+        names.join(", ")
+    }
+
     /// Stops the stages in reverse order within `bound`, and returns the
     /// deadline it ran to. A stage that misses its share is abandoned.
     pub async fn stop(&mut self, bound: Duration) -> Instant {

@@ -58,6 +58,84 @@ pub enum ProposeError {
     WrongReply { leader: NodeId },
 }
 
+/// What the propose stage works with: the group, this node's wall clock,
+/// the peers it forwards to, and the disk that holds proposals back.
+pub struct Links {
+    pub raft: Raft,
+    pub state: firstseen_store::StateStore,
+    /// The Raft log, read for the window's time when the applied state is
+    /// behind it.
+    pub log: firstseen_raft::LogStore,
+    pub clock: crate::clock::SharedClock,
+    pub call: Arc<dyn Call>,
+    pub disk: Arc<crate::diskspace::DiskSpace>,
+}
+
+/// The propose stage, running.
+pub struct Proposing {
+    /// The door every proposal goes through.
+    pub proposer: Proposer,
+    /// The cluster level's gate (`level`): the status and the admin API
+    /// hold it.
+    pub level_gate: level::LevelGate,
+    /// The leader's coalescer: stops last, after everything that proposes.
+    pub coalescer: BoxFuture<'static, ()>,
+    /// Raises the level when every member can run the next one.
+    pub levels: BoxFuture<'static, ()>,
+}
+
+/// Builds the propose stage of node `me`. The window comes from `[dedup]`
+/// (converted there, [`crate::dedup::DedupConfig::window_ms`]) and is
+/// stamped into every entry the coalescer appends, which is where the
+/// store's apply reads it; `max_entry_bytes` bounds a merged entry like a
+/// batch (`batch.max_bytes`); `upgrade` is `cluster.upgrade`.
+/// `coalescer_stop` ends the coalescer, `services_stop` the level gate.
+pub fn build(
+    dedup: &crate::dedup::DedupConfig,
+    max_entry_bytes: usize,
+    upgrade: crate::cluster::config::UpgradeMode,
+    me: NodeId,
+    links: Links,
+    coalescer_stop: tokio_util::sync::CancellationToken,
+    services_stop: tokio_util::sync::CancellationToken,
+) -> Proposing {
+    let (coalescer, coalescing) = coalesce::Coalescer::new(
+        links.raft.clone(),
+        links.state.clone(),
+        coalesce::Settings {
+            window_ms: dedup.window_ms(),
+            max_bytes: max_entry_bytes,
+            clock: links.clock.clone(),
+            log: links.log,
+        },
+        links.disk,
+        coalescer_stop,
+    );
+    let level_gate = level::LevelGate::new(
+        links.raft.clone(),
+        me,
+        links.call.clone(),
+        links.state.clone(),
+        coalescer.clone(),
+        upgrade,
+    );
+    let levels = level_gate.clone().run(services_stop);
+    let proposer = Proposer {
+        raft: links.raft,
+        node_id: me,
+        peers: links.call,
+        coalescer,
+        clock: links.clock,
+        level: links.state.level_cell(),
+    };
+    Proposing {
+        proposer,
+        level_gate,
+        coalescer: Box::pin(coalescing),
+        levels: Box::pin(levels),
+    }
+}
+
 /// Proposes observation batches to the group.
 #[derive(Clone)]
 pub struct Proposer {

@@ -1,6 +1,7 @@
-//! The publisher's ports as a node has them: Pulsar through the `pulsar`
-//! crate, the group through openraft and the proposer, the outbox through
-//! the replicated state and the Raft log.
+//! The publisher's ports as a node has them: Pulsar through our own
+//! producer (`producer`) for sending and the `pulsar` crate for lookups and
+//! the tail read, the group through openraft and the proposer, the outbox
+//! through the replicated state and the Raft log.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,21 +10,16 @@ use firstseen_raft::{Member, Raft};
 use firstseen_store::{OutboxMessage, StateStore, TopicState};
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
 use openraft::LogId;
-use pulsar::producer::ProducerOptions;
-use pulsar::{Producer, Pulsar, TokioExecutor};
+use pulsar::{Pulsar, TokioExecutor};
 use tokio::sync::watch;
 
-use super::port::{Broker, Group, Outbox, Receipt, Sending, Session};
+use super::port::{Broker, Group, Outbox, Receipt, SendError, Sending, Session};
+use super::producer::{self, entry::Outgoing, Producer, Producers};
 use super::{connect, props, tail, Admin};
 use crate::cluster::liveness::Liveness;
 use crate::propose::Proposer;
 use crate::publish::config::PulsarConfig;
 use crate::Error;
-
-/// Pulsar's `ProducerAccessMode::Exclusive`. Never `Shared`; and not
-/// `ExclusiveWithFencing`, because a paused old leader's automatic
-/// re-creation would then fence the true leader.
-const ACCESS_EXCLUSIVE: i32 = 1;
 
 /// Pulsar, as configured in `[pulsar]`.
 pub struct PulsarBroker {
@@ -37,24 +33,60 @@ pub struct PulsarBroker {
 impl Broker for PulsarBroker {
     type Session = PulsarSession;
 
-    async fn connect(&self) -> Result<PulsarSession, Error> {
-        let client = connect(&self.config).await?;
+    async fn connect(&self) -> Result<PulsarSession, SendError> {
+        let client = connect(&self.config).await.map_err(|e| match e {
+            Error::Pulsar(p) => sort(&p),
+            other => SendError::Lost(other.to_string()),
+        })?;
         let admin = self.admin().await;
         let limit = match &admin {
             Some(admin) => self.check_broker(admin).await,
             None => None,
         };
+        let wait = Duration::from_millis(self.config.operation_timeout_ms);
+        let unusable = |e: Error| SendError::Lost(e.to_string());
+        let auth = match super::auth::provider(&self.config).map_err(unusable)? {
+            Some(mut a) => {
+                a.initialize()
+                    .await
+                    .map_err(|e| unusable(Error::Credentials(e)))?;
+                Some(Arc::new(tokio::sync::Mutex::new(a)))
+            }
+            None => None,
+        };
+        let producers = Producers::new(producer::conn::Target {
+            url: String::new(),
+            proxy_to: None,
+            tls: self.tls().map_err(unusable)?,
+            auth,
+            timeout: wait,
+        });
         Ok(PulsarSession {
             client,
-            wait: Duration::from_millis(self.config.operation_timeout_ms),
+            producers,
+            wait,
             ours: self.ours.clone(),
             admin,
             limit,
+            max_message_bytes: self.config.max_message_bytes,
         })
     }
 }
 
 impl PulsarBroker {
+    /// TLS for `pulsar+ssl://` brokers (none for `pulsar://`).
+    fn tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, Error> {
+        if !self.config.url.starts_with("pulsar+ssl://") {
+            return Ok(None);
+        }
+        crate::tls::pulsar::client_config(
+            self.config.ca_file.as_deref(),
+            self.config.tls_hostname_verification,
+        )
+        .map(Some)
+        .map_err(|e| Error::setting(e.key, e.problem.to_string()))
+    }
+
     /// The admin API for this term, when it is configured: one client and
     /// one token for every call (with OAuth2 each token is a request to the
     /// issuer).
@@ -107,9 +139,11 @@ impl PulsarBroker {
     }
 }
 
-/// One Pulsar client, for one leadership term.
+/// Pulsar for one leadership term: the crate's client for lookups and the
+/// tail read, and our producers' connections.
 pub struct PulsarSession {
     client: Pulsar<TokioExecutor>,
+    producers: Producers,
     /// Longest wait for the tail's last message.
     wait: Duration,
     ours: tail::Ours,
@@ -117,24 +151,28 @@ pub struct PulsarSession {
     admin: Option<Admin>,
     /// The broker's `maxMessageSize`, when the admin API said.
     limit: Option<usize>,
+    /// `pulsar.max_message_bytes`: no entry is larger.
+    max_message_bytes: usize,
 }
 
 impl Session for PulsarSession {
-    type Producer = Producer<TokioExecutor>;
+    type Producer = Producer;
 
-    async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, Error> {
-        Ok(self
+    async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, SendError> {
+        let at = self
             .client
-            .producer()
-            .with_topic(topic)
-            .with_name(name)
-            .with_options(ProducerOptions {
-                access_mode: Some(ACCESS_EXCLUSIVE),
-                block_queue_if_full: true,
-                ..Default::default()
-            })
-            .build()
-            .await?)
+            .lookup_topic(topic)
+            .await
+            .map_err(|e| sort(&e))?;
+        // Entries stay under what the broker takes for this topic.
+        let limit = self
+            .message_limit(topic)
+            .await
+            .map_or(self.max_message_bytes, |l| l.min(self.max_message_bytes));
+        let proxy_to = at.proxy.then_some(at.broker_url);
+        self.producers
+            .exclusive(at.url.as_str(), proxy_to, topic, name, limit)
+            .await
     }
 
     async fn message_limit(&self, topic: &str) -> Option<usize> {
@@ -184,21 +222,26 @@ impl Session for PulsarSession {
         seq: u64,
         message: OutboxMessage,
         how: Sending,
-    ) -> Result<Receipt, Error> {
-        let receipt = send(producer, seq, message, how, self.ours.proofs()).await?;
-        Ok(Box::pin(async move {
-            receipt.await.map(|_| ()).map_err(Error::from)
-        }))
+    ) -> Result<Receipt, SendError> {
+        let outgoing = outgoing(producer.topic(), seq, message, how, self.ours.proofs());
+        producer.push(outgoing).await
+    }
+
+    async fn flush(&self, producer: &mut Self::Producer) -> Result<(), SendError> {
+        producer.flush().await
     }
 }
 
-async fn send(
-    producer: &mut Producer<TokioExecutor>,
+/// Message `seq` as it goes into an entry: its body in the route's format
+/// (or nothing, for a marker), the cluster's proof over it, and
+/// firstseen's properties.
+fn outgoing(
+    topic: &str,
     seq: u64,
     m: OutboxMessage,
     how: Sending,
     proofs: &super::proof::ProofKeys,
-) -> Result<pulsar::producer::SendFuture, Error> {
+) -> Outgoing {
     let key = hex::encode(m.key);
     let (body, format_props) = match how.set_aside {
         Some(_) => (Vec::new(), Vec::new()),
@@ -206,42 +249,90 @@ async fn send(
     };
     // Over the body as it goes: a reader checks what it reads.
     let proof = proofs.sign(&super::proof::Claim {
-        topic: producer.topic(),
+        topic,
         seq,
         key: &m.key,
         marker: how.set_aside.is_some(),
         body: &body,
     });
-    let mut message = producer
-        .create_message()
-        .with_content(body)
-        .with_key(key.clone())
-        .with_property(props::SEQ, seq.to_string())
-        .with_property(props::KEY, key)
-        .with_property(props::MQTT_TOPIC, m.mqtt_topic)
-        .with_property(props::NODE, m.node.to_string())
-        .with_property(props::FIRST_SEEN_MS, m.first_seen_ms.to_string())
-        .with_property(props::PROOF, proof)
-        .event_time(m.first_seen_ms);
-    for (k, v) in format_props {
-        message = message.with_property(k, v);
-    }
+    let mut properties = vec![
+        (props::SEQ.to_string(), seq.to_string()),
+        (props::KEY.to_string(), key.clone()),
+        (props::MQTT_TOPIC.to_string(), m.mqtt_topic),
+        (props::NODE.to_string(), m.node.to_string()),
+        (
+            props::FIRST_SEEN_MS.to_string(),
+            m.first_seen_ms.to_string(),
+        ),
+        (props::PROOF.to_string(), proof),
+    ];
+    properties.extend(format_props.into_iter().map(|(k, v)| (k.to_string(), v)));
     if how.late {
-        message = message.with_property(props::LATE, "true");
+        properties.push((props::LATE.to_string(), "true".to_string()));
     }
     match how.set_aside {
         // The marker carries no MQTT 5 properties: they may be what made
         // the message too large.
-        Some(reason) => message = message.with_property(props::SET_ASIDE, reason),
+        Some(reason) => properties.push((props::SET_ASIDE.to_string(), reason)),
         None => {
             if let Some(p) = &m.properties {
-                for (k, v) in props::mqtt5(p) {
-                    message = message.with_property(k, v);
-                }
+                properties.extend(props::mqtt5(p));
             }
         }
     }
-    Ok(message.send_non_blocking().await?)
+    Outgoing {
+        seq,
+        key,
+        properties,
+        event_time: m.first_seen_ms,
+        body,
+    }
+}
+
+/// Sorts the client's error into what the publisher decides on: by the
+/// broker's refusal code and the client's error variant, never by text.
+fn sort(e: &pulsar::Error) -> SendError {
+    use pulsar::error::{ConnectionError, ProducerError};
+    use pulsar::proto::ServerError;
+    let text = e.to_string();
+    if matches!(e, pulsar::Error::Producer(ProducerError::Fenced))
+        || matches!(
+            server_error(e),
+            Some(ServerError::ProducerBusy | ServerError::ProducerFenced)
+        )
+    {
+        return SendError::HeldElsewhere(text);
+    }
+    // The broker answered the send with an error instead of a receipt, the
+    // producer and its connection still up. The client carries the code
+    // only in text; the variant is what is decided on.
+    if matches!(
+        e,
+        pulsar::Error::Producer(ProducerError::Connection(
+            ConnectionError::UnexpectedResponse(_)
+        ))
+    ) {
+        return SendError::Refused(text);
+    }
+    SendError::Lost(text)
+}
+
+/// The broker's refusal code inside a client error, wherever the client
+/// put it: on the connection, on the producer's connection, or on a batch.
+fn server_error(error: &pulsar::Error) -> Option<pulsar::proto::ServerError> {
+    use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
+    let connection = match error {
+        pulsar::Error::Connection(c) => c,
+        pulsar::Error::Producer(ProducerError::Connection(c)) => c,
+        pulsar::Error::Producer(ProducerError::Batch(inner)) => return server_error(inner),
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => return *code,
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(c)) => c,
+        _ => return None,
+    };
+    match connection {
+        ConnectionError::PulsarError(code, _) => *code,
+        _ => None,
+    }
 }
 
 /// The Raft group through openraft, with receipts proposed through the
@@ -398,5 +489,58 @@ impl Outbox for StateOutbox {
             }
             crate::propose::metrics_changed(&mut self.applied).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulsar::error::{ConnectionError, ProducerError};
+    use pulsar::proto::ServerError;
+
+    /// The client's errors as the publisher's policy meets them: a topic
+    /// held by another producer wherever the client put the broker's code,
+    /// a refusal of the one message, and anything else lost. Never by the
+    /// words of a message.
+    #[test]
+    fn the_client_s_errors_are_sorted_by_code_and_variant() {
+        let refused = |code| {
+            pulsar::Error::Connection(ConnectionError::PulsarError(
+                Some(code),
+                Some("Exclusive access mode".into()),
+            ))
+        };
+        assert!(matches!(
+            sort(&refused(ServerError::ProducerBusy)),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            sort(&refused(ServerError::ProducerFenced)),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            sort(&pulsar::Error::Producer(ProducerError::Fenced)),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            sort(&pulsar::Error::Producer(ProducerError::Connection(
+                ConnectionError::PulsarError(Some(ServerError::ProducerBusy), None)
+            ))),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            sort(&pulsar::Error::Producer(ProducerError::Connection(
+                ConnectionError::UnexpectedResponse("send_error".into())
+            ))),
+            SendError::Refused(_)
+        ));
+        assert!(matches!(
+            sort(&refused(ServerError::AuthorizationError)),
+            SendError::Lost(_)
+        ));
+        assert!(matches!(
+            sort(&pulsar::Error::Connection(ConnectionError::Disconnected)),
+            SendError::Lost(_)
+        ));
     }
 }

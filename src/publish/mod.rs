@@ -16,30 +16,42 @@
 //! 5. After each batch it proposes `Published{topic, seq}` through the
 //!    proposer, without waiting for the commit, so every node trims its
 //!    outbox.
+//!
+//! The pieces: `policy` its decisions without I/O (resume point, watermark
+//! cadence, retry backoff, what is set aside); `port` its outside world as
+//! traits, whose errors are the publisher's own (`SendError`), and
+//! `adapter` the node's implementations over `producer` (our batched,
+//! exclusive producer) and `client` (the crate's client for lookups and
+//! reads, and the admin API, with `auth`); `tail` the read of a topic's
+//! end, `proof` the cluster's mark on its messages, `props` and `format`
+//! how a message is written; `stall` whether publishing is stuck;
+//! `config` the `[pulsar]` and `[outbox]` sections.
 
 pub mod adapter;
 pub mod auth;
+pub mod client;
 pub mod config;
 pub mod format;
 pub mod policy;
 pub mod port;
+pub mod producer;
 pub mod proof;
 pub mod props;
 pub mod stall;
 pub mod tail;
+
+pub use client::{connect, Admin};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use futures::FutureExt;
 
-use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Pulsar, TokioExecutor};
 // Tokio's clock, not the system's: it is the same in a node, and it is the
 // simulated clock in the simulation.
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::publish::config::PulsarConfig;
 use crate::telemetry::{self, Stage};
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
@@ -97,61 +109,70 @@ pub struct Publisher<B: Broker, G: Group, O: Outbox> {
     pub formats: format::Formats,
 }
 
-/// Builds a Pulsar client whose own retries cannot resend behind our back.
-pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Error> {
-    let timeout = Duration::from_millis(config.operation_timeout_ms);
-    let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
-        .with_operation_retry_options(OperationRetryOptions {
-            operation_timeout: timeout,
-            retry_delay: Duration::from_millis(100),
-            // Zero: producer (re-)creation is retried in our loop, where the
-            // lease is checked, never inside the crate.
-            max_retries: Some(0),
-        })
-        .with_connection_retry_options(ConnectionRetryOptions {
-            min_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(500),
-            max_retries: 1,
-            connection_timeout: timeout,
-            ..Default::default()
-        });
-    if let Some(credentials) = auth::provider(config)? {
-        builder = builder.with_auth_provider(credentials);
-    }
-    if let Some(ca) = &config.ca_file {
-        // Read here rather than by the crate, so that a bad file is named
-        // with its config key.
-        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
-            key: "pulsar.ca_file".into(),
-            path: ca.clone(),
-            source,
-        })?;
-        builder = builder.with_certificate_chain(pem);
-    }
-    builder = builder.with_tls_hostname_verification_enabled(config.tls_hostname_verification);
-    Ok(builder.build().await?)
+/// What the publish stage works with besides its sections.
+pub struct Links<B> {
+    /// Pulsar (or its model).
+    pub broker: B,
+    pub raft: firstseen_raft::Raft,
+    /// Where receipts and set-aside records are proposed.
+    pub proposer: crate::propose::Proposer,
+    pub liveness: std::sync::Arc<crate::cluster::liveness::Liveness>,
+    /// The group's timing (`cluster::timing`): the lease's bounds.
+    pub timing: crate::cluster::liveness::Timing,
+    pub state: firstseen_store::StateStore,
+    pub outbox: firstseen_raft::Outbox,
+    pub disk: std::sync::Arc<crate::diskspace::DiskSpace>,
+    /// Each topic's format, shared with the reloader.
+    pub formats: format::Formats,
+    pub ours: tail::Ours,
 }
 
-/// An HTTP client for the admin REST API, trusting `pulsar.ca_file` too.
-fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
-    let mut b =
-        reqwest::Client::builder().timeout(Duration::from_millis(config.operation_timeout_ms));
-    if let Some(ca) = &config.ca_file {
-        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
-            key: "pulsar.ca_file".into(),
-            path: ca.clone(),
-            source,
-        })?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| Error::setting("pulsar.ca_file", format!("{}: {e}", ca.display())))?
-        {
-            b = b.add_root_certificate(cert);
-        }
+/// The publish stage of node `cx.id`, built from `[pulsar]` and
+/// `[outbox]`: the publisher's task, until `stop`. Below cluster level 2 a
+/// message sent as a marker is kept in `<data_dir>/set-aside/` first.
+pub fn build<B: Broker + 'static>(
+    pulsar: &config::PulsarConfig,
+    outbox: &config::OutboxConfig,
+    cx: &crate::context::NodeCx,
+    links: Links<B>,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let set_aside_local = crate::deadletter::DeadLetter::open(
+        cx.data_dir.join("set-aside"),
+        crate::deadletter::Bounds {
+            max_bytes: outbox.set_aside_max_bytes,
+            // Kept until the bound says otherwise: no age by clock.
+            retention_ms: u64::MAX,
+            unrouted_max_bytes: 0,
+        },
+    );
+    Publisher {
+        broker: links.broker,
+        group: adapter::RaftGroup {
+            raft: links.raft.clone(),
+            proposer: links.proposer,
+            liveness: links.liveness,
+            lease_timeout: links.timing.confirm_timeout(),
+            lease_fresh: links.timing.heartbeat,
+            metrics: links.raft.server_metrics(),
+        },
+        outbox: adapter::StateOutbox {
+            state: links.state,
+            outbox: links.outbox,
+            applied: links.raft.data_metrics(),
+            seen: None,
+        },
+        node_id: cx.id,
+        batch: pulsar.publish_batch,
+        shutdown: stop,
+        disk: links.disk,
+        max_message_bytes: pulsar.max_message_bytes,
+        set_aside_local: Some(set_aside_local),
+        set_aside_max_bytes: outbox.set_aside_max_bytes,
+        formats: links.formats,
+        ours: links.ours,
     }
-    if !config.tls_hostname_verification {
-        b = b.danger_accept_invalid_hostnames(true);
-    }
-    b.build().map_err(Error::Admin)
+    .run()
 }
 
 /// Why a leadership term's publishing ended.
@@ -546,6 +567,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             format: tp.format,
         };
         let receipt = session.send(producer, n, m, how).await?;
+        session.flush(producer).await?;
         match receipt.await {
             Ok(()) => {
                 metrics::counter!("firstseen_published_late_total").increment(1);
@@ -555,7 +577,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             }
             Err(e) => {
                 tp.late_failed = Some(n);
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -655,6 +677,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             receipts.push_back(session.send(producer, seq, m, how).await?);
             last = seq;
         }
+        session.flush(producer).await?;
         let handed = std::time::Instant::now();
         for at in applied {
             telemetry::stage(Stage::Publish, handed.saturating_duration_since(at), 1);
@@ -669,100 +692,5 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         });
         tp.next_seq = last + 1;
         Ok(true)
-    }
-}
-
-/// The admin REST API, with the same CA and credentials as the broker
-/// connection.
-pub struct Admin {
-    url: String,
-    client: reqwest::Client,
-    token: Option<String>,
-}
-
-impl Admin {
-    pub async fn new(config: &PulsarConfig) -> Result<Self, Error> {
-        let url = config
-            .admin_url
-            .as_deref()
-            .ok_or_else(|| Error::setting("pulsar.admin_url", "is not set"))?
-            .trim_end_matches('/')
-            .to_string();
-        Ok(Self {
-            url,
-            client: admin_client(config)?,
-            token: auth::admin_token(config).await?,
-        })
-    }
-
-    /// A GET of `path` on the admin API, with the credentials.
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        let request = self.client.get(format!("{}{path}", self.url));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-
-    /// The admin API's path of a persistent `topic`.
-    fn topic_path(topic: &str) -> Result<String, Error> {
-        topic
-            .strip_prefix("persistent://")
-            .map(|p| format!("/admin/v2/persistent/{p}"))
-            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))
-    }
-
-    /// The broker's `maxMessageSize`, from its runtime configuration.
-    pub async fn max_message_size(&self) -> Result<Option<usize>, Error> {
-        let config: std::collections::HashMap<String, String> = self
-            .get("/admin/v2/brokers/configuration/runtime")
-            .send()
-            .await
-            .map_err(Error::Admin)?
-            .error_for_status()
-            .map_err(Error::Admin)?
-            .json()
-            .await
-            .map_err(Error::Admin)?;
-        Ok(config
-            .get("maxMessageSize")
-            .and_then(|v| v.trim().parse().ok()))
-    }
-
-    /// The topic's own `maxMessageSize` policy, if it sets one.
-    pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, Error> {
-        let path = Self::topic_path(topic)?;
-        let response = self
-            .get(&format!("{path}/maxMessageSize"))
-            .send()
-            .await
-            .map_err(Error::Admin)?;
-        // A topic the broker does not know yet has no policy of its own.
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        let body = response
-            .error_for_status()
-            .map_err(Error::Admin)?
-            .text()
-            .await
-            .map_err(Error::Admin)?;
-        Ok(body.trim().parse().ok().filter(|l: &usize| *l > 0))
-    }
-
-    /// Whether deduplication applies to `topic`.
-    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
-        let path = Self::topic_path(topic)?;
-        let body = self
-            .get(&format!("{path}/deduplicationEnabled?applied=true"))
-            .send()
-            .await
-            .map_err(Error::Admin)?
-            .error_for_status()
-            .map_err(Error::Admin)?
-            .text()
-            .await
-            .map_err(Error::Admin)?;
-        Ok(body.trim() == "true")
     }
 }

@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
-use pulsar::proto::ServerError;
-
+use super::port::SendError;
 use crate::Error;
 
 /// Least time between two watermark proposals of a topic while busy. Each
@@ -67,37 +65,12 @@ pub fn set_aside_reason(
     })
 }
 
-/// Whether a producer error means another producer still holds the topic:
-/// a predecessor that was paused or cut off keeps its exclusive producer
+/// Whether an error means another producer still holds the topic: a
+/// predecessor that was paused or cut off keeps its exclusive producer
 /// until the broker drops its connection (keepalive), and this node takes
-/// over the moment it does. Decided on the broker's refusal code, never on
-/// the text of a message.
+/// over the moment it does.
 pub fn held_elsewhere(error: &Error) -> bool {
-    match error {
-        Error::Pulsar(pulsar::Error::Producer(ProducerError::Fenced)) => true,
-        Error::Pulsar(e) => matches!(
-            server_error(e),
-            Some(ServerError::ProducerBusy | ServerError::ProducerFenced)
-        ),
-        _ => false,
-    }
-}
-
-/// The broker's refusal code inside a client error, wherever the client
-/// put it: on the connection, on the producer's connection, or on a batch.
-pub fn server_error(error: &pulsar::Error) -> Option<ServerError> {
-    let connection = match error {
-        pulsar::Error::Connection(c) => c,
-        pulsar::Error::Producer(ProducerError::Connection(c)) => c,
-        pulsar::Error::Producer(ProducerError::Batch(inner)) => return server_error(inner),
-        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => return *code,
-        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(c)) => c,
-        _ => return None,
-    };
-    match connection {
-        ConnectionError::PulsarError(code, _) => *code,
-        _ => None,
-    }
+    matches!(error, Error::Broker(SendError::HeldElsewhere(_)))
 }
 
 /// How many times in a row the broker may refuse the same message before it
@@ -108,17 +81,11 @@ pub const REFUSALS_BEFORE_SET_ASIDE: u32 = 2;
 /// Whether a receipt error is the broker's refusal of that one message: it
 /// answered the send with an error instead of a receipt (a topic's
 /// `maxMessageSize` policy, say), while the producer and its connection
-/// stayed up. The client reports it as an unexpected response, carrying the
-/// broker's code only in text; the variant is what is decided on. A lost
-/// connection or a closed producer is not a refusal: the message was never
-/// judged.
+/// stayed up (the adapter sorts the client's error into
+/// [`SendError::Refused`]). A lost connection or a closed producer is not a
+/// refusal: the message was never judged.
 pub fn refused_by_broker(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
-            ConnectionError::UnexpectedResponse(_)
-        )))
-    )
+    matches!(error, Error::Broker(SendError::Refused(_)))
 }
 
 /// Counts the broker's refusals of one sequence in a row, and says when it
@@ -191,13 +158,9 @@ mod tests {
 
     #[test]
     fn only_an_answer_to_the_send_is_a_refusal() {
-        let refused = Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
-            ConnectionError::UnexpectedResponse("send_error".into()),
-        )));
+        let refused = Error::Broker(SendError::Refused("send_error".into()));
         assert!(refused_by_broker(&refused));
-        let lost = Error::Pulsar(pulsar::Error::Producer(ProducerError::Connection(
-            ConnectionError::Disconnected,
-        )));
+        let lost = Error::Broker(SendError::Lost("disconnected".into()));
         assert!(!refused_by_broker(&lost));
         assert!(!refused_by_broker(&Error::LeaseLost));
     }
@@ -263,27 +226,11 @@ mod tests {
 
     #[test]
     fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
-        let refused = |code| {
-            Error::Pulsar(pulsar::Error::Connection(ConnectionError::PulsarError(
-                Some(code),
-                Some("Exclusive access mode".into()),
-            )))
-        };
-        assert!(held_elsewhere(&refused(ServerError::ProducerBusy)));
-        assert!(held_elsewhere(&refused(ServerError::ProducerFenced)));
-        assert!(held_elsewhere(&Error::Pulsar(pulsar::Error::Producer(
-            ProducerError::Fenced
+        assert!(held_elsewhere(&Error::Broker(SendError::HeldElsewhere(
+            "ProducerBusy".into()
         ))));
-        assert!(held_elsewhere(&Error::Pulsar(pulsar::Error::Producer(
-            ProducerError::Connection(ConnectionError::PulsarError(
-                Some(ServerError::ProducerBusy),
-                None
-            ))
-        ))));
-        // Another refusal, or a message that only says the words, is not.
-        assert!(!held_elsewhere(&refused(ServerError::AuthorizationError)));
-        assert!(!held_elsewhere(&Error::Pulsar(pulsar::Error::Connection(
-            ConnectionError::Disconnected
+        assert!(!held_elsewhere(&Error::Broker(SendError::Lost(
+            "ProducerBusy: exclusive producer".into()
         ))));
         assert!(!held_elsewhere(&Error::Io(std::io::Error::other(
             "ProducerBusy: exclusive producer"

@@ -15,10 +15,12 @@ use firstseen_store::{OutboxMessage, TopicState};
 
 use crate::Error;
 
+pub use crate::send::SendError;
+
 /// Resolves once the broker has persisted one message, or fails when it
 /// will never say so (the connection or the producer is gone: the message
 /// may or may not be in the topic).
-pub type Receipt = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+pub type Receipt = Pin<Box<dyn Future<Output = Result<(), SendError>> + Send>>;
 
 /// How a message goes to the broker, besides as itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,7 +46,7 @@ pub trait Broker: Send + Sync {
     type Session: Session;
 
     /// Connects for a new term.
-    fn connect(&self) -> impl Future<Output = Result<Self::Session, Error>> + Send;
+    fn connect(&self) -> impl Future<Output = Result<Self::Session, SendError>> + Send;
 }
 
 /// A connection to the broker.
@@ -53,13 +55,12 @@ pub trait Session: Send + Sync {
     type Producer: Send;
 
     /// Takes exclusive access to `topic` under `name`. Refused while another
-    /// producer holds it, with an error that [`super::policy::held_elsewhere`]
-    /// recognises.
+    /// producer holds it, with [`SendError::HeldElsewhere`].
     fn exclusive(
         &self,
         topic: &str,
         name: &str,
-    ) -> impl Future<Output = Result<Self::Producer, Error>> + Send;
+    ) -> impl Future<Output = Result<Self::Producer, SendError>> + Send;
 
     /// The last `firstseen-seq` of ours in the topic, where the group has
     /// assigned up to `assigned`, and how many foreign messages the read
@@ -85,14 +86,26 @@ pub trait Session: Send + Sync {
 
     /// Queues message `seq` on `producer`. Messages are persisted in the
     /// order they are queued; the receipt says when this one is. `how`
-    /// says whether a marker goes in its place, and whether it is late.
+    /// says whether a marker goes in its place, and whether it is late. A
+    /// message may wait in the producer until [`Session::flush`]: the
+    /// messages queued together go in as few broker entries as fit.
     fn send(
         &self,
         producer: &mut Self::Producer,
         seq: u64,
         message: OutboxMessage,
         how: Sending,
-    ) -> impl Future<Output = Result<Receipt, Error>> + Send;
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send;
+
+    /// Sends whatever [`Session::send`] queued on `producer` and has not
+    /// sent yet. The publisher calls it after each batch, before it awaits
+    /// any of the batch's receipts.
+    fn flush(
+        &self,
+        _producer: &mut Self::Producer,
+    ) -> impl Future<Output = Result<(), SendError>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// The Raft group, as the publisher of one node sees it.

@@ -5,6 +5,7 @@
 //! - [`config`]: the settings of each link, as the config file names them.
 //! - [`http`]: the HTTP API's server side (`node.http_tls`).
 //! - [`upstream`]: a client to an upstream broker (`upstreams[i]`).
+//! - [`pulsar`]: the publisher's connections to Pulsar (`pulsar.ca_file`).
 //! - [`peer`]: both sides of the peer links, mutual (`cluster.tls`), and
 //!   the byte stream they carry.
 //!
@@ -19,6 +20,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub mod config;
 pub mod http;
 pub mod peer;
+pub mod pulsar;
 pub mod upstream;
 
 pub use peer::{BoxStream, PeerStream, PeerTls};

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firstseen::publish::port::{Broker, Receipt, Sending, Session};
+use firstseen::publish::port::{Broker, Receipt, SendError, Sending, Session};
 use firstseen::Error;
 use firstseen_store::OutboxMessage;
 use tokio::sync::oneshot;
@@ -28,7 +28,7 @@ use super::{lock, Rng};
 struct Queued {
     seq: u64,
     key: [u8; 32],
-    receipt: oneshot::Sender<Result<(), Error>>,
+    receipt: oneshot::Sender<Result<(), SendError>>,
 }
 
 struct Producer {
@@ -178,14 +178,14 @@ impl<W: HasPulsar> Drop for SimProducer<W> {
     }
 }
 
-fn refused(why: &str) -> Error {
-    Error::Io(std::io::Error::other(why.to_string()))
+fn refused(why: &str) -> SendError {
+    SendError::Lost(why.to_string())
 }
 
 impl<W: HasPulsar> Broker for SimBroker<W> {
     type Session = SimSession<W>;
 
-    fn connect(&self) -> impl Future<Output = Result<SimSession<W>, Error>> + Send {
+    fn connect(&self) -> impl Future<Output = Result<SimSession<W>, SendError>> + Send {
         let session = SimSession {
             node: self.node,
             world: self.world.clone(),
@@ -197,7 +197,7 @@ impl<W: HasPulsar> Broker for SimBroker<W> {
 impl<W: HasPulsar> Session for SimSession<W> {
     type Producer = SimProducer<W>;
 
-    async fn exclusive(&self, topic: &str, name: &str) -> Result<SimProducer<W>, Error> {
+    async fn exclusive(&self, topic: &str, name: &str) -> Result<SimProducer<W>, SendError> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut w = lock(&self.world);
         let p = w.pulsar();
@@ -205,13 +205,10 @@ impl<W: HasPulsar> Session for SimSession<W> {
             return Err(refused("connection refused: the broker is down"));
         }
         if let Some(holder) = p.holders.get(topic) {
-            // As the broker refuses it: a typed code, which the publisher's
-            // policy reads (never the text).
-            return Err(Error::Pulsar(pulsar::Error::Connection(
-                pulsar::error::ConnectionError::PulsarError(
-                    Some(pulsar::proto::ServerError::ProducerBusy),
-                    Some(format!("{topic} is held by producer {holder}")),
-                ),
+            // As the adapter sorts the broker's ProducerBusy: the typed
+            // refusal the publisher's policy reads (never the text).
+            return Err(SendError::HeldElsewhere(format!(
+                "{topic} is held by producer {holder}"
             )));
         }
         p.next_producer += 1;
@@ -256,7 +253,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         seq: u64,
         message: OutboxMessage,
         _how: Sending,
-    ) -> Result<Receipt, Error> {
+    ) -> Result<Receipt, SendError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut w = lock(&self.world);

@@ -1,0 +1,709 @@
+//! One connection to a Pulsar broker for the publisher's producers:
+//! Pulsar's binary protocol, framed by the `pulsar` crate's public codec
+//! and written with its public `proto` types; the connection, the
+//! handshake, the producers and their receipts are ours.
+//!
+//! Two tasks own the socket: a writer that sends what it is given, and a
+//! reader that answers the broker's pings and auth challenges and hands
+//! every other frame to whoever waits for it (a request by its id, a
+//! receipt by its producer). When either ends, the connection is closed
+//! for everyone: every request and receipt still waiting fails as
+//! [`SendError::Lost`], and the next producer dials again.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use pulsar::authentication::Authentication;
+use pulsar::message::{Codec, Message, Payload};
+use pulsar::proto::{self, base_command::Type, BaseCommand};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::CancellationToken;
+
+use super::super::port::SendError;
+use super::entry::Entry;
+
+/// The protocol version this client speaks: the one the `pulsar` crate's
+/// own connections announce, with which exclusive producers and batched
+/// entries work on every broker release the tests run.
+const PROTOCOL_VERSION: i32 = 12;
+
+/// How often this side pings a quiet connection, and how long without any
+/// frame from the broker before the connection counts as dead. The broker
+/// pings too (every 30 s by default), so a live connection is never quiet
+/// that long.
+const PING_EVERY: Duration = Duration::from_secs(15);
+const DEAD_AFTER: Duration = Duration::from_secs(45);
+
+/// Frames queued for the writer before a sender waits.
+const WRITE_QUEUE: usize = 1024;
+
+type Auth = Arc<tokio::sync::Mutex<Box<dyn Authentication>>>;
+
+/// Where a connection goes, and how it proves who it is.
+#[derive(Clone)]
+pub struct Target {
+    /// `pulsar://host:port` or `pulsar+ssl://host:port`.
+    pub url: String,
+    /// Set when `url` is a proxy: the broker the proxy forwards to.
+    pub proxy_to: Option<String>,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub auth: Option<Auth>,
+    /// Bounds the dial, the handshake and every request.
+    pub timeout: Duration,
+}
+
+/// Why an entry did not land.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// The broker answered the entry of `messages` messages with an error
+    /// instead of a receipt: a judgement of the entry, which names no one
+    /// message in it.
+    Refused { messages: usize, why: String },
+    /// Anything else: the producer or the connection is gone.
+    Lost(SendError),
+}
+
+/// A receipt on its way: resolves with the entry's fate.
+pub type Waiter = oneshot::Sender<Result<(), Failure>>;
+
+/// An entry sent and not yet acknowledged: its sequence id, its size and
+/// who waits.
+struct Pending {
+    seq: u64,
+    messages: usize,
+    waiters: Vec<Waiter>,
+}
+
+/// A producer's state on the connection.
+#[derive(Default)]
+struct ProducerSlot {
+    pending: VecDeque<Pending>,
+    /// Why the producer can no longer send (the broker closed it, or
+    /// refused an entry): every later send fails at once.
+    gone: Option<SendError>,
+}
+
+#[derive(Default)]
+struct Shared {
+    requests: HashMap<u64, oneshot::Sender<BaseCommand>>,
+    producers: HashMap<u64, ProducerSlot>,
+    /// Why the connection ended, once it has.
+    closed: Option<String>,
+}
+
+/// A live connection; cheap to clone.
+#[derive(Clone)]
+pub struct Conn {
+    out: mpsc::Sender<Message>,
+    shared: Arc<Mutex<Shared>>,
+    ids: Arc<AtomicU64>,
+    closed: CancellationToken,
+    timeout: Duration,
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    // A panic while holding the lock leaves maps that are still whole.
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn command(t: Type, fill: impl FnOnce(&mut BaseCommand)) -> BaseCommand {
+    let mut c = BaseCommand {
+        r#type: t as i32,
+        ..Default::default()
+    };
+    fill(&mut c);
+    c
+}
+
+impl Conn {
+    /// Dials `target`, completes the handshake, and starts the connection's
+    /// tasks on `tasks`.
+    pub async fn open(
+        target: &Target,
+        tasks: &tokio_util::task::TaskTracker,
+    ) -> Result<Conn, SendError> {
+        let lost = |what: &str, e: &dyn std::fmt::Display| {
+            SendError::Lost(format!("{}: {what}: {e}", target.url))
+        };
+        let (tls, host, port) = parse(&target.url).map_err(|e| lost("url", &e))?;
+        let tcp = tokio::time::timeout(
+            target.timeout,
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        .map_err(|_| lost("connect", &"timed out"))?
+        .map_err(|e| lost("connect", &e))?;
+        let _ = tcp.set_nodelay(true);
+        if tls {
+            let config = target
+                .tls
+                .clone()
+                .ok_or_else(|| lost("tls", &"no TLS settings for a pulsar+ssl:// URL"))?;
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| lost("tls server name", &e))?;
+            let stream = tokio::time::timeout(
+                target.timeout,
+                tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| lost("tls handshake", &"timed out"))?
+            .map_err(|e| lost("tls handshake", &e))?;
+            Self::start(stream, target, tasks).await
+        } else {
+            Self::start(tcp, target, tasks).await
+        }
+    }
+
+    async fn start<S>(
+        stream: S,
+        target: &Target,
+        tasks: &tokio_util::task::TaskTracker,
+    ) -> Result<Conn, SendError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let lost = |what: &str, e: &dyn std::fmt::Display| {
+            SendError::Lost(format!("{}: {what}: {e}", target.url))
+        };
+        let (rd, wr) = tokio::io::split(stream);
+        let mut reader = FramedRead::new(rd, Codec);
+        let mut writer = FramedWrite::new(wr, Codec);
+        let (method, data) = match &target.auth {
+            Some(auth) => {
+                let mut auth = auth.lock().await;
+                let data = auth
+                    .auth_data()
+                    .await
+                    .map_err(|e| lost("credentials", &e))?;
+                (Some(auth.auth_method_name()), Some(data))
+            }
+            None => (None, None),
+        };
+        let connect = command(Type::Connect, |c| {
+            c.connect = Some(proto::CommandConnect {
+                client_version: format!("firstseen {}", env!("CARGO_PKG_VERSION")),
+                auth_method_name: method,
+                auth_data: data,
+                protocol_version: Some(PROTOCOL_VERSION),
+                proxy_to_broker_url: target.proxy_to.clone(),
+                feature_flags: Some(proto::FeatureFlags {
+                    supports_auth_refresh: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        });
+        writer
+            .send(Message {
+                command: connect,
+                payload: None,
+            })
+            .await
+            .map_err(|e| lost("connect", &e))?;
+        let answer = tokio::time::timeout(target.timeout, reader.next())
+            .await
+            .map_err(|_| lost("handshake", &"no answer in time"))?;
+        match answer {
+            Some(Ok(m)) if m.command.connected.is_some() => {
+                tracing::debug!(broker = %target.url, "producer connection ready");
+            }
+            Some(Ok(m)) => {
+                return Err(match m.command.error {
+                    Some(e) => refusal(e.error, &e.message),
+                    None => lost("handshake", &"the broker answered something else"),
+                })
+            }
+            Some(Err(e)) => return Err(lost("handshake", &e)),
+            None => return Err(lost("handshake", &"the broker closed the connection")),
+        }
+
+        let (out, mut queue) = mpsc::channel::<Message>(WRITE_QUEUE);
+        let conn = Conn {
+            out,
+            shared: Arc::new(Mutex::new(Shared::default())),
+            ids: Arc::new(AtomicU64::new(1)),
+            closed: CancellationToken::new(),
+            timeout: target.timeout,
+        };
+        let closed = conn.closed.clone();
+        tasks.spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    m = queue.recv() => match m { Some(m) => m, None => break },
+                    _ = closed.cancelled() => break,
+                };
+                // The kind of frame only: a CONNECT or AUTH_RESPONSE carries
+                // credentials, which never go into a log.
+                tracing::trace!(command = ?kind(&message.command), "to the broker");
+                if writer.send(message).await.is_err() {
+                    break;
+                }
+            }
+            closed.cancel();
+            let _ = writer.close().await;
+        });
+        let me = conn.clone();
+        let auth = target.auth.clone();
+        tasks.spawn(async move {
+            let why = me.read(&mut reader, auth).await;
+            me.close(why);
+        });
+        Ok(conn)
+    }
+
+    /// Reads until the connection ends; returns why it did.
+    async fn read<R>(&self, reader: &mut FramedRead<R, Codec>, auth: Option<Auth>) -> String
+    where
+        R: AsyncRead + Unpin,
+    {
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heard = tokio::time::Instant::now();
+        loop {
+            let frame = tokio::select! {
+                f = reader.next() => f,
+                _ = ping.tick() => {
+                    if heard.elapsed() >= DEAD_AFTER {
+                        return format!("nothing from the broker for {DEAD_AFTER:?}");
+                    }
+                    let _ = self.out.try_send(Message {
+                        command: command(Type::Ping, |c| c.ping = Some(Default::default())),
+                        payload: None,
+                    });
+                    continue;
+                }
+                _ = self.closed.cancelled() => return "closed".into(),
+            };
+            let c = match frame {
+                Some(Ok(m)) => m.command,
+                Some(Err(e)) => return format!("a frame from the broker: {e}"),
+                None => return "the broker closed the connection".into(),
+            };
+            heard = tokio::time::Instant::now();
+            tracing::trace!(command = ?kind(&c), "from the broker");
+            if c.ping.is_some() {
+                let _ = self.out.try_send(Message {
+                    command: command(Type::Pong, |c| c.pong = Some(Default::default())),
+                    payload: None,
+                });
+            } else if c.pong.is_some() {
+            } else if c.auth_challenge.is_some() {
+                // The broker's credentials are expiring: fresh ones, read
+                // again (a rotated token file, a renewed OAuth2 token).
+                if let Some(auth) = &auth {
+                    let mut auth = auth.lock().await;
+                    let data = match auth.auth_data().await {
+                        Ok(d) => d,
+                        Err(e) => return format!("credentials for the broker's refresh: {e}"),
+                    };
+                    let name = auth.auth_method_name();
+                    let _ = self
+                        .out
+                        .send(Message {
+                            command: command(Type::AuthResponse, |c| {
+                                c.auth_response = Some(proto::CommandAuthResponse {
+                                    client_version: Some(format!(
+                                        "firstseen {}",
+                                        env!("CARGO_PKG_VERSION")
+                                    )),
+                                    response: Some(proto::AuthData {
+                                        auth_method_name: Some(name),
+                                        auth_data: Some(data),
+                                    }),
+                                    protocol_version: Some(PROTOCOL_VERSION),
+                                })
+                            }),
+                            payload: None,
+                        })
+                        .await;
+                }
+            } else if let Some(r) = &c.send_receipt {
+                if let Err(e) = self.receipt(r.producer_id, r.sequence_id, None) {
+                    return e.to_string();
+                }
+            } else if let Some(e) = &c.send_error {
+                let why = format!(
+                    "{:?}: {}",
+                    proto::ServerError::try_from(e.error)
+                        .unwrap_or(proto::ServerError::UnknownError),
+                    e.message
+                );
+                if let Err(e) = self.receipt(e.producer_id, e.sequence_id, Some(why)) {
+                    return e.to_string();
+                }
+            } else if let Some(close) = &c.close_producer {
+                // The topic moved or was unloaded: this producer is done;
+                // the publisher makes a new one, which looks the topic up
+                // again.
+                self.producer_gone(
+                    close.producer_id,
+                    SendError::Lost(
+                        "the broker closed the producer (topic moved or unloaded)".into(),
+                    ),
+                );
+            } else if let Some(id) = request_id(&c) {
+                if let Some(waiter) = lock(&self.shared).requests.remove(&id) {
+                    let _ = waiter.send(c);
+                }
+            }
+        }
+    }
+
+    /// Settles the oldest entry in flight of `producer`: persisted, or
+    /// refused for the reason given. The broker acknowledges a producer's
+    /// entries in the order they were sent; a receipt for any other is a
+    /// broken connection.
+    fn receipt(&self, producer: u64, seq: u64, refused: Option<String>) -> Result<(), OutOfOrder> {
+        let mut shared = lock(&self.shared);
+        let Some(slot) = shared.producers.get_mut(&producer) else {
+            // A producer closed here while its entries were on their way.
+            return Ok(());
+        };
+        match slot.pending.front() {
+            Some(p) if p.seq == seq => {}
+            Some(p) => {
+                return Err(OutOfOrder {
+                    producer,
+                    got: seq,
+                    expected: p.seq,
+                })
+            }
+            None => return Ok(()),
+        }
+        let done = slot.pending.pop_front().expect("checked above");
+        let result = match refused {
+            None => Ok(()),
+            Some(why) => {
+                // A refused entry ends the producer: what follows it was
+                // sent behind it and must not land before it is settled.
+                slot.gone = Some(SendError::Lost(format!(
+                    "the broker refused an entry: {why}"
+                )));
+                for later in slot.pending.drain(..) {
+                    for w in later.waiters {
+                        let _ = w.send(Err(Failure::Lost(SendError::Lost(
+                            "sent behind an entry the broker refused".into(),
+                        ))));
+                    }
+                }
+                Err(Failure::Refused {
+                    messages: done.messages,
+                    why,
+                })
+            }
+        };
+        for w in done.waiters {
+            let _ = w.send(result.clone());
+        }
+        Ok(())
+    }
+
+    fn producer_gone(&self, producer: u64, why: SendError) {
+        let mut shared = lock(&self.shared);
+        if let Some(slot) = shared.producers.get_mut(&producer) {
+            slot.gone = Some(why.clone());
+            for p in slot.pending.drain(..) {
+                for w in p.waiters {
+                    let _ = w.send(Err(Failure::Lost(why.clone())));
+                }
+            }
+        }
+    }
+
+    /// Ends the connection for everyone still waiting on it.
+    fn close(&self, why: String) {
+        self.closed.cancel();
+        let mut shared = lock(&self.shared);
+        if shared.closed.is_none() {
+            tracing::debug!(reason = %why, "pulsar producer connection closed");
+            shared.closed = Some(why.clone());
+        }
+        shared.requests.clear();
+        for (_, slot) in shared.producers.drain() {
+            for p in slot.pending {
+                for w in p.waiters {
+                    let _ = w.send(Err(Failure::Lost(SendError::Lost(format!(
+                        "connection lost: {why}"
+                    )))));
+                }
+            }
+        }
+    }
+
+    /// Ends the connection: a receipt that did not come in time leaves
+    /// everything sent on it in doubt.
+    pub fn abandon(&self, why: String) {
+        self.close(why);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a request and waits for its answer, within the timeout.
+    async fn request(&self, id: u64, c: BaseCommand) -> Result<BaseCommand, SendError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut shared = lock(&self.shared);
+            if let Some(why) = &shared.closed {
+                return Err(SendError::Lost(format!("connection lost: {why}")));
+            }
+            shared.requests.insert(id, tx);
+        }
+        let sent = self.out.send(Message {
+            command: c,
+            payload: None,
+        });
+        let answer = tokio::time::timeout(self.timeout, async {
+            sent.await
+                .map_err(|_| SendError::Lost("connection lost".into()))?;
+            rx.await
+                .map_err(|_| SendError::Lost("connection lost before the answer".into()))
+        })
+        .await;
+        lock(&self.shared).requests.remove(&id);
+        match answer {
+            Ok(r) => r,
+            Err(_) => {
+                // An answer that never comes leaves the connection in doubt.
+                self.close(format!("no answer within {:?}", self.timeout));
+                Err(SendError::Lost(format!(
+                    "no answer from the broker within {:?}",
+                    self.timeout
+                )))
+            }
+        }
+    }
+
+    /// Creates a producer on `topic` named `name` with exclusive access.
+    /// Refused with [`SendError::HeldElsewhere`] while another holds it.
+    pub async fn producer(&self, topic: &str, name: &str) -> Result<u64, SendError> {
+        let producer = self.next_id();
+        let request = self.next_id();
+        lock(&self.shared)
+            .producers
+            .insert(producer, ProducerSlot::default());
+        let c = command(Type::Producer, |c| {
+            c.producer = Some(proto::CommandProducer {
+                topic: topic.to_string(),
+                producer_id: producer,
+                request_id: request,
+                producer_name: Some(name.to_string()),
+                user_provided_producer_name: Some(true),
+                producer_access_mode: Some(proto::ProducerAccessMode::Exclusive as i32),
+                ..Default::default()
+            })
+        });
+        let answer = self.request(request, c).await;
+        let result = match answer {
+            Ok(a) if a.producer_success.is_some() => Ok(producer),
+            Ok(a) => Err(match a.error {
+                Some(e) => refusal(e.error, &e.message),
+                None => {
+                    SendError::Lost("the broker answered the producer with something else".into())
+                }
+            }),
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            lock(&self.shared).producers.remove(&producer);
+        }
+        result
+    }
+
+    /// Closes `producer` at the broker, releasing the topic's exclusive
+    /// access; what it had in flight fails as lost. Not awaited for an
+    /// answer: the connection orders it before any later request.
+    pub fn close_producer(&self, producer: u64) {
+        self.producer_gone(producer, SendError::Lost("the producer was closed".into()));
+        lock(&self.shared).producers.remove(&producer);
+        let request = self.next_id();
+        let _ = self.out.try_send(Message {
+            command: command(Type::CloseProducer, |c| {
+                c.close_producer = Some(proto::CommandCloseProducer {
+                    producer_id: producer,
+                    request_id: request,
+                })
+            }),
+            payload: None,
+        });
+    }
+
+    /// Sends `entry` on `producer`; `waiters` learn its fate, each within
+    /// the timeout of being sent.
+    pub async fn send(
+        &self,
+        producer: u64,
+        entry: Entry,
+        waiters: Vec<Waiter>,
+    ) -> Result<(), SendError> {
+        {
+            let mut shared = lock(&self.shared);
+            if let Some(why) = &shared.closed {
+                return Err(SendError::Lost(format!("connection lost: {why}")));
+            }
+            let Some(slot) = shared.producers.get_mut(&producer) else {
+                return Err(SendError::Lost("the producer was closed".into()));
+            };
+            if let Some(why) = &slot.gone {
+                return Err(why.clone());
+            }
+            slot.pending.push_back(Pending {
+                seq: entry.first,
+                messages: entry.count,
+                waiters,
+            });
+        }
+        let c = command(Type::Send, |c| {
+            c.send = Some(proto::CommandSend {
+                producer_id: producer,
+                sequence_id: entry.first,
+                num_messages: Some(entry.count as i32),
+                highest_sequence_id: Some(entry.last),
+                ..Default::default()
+            })
+        });
+        self.out
+            .send(Message {
+                command: c,
+                payload: Some(Payload {
+                    metadata: entry.metadata,
+                    data: entry.data,
+                }),
+            })
+            .await
+            .map_err(|_| SendError::Lost("connection lost".into()))
+    }
+}
+
+/// A receipt for another entry than the oldest in flight: the connection
+/// can no longer be trusted.
+#[derive(Debug, thiserror::Error)]
+#[error("a receipt for sequence {got} of producer {producer}, expecting {expected}")]
+struct OutOfOrder {
+    producer: u64,
+    got: u64,
+    expected: u64,
+}
+
+/// A broker URL that cannot be dialled.
+#[derive(Debug, thiserror::Error)]
+#[error("`{url}`: {problem}")]
+struct BadUrl {
+    url: String,
+    problem: &'static str,
+}
+
+/// A frame's kind, for the trace log.
+fn kind(c: &BaseCommand) -> Result<Type, i32> {
+    Type::try_from(c.r#type).map_err(|_| c.r#type)
+}
+
+/// A broker's refusal code as the publisher decides on it.
+fn refusal(code: i32, message: &str) -> SendError {
+    use proto::ServerError as E;
+    match E::try_from(code) {
+        Ok(E::ProducerBusy | E::ProducerFenced) => SendError::HeldElsewhere(message.to_string()),
+        Ok(e) => SendError::Lost(format!("{e:?}: {message}")),
+        Err(_) => SendError::Lost(format!("error {code}: {message}")),
+    }
+}
+
+/// The request id an answer carries, for the answers this client asks for.
+fn request_id(c: &BaseCommand) -> Option<u64> {
+    c.success
+        .as_ref()
+        .map(|s| s.request_id)
+        .or(c.error.as_ref().map(|e| e.request_id))
+        .or(c.producer_success.as_ref().map(|p| p.request_id))
+}
+
+/// Scheme, host and port of a broker URL.
+fn parse(url: &str) -> Result<(bool, String, u16), BadUrl> {
+    let bad = |problem| BadUrl {
+        url: url.to_string(),
+        problem,
+    };
+    let (tls, rest, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
+        (true, r, 6651)
+    } else if let Some(r) = url.strip_prefix("pulsar://") {
+        (false, r, 6650)
+    } else {
+        return Err(bad("not a pulsar:// or pulsar+ssl:// URL"));
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let port_of = |p: &str| p.parse().map_err(|_| bad("the port is not a number"));
+    let (host, port) = if let Some(r) = authority.strip_prefix('[') {
+        let (h, after) = r
+            .split_once(']')
+            .ok_or_else(|| bad("an IPv6 address without its `]`"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, port_of(p)?),
+            None if after.is_empty() => (h, default_port),
+            None => return Err(bad("something after the address")),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, port_of(p)?),
+            None => (authority, default_port),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    Ok((tls, host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_urls_are_read_with_their_default_ports() {
+        assert_eq!(
+            parse("pulsar://localhost:6650").unwrap(),
+            (false, "localhost".into(), 6650)
+        );
+        assert_eq!(
+            parse("pulsar+ssl://broker.example/").unwrap(),
+            (true, "broker.example".into(), 6651)
+        );
+        assert_eq!(
+            parse("pulsar://[::1]:7000").unwrap(),
+            (false, "::1".into(), 7000)
+        );
+        assert_eq!(
+            parse("pulsar://[::1]").unwrap(),
+            (false, "::1".into(), 6650)
+        );
+        assert!(parse("http://x:1").is_err());
+        assert!(parse("pulsar://:1").is_err());
+    }
+
+    #[test]
+    fn a_busy_topic_is_held_elsewhere_and_other_refusals_are_lost() {
+        use proto::ServerError as E;
+        assert!(matches!(
+            refusal(E::ProducerBusy as i32, "x"),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            refusal(E::ProducerFenced as i32, "x"),
+            SendError::HeldElsewhere(_)
+        ));
+        assert!(matches!(
+            refusal(E::AuthorizationError as i32, "x"),
+            SendError::Lost(_)
+        ));
+        assert!(matches!(refusal(9999, "x"), SendError::Lost(_)));
+    }
+}

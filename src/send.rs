@@ -1,0 +1,25 @@
+//! What can go wrong sending to the output broker, as the publisher decides
+//! on it. Shared (the crate's [`crate::Error`] carries it) and importing no
+//! stage; the publisher's port (`publish::port`) speaks it, its Pulsar
+//! adapter sorts the client's errors into it, and the models answer it
+//! directly.
+
+/// What went wrong at the broker. Sorted by the broker's refusal code and
+/// the client's error variant, never by text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// Another producer holds the topic's exclusive access (a predecessor
+    /// that was paused or cut off keeps it until the broker drops its
+    /// connection): tried again soon.
+    #[error("the topic is held by another producer: {0}")]
+    HeldElsewhere(String),
+    /// The broker answered this one message with an error instead of a
+    /// receipt, while the producer and its connection stayed up: a refusal
+    /// of the message (a topic's `maxMessageSize`, say).
+    #[error("the broker refused the message: {0}")]
+    Refused(String),
+    /// The connection or the producer is gone (or never came): a message in
+    /// flight may or may not be in the topic. Retried with backoff.
+    #[error("lost the broker: {0}")]
+    Lost(String),
+}
