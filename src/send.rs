@@ -18,6 +18,13 @@ pub enum SendError {
     /// of the message (a topic's `maxMessageSize`, say).
     #[error("the broker refused the message: {0}")]
     Refused(String),
+    /// The broker refused the entry this message went in, of `messages`
+    /// messages starting with this one: none of them is in the topic, and
+    /// which of them it meant (a topic's `maxMessageSize` below the
+    /// entry's size, say) it does not say. Entries sent after it may have
+    /// landed.
+    #[error("the broker refused an entry of {messages} messages: {why}")]
+    RefusedEntry { messages: u64, why: String },
     /// The connection or the producer is gone (or never came): a message in
     /// flight may or may not be in the topic. Retried with backoff.
     #[error("lost the broker: {0}")]

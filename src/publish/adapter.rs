@@ -101,9 +101,9 @@ impl PulsarBroker {
         }
     }
 
-    /// Once per term, through the admin API: warns
-    /// when the namespace does not deduplicate (without it, a resend by the
-    /// crate after a reconnect can duplicate a message), and returns the
+    /// Once per term, through the admin API: warns when the namespace does
+    /// not deduplicate (a second guard for consumers that rely on it; the
+    /// producer itself never resends), and returns the
     /// broker's `maxMessageSize`. A broker that takes less than
     /// `pulsar.max_message_bytes` closes the connection on a larger message,
     /// which the publisher would send again after every reconnect; knowing

@@ -10,9 +10,10 @@
 //! 4. Up to [`MAX_IN_FLIGHT`] batches are in flight per topic, each sent
 //!    after its own lease confirmation; receipts are settled oldest first,
 //!    and a batch committed meanwhile is sent without waiting for them. On
-//!    any error the producer — and the crate's queue of pending messages with
-//!    it — is dropped with every batch in flight, and step 3 runs again. The
-//!    crate's own retries are capped at zero.
+//!    any error the rest in flight is heard out (the broker may have refused
+//!    more of it), then the producer is dropped with every batch in flight,
+//!    and step 3 runs again; what the broker refused goes first, late. The
+//!    producer (`producer`, the project's own) never sends an entry twice.
 //! 5. After each batch it proposes `Published{topic, seq}` through the
 //!    proposer, without waiting for the commit, so every node trims its
 //!    outbox.
@@ -240,25 +241,51 @@ impl<P> TopicPublisher<P> {
         group.watermark(self.topic.clone(), self.confirmed);
     }
 
-    /// Drops the producer and its pending queue; the next attempt re-reads the tail.
-    fn fail(&mut self, error: &Error) {
+    /// Drops the producer and its pending queue; the next attempt re-reads
+    /// the tail.
+    async fn fail(&mut self, error: &Error) {
         metrics::counter!("firstseen_publish_errors_total").increment(1);
         let failed = self
             .in_flight
             .iter()
             .find_map(|b| b.failed)
             .or(self.late_failed.take());
-        let refused = policy::refused_by_broker(error);
-        self.refusals.record(failed, refused);
+        let judged = policy::judged(error);
+        let refused = judged != policy::Judged::Not;
+        self.refusals.record(failed, judged);
         if refused {
             metrics::counter!("firstseen_publish_refusals_total").increment(1);
         }
+        self.hear_out().await;
         let (delay, next) = retry_policy(self.backoff, held_elsewhere(error));
         tracing::warn!(topic = %self.topic, %error, seq = ?failed, refused_by_broker = refused, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
         self.in_flight.clear();
         self.retry_at = Some(Instant::now() + delay);
         self.backoff = next;
+    }
+
+    /// Awaits the answers to everything still in flight before the producer
+    /// goes. The broker answers each entry on its own: one it refused does
+    /// not stop the ones after it from landing, and one of those may be
+    /// refused too. Each refused message is held back to go late; dropping
+    /// the producer unheard left a later refusal unknown while the tail
+    /// passed it. Every answer comes soon: a refusal ends the producer for
+    /// new sends, a lost connection fails the rest at once, and a receipt
+    /// waits at most the operation timeout.
+    async fn hear_out(&mut self) {
+        for batch in &mut self.in_flight {
+            while let Some(receipt) = batch.receipts.pop_front() {
+                let seq = batch.front;
+                batch.front += 1;
+                if let Err(e) = receipt.await {
+                    let judged = policy::judged(&Error::Broker(e));
+                    if self.refusals.heard(seq, judged) {
+                        metrics::counter!("firstseen_publish_refusals_total").increment(1);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -412,7 +439,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                         tp.propose_watermark(&self.group, false);
                     }
                     Err(e) => {
-                        tp.fail(&e);
+                        tp.fail(&e).await;
                         continue;
                     }
                 }
@@ -431,7 +458,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                     }
                     match self.send_batch(&session, tp, term).await {
                         Ok(sent) => worked |= sent,
-                        Err(e) => tp.fail(&e),
+                        Err(e) => tp.fail(&e).await,
                     }
                 }
             }
@@ -466,7 +493,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             };
             if let Some((name, Err(e))) = woke {
                 if let Some(tp) = topics.get_mut(&name) {
-                    tp.fail(&e);
+                    tp.fail(&e).await;
                 }
             }
         }
@@ -550,12 +577,18 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
         n: u64,
     ) -> Result<(), Error> {
-        let Some((seq, m)) = self.outbox.read(&tp.topic, n, 1)?.into_iter().next() else {
+        // The outbox keeps every message above the committed watermark; one
+        // it no longer holds is in the topic.
+        let Some((_, m)) = self
+            .outbox
+            .read(&tp.topic, n, 1)?
+            .into_iter()
+            .next()
+            .filter(|(seq, _)| *seq == n)
+        else {
+            tp.refusals.landed(n);
             return Ok(());
         };
-        if seq != n {
-            return Ok(());
-        }
         let limit = self.limit(tp.limit);
         let set_aside = self
             .set_aside(&tp.topic, n, &m, limit, &tp.refusals, tp.format)
@@ -572,7 +605,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             Ok(()) => {
                 metrics::counter!("firstseen_published_late_total").increment(1);
                 tracing::warn!(topic = %tp.topic, seq = n, marker, "a message the broker refused after later ones landed was sent again, after them");
-                tp.refusals = policy::Refusals::default();
+                tp.refusals.landed(n);
                 Ok(())
             }
             Err(e) => {
@@ -620,17 +653,20 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let tail_seq = tail.seq;
             let watermark = assigned.published_seq;
             tp.limit = session.message_limit(&tp.topic).await;
-            // A message the broker refused while later ones were already on
-            // their way: they landed and it did not, so the tail has passed
-            // it. It goes now, late, before anything else (as itself, or as a
-            // marker once refused twice); resuming after the tail would leave
-            // it out for good.
-            if let Some(n) = tp
-                .refusals
-                .pending()
-                .filter(|n| *n > watermark && tail_seq.is_some_and(|t| *n <= t))
-            {
-                self.send_late(session, &mut producer, tp, n).await?;
+            // Messages the broker refused while later ones were already on
+            // their way: they landed and these did not, so the tail has
+            // passed them. They go now, late, one by one, before anything
+            // else (each as itself, or as a marker once refused alone
+            // twice); resuming after the tail would leave them out for
+            // good.
+            while let Some(n) = tp.refusals.held() {
+                if n <= watermark {
+                    tp.refusals.landed(n);
+                } else if tail_seq.is_some_and(|t| n <= t) {
+                    self.send_late(session, &mut producer, tp, n).await?;
+                } else {
+                    tp.refusals.resumed_before();
+                }
             }
             tp.next_seq = policy::resume_at(tail_seq, watermark);
             tracing::info!(topic = %tp.topic, producer = %name, tail = ?tail_seq, watermark, resume_at = tp.next_seq, "exclusive producer acquired");
@@ -664,6 +700,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let mut last = tp.next_seq;
         let limit = self.limit(tp.limit);
         let mut applied = Vec::with_capacity(batch.len());
+        let mut sent = Ok(());
         for (seq, m) in batch {
             applied.extend(self.outbox.applied_at(&tp.topic, seq));
             let set_aside = self
@@ -674,23 +711,39 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 late: false,
                 format: tp.format,
             };
-            receipts.push_back(session.send(producer, seq, m, how).await?);
+            match session.send(producer, seq, m, how).await {
+                Ok(receipt) => receipts.push_back(receipt),
+                Err(e) => {
+                    sent = Err(e);
+                    break;
+                }
+            }
             last = seq;
         }
-        session.flush(producer).await?;
+        if sent.is_ok() {
+            sent = session.flush(producer).await;
+        }
+        if receipts.is_empty() {
+            return sent.map(|()| false).map_err(Error::from);
+        }
+        // What was handed over goes in flight even when a later send
+        // failed (a refusal heard meanwhile ends the producer): the broker
+        // answers each entry, and the producer's end hears them out
+        // ([`TopicPublisher::hear_out`]). Dropping them left a refusal
+        // among them unknown while the tail passed it.
         let handed = std::time::Instant::now();
         for at in applied {
             telemetry::stage(Stage::Publish, handed.saturating_duration_since(at), 1);
         }
         tp.in_flight.push_back(InFlight {
+            messages: receipts.len() as u64,
             receipts,
             front: tp.next_seq,
             failed: None,
             last,
-            messages: last + 1 - tp.next_seq,
             started,
         });
         tp.next_seq = last + 1;
-        Ok(true)
+        sent.map(|()| true).map_err(Error::from)
     }
 }

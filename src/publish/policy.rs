@@ -78,38 +78,121 @@ pub fn held_elsewhere(error: &Error) -> bool {
 /// refused again on a fresh producer is a refusal of that message.
 pub const REFUSALS_BEFORE_SET_ASIDE: u32 = 2;
 
-/// Whether a receipt error is the broker's refusal of that one message: it
-/// answered the send with an error instead of a receipt (a topic's
-/// `maxMessageSize` policy, say), while the producer and its connection
-/// stayed up (the adapter sorts the client's error into
-/// [`SendError::Refused`]). A lost connection or a closed producer is not a
-/// refusal: the message was never judged.
-pub fn refused_by_broker(error: &Error) -> bool {
-    matches!(error, Error::Broker(SendError::Refused(_)))
+/// What a receipt error says about the message or entry it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judged {
+    /// Not judged: a lost connection or a closed producer; the message may
+    /// or may not be in the topic.
+    Not,
+    /// The broker answered this one message with an error instead of a
+    /// receipt (a topic's `maxMessageSize` policy, say), while the producer
+    /// and its connection stayed up: it is not in the topic.
+    Message,
+    /// The broker refused the entry of this many messages starting with this
+    /// one: none of them is in the topic, and which one it meant is unknown.
+    Entry(u64),
 }
 
-/// Counts the broker's refusals of one sequence in a row, and says when it
-/// goes as a marker ([`REFUSALS_BEFORE_SET_ASIDE`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// How the broker judged the send that failed (the adapter sorts the
+/// client's error into a [`SendError`]; the publisher decides on that).
+pub fn judged(error: &Error) -> Judged {
+    match error {
+        Error::Broker(SendError::Refused(_)) => Judged::Message,
+        Error::Broker(SendError::RefusedEntry { messages, .. }) => Judged::Entry(*messages),
+        _ => Judged::Not,
+    }
+}
+
+/// Whether a receipt error is the broker's refusal, of one message or of
+/// its entry.
+pub fn refused_by_broker(error: &Error) -> bool {
+    judged(error) != Judged::Not
+}
+
+/// What the broker refused of a topic: the sequences it holds back from the
+/// topic, and how many times in a row one message was refused alone.
+///
+/// The refused sequences must still reach the topic. Entries sent after a
+/// refused one may have landed, and then the topic's tail is past them, so
+/// the next producer sends them first, late, one by one, before resuming
+/// after the tail; a refusal of one of them alone counts towards its marker
+/// ([`REFUSALS_BEFORE_SET_ASIDE`]). What the broker merely failed to answer
+/// (a lost connection) neither counts nor forgets what is held back.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Refusals {
+    /// The message refused alone last, and how many times in a row.
     seq: u64,
     times: u32,
+    /// Refused and not yet in the topic: ranges, first to last, in order.
+    held: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl Refusals {
-    /// Records a failure of sequence `seq`: a refusal counts, anything else
-    /// starts the count again.
-    pub fn record(&mut self, seq: Option<u64>, refused: bool) {
-        match seq.filter(|_| refused) {
-            Some(s) if s == self.seq && self.times > 0 => self.times += 1,
-            Some(s) => *self = Self { seq: s, times: 1 },
-            None => *self = Self::default(),
+    /// Records a failure first seen at sequence `seq`.
+    pub fn record(&mut self, seq: Option<u64>, judged: Judged) {
+        let Some(s) = seq else {
+            self.times = 0;
+            return;
+        };
+        match judged {
+            Judged::Not => self.times = 0,
+            Judged::Message => {
+                self.times = if s == self.seq && self.times > 0 {
+                    self.times + 1
+                } else {
+                    1
+                };
+                self.seq = s;
+                self.hold(s, s);
+            }
+            Judged::Entry(messages) => {
+                self.times = 0;
+                self.hold(s, s + messages.max(1) - 1);
+            }
         }
     }
 
-    /// The sequence the broker refused last, if its last failure was one.
-    pub fn pending(&self) -> Option<u64> {
-        (self.times > 0).then_some(self.seq)
+    /// Records a refusal heard after the failure that ended the producer:
+    /// it holds its messages back and leaves the count alone. Returns
+    /// whether it was news (not another message of an entry held already).
+    pub fn heard(&mut self, seq: u64, judged: Judged) -> bool {
+        match judged {
+            Judged::Not => false,
+            Judged::Message => self.hold(seq, seq),
+            Judged::Entry(messages) => self.hold(seq, seq + messages.max(1) - 1),
+        }
+    }
+
+    fn hold(&mut self, first: u64, last: u64) -> bool {
+        if self.held.iter().any(|(a, b)| *a <= first && first <= *b) {
+            return false; // another message of an entry already held
+        }
+        let at = self.held.partition_point(|(a, _)| *a < first);
+        self.held.insert(at, (first, last));
+        true
+    }
+
+    /// The first sequence refused and not yet in the topic.
+    pub fn held(&self) -> Option<u64> {
+        self.held.front().map(|(first, _)| *first)
+    }
+
+    /// Sequence `seq`, the first held back, is in the topic now.
+    pub fn landed(&mut self, seq: u64) {
+        self.times = 0;
+        if let Some(front) = self.held.front_mut() {
+            if front.0 == seq && seq < front.1 {
+                front.0 = seq + 1;
+            } else if front.0 == seq {
+                self.held.pop_front();
+            }
+        }
+    }
+
+    /// Nothing after the held sequences landed: the producer resumes at or
+    /// before them, in order, and nothing needs to go late.
+    pub fn resumed_before(&mut self) {
+        self.held.clear();
     }
 
     /// Why `seq` goes as a marker, if the broker refused it often enough.
@@ -138,28 +221,70 @@ mod tests {
     #[test]
     fn a_message_refused_twice_in_a_row_goes_as_a_marker() {
         let mut r = Refusals::default();
-        r.record(Some(7), true);
+        r.record(Some(7), Judged::Message);
         assert_eq!(r.set_aside(7), None, "once could be the broker's trouble");
-        r.record(Some(7), true);
+        r.record(Some(7), Judged::Message);
         assert!(r.set_aside(7).is_some());
         assert_eq!(r.set_aside(8), None, "only that message");
         // A connection lost in between starts the count again.
         let mut r = Refusals::default();
-        r.record(Some(7), true);
-        r.record(Some(7), false);
-        r.record(Some(7), true);
+        r.record(Some(7), Judged::Message);
+        r.record(Some(7), Judged::Not);
+        r.record(Some(7), Judged::Message);
         assert_eq!(r.set_aside(7), None);
         // So does a refusal of another message.
         let mut r = Refusals::default();
-        r.record(Some(7), true);
-        r.record(Some(9), true);
+        r.record(Some(7), Judged::Message);
+        r.record(Some(9), Judged::Message);
         assert_eq!(r.set_aside(9), None);
+    }
+
+    /// A refused entry holds back all of its messages; they go late one by
+    /// one, and a lost connection in between forgets none of them. Before,
+    /// an entry's refusal counted as a lost connection, and the next
+    /// producer resumed after the tail, past the refused messages for good.
+    #[test]
+    fn a_refused_entry_holds_back_every_message_in_it() {
+        let mut r = Refusals::default();
+        r.record(Some(10), Judged::Entry(3));
+        assert_eq!(r.held(), Some(10));
+        assert_eq!(r.set_aside(10), None, "an entry's refusal names no message");
+        r.landed(10);
+        assert_eq!(r.held(), Some(11));
+        r.record(Some(11), Judged::Not);
+        assert_eq!(r.held(), Some(11), "a lost connection forgets nothing");
+        r.record(Some(11), Judged::Message);
+        r.record(Some(11), Judged::Message);
+        assert!(r.set_aside(11).is_some());
+        r.landed(11);
+        assert_eq!(r.held(), Some(12), "12 is still held back");
+        r.landed(12);
+        assert_eq!(r.held(), None);
+        // Two entries refused with one that landed between them: both are
+        // held, each message once.
+        r.record(Some(20), Judged::Entry(2));
+        assert!(!r.heard(21, Judged::Entry(2)), "the same entry");
+        assert!(r.heard(30, Judged::Entry(2)));
+        assert!(!r.heard(31, Judged::Entry(2)));
+        for n in [20, 21, 30, 31] {
+            assert_eq!(r.held(), Some(n));
+            r.landed(n);
+        }
+        assert_eq!(r.held(), None);
+        r.record(Some(40), Judged::Entry(2));
+        r.resumed_before();
+        assert_eq!(r.held(), None);
     }
 
     #[test]
     fn only_an_answer_to_the_send_is_a_refusal() {
         let refused = Error::Broker(SendError::Refused("send_error".into()));
         assert!(refused_by_broker(&refused));
+        let entry = Error::Broker(SendError::RefusedEntry {
+            messages: 4,
+            why: "too big".into(),
+        });
+        assert_eq!(judged(&entry), Judged::Entry(4));
         let lost = Error::Broker(SendError::Lost("disconnected".into()));
         assert!(!refused_by_broker(&lost));
         assert!(!refused_by_broker(&Error::LeaseLost));

@@ -254,7 +254,14 @@ impl Tail {
         assigned: u64,
         strict: bool,
     ) {
+        // A late message (`firstseen-late`) went after higher sequences
+        // that had landed before it: it is ours, but the tail is among
+        // those. Counting it made the tail the highest of the late ones
+        // when a refused entry's messages all went late at the end of the
+        // topic, and the next producer sent the ones after it again.
+        let late = props::get(meta, props::LATE).is_some();
         match ours.origin(topic, meta, body, Some(assigned)) {
+            Origin::Proven(_) | Origin::Named(_) if late => {}
             Origin::Proven(seq) => self.seq = self.seq.max(Some(seq)),
             Origin::Named(seq) if !strict => self.seq = self.seq.max(Some(seq)),
             Origin::Forged => {
@@ -543,6 +550,29 @@ mod tests {
         assert_eq!((strict.seq, strict.foreign, strict.forged), (Some(7), 2, 1));
         // At level 1 a member may be of a release that writes no proof.
         assert_eq!(lenient.seq, Some(9));
+    }
+
+    /// The messages of a refused entry go late, after higher sequences,
+    /// and may fill the end of the topic: the tail is the highest before
+    /// them. Before, it was the highest late one, and the next producer
+    /// sent everything after it again (tests/hostile.rs on the real broker).
+    #[test]
+    fn a_late_message_is_ours_but_not_the_tail() {
+        let o = ours();
+        let name = o.producer_name("1-t3-p");
+        let landed = written(&name, 9, [1; 32], b"body", Some(&o));
+        let mut late = written(&name, 4, [2; 32], b"body", Some(&o));
+        late.properties.push(pulsar::proto::KeyValue {
+            key: props::LATE.into(),
+            value: "true".into(),
+        });
+        let mut only_late = Tail::default();
+        only_late.classify(&o, TOPIC, &late, b"body", 10, true);
+        assert_eq!((only_late.seq, only_late.foreign), (None, 0));
+        let mut both = Tail::default();
+        both.classify(&o, TOPIC, &landed, b"body", 10, true);
+        both.classify(&o, TOPIC, &late, b"body", 10, true);
+        assert_eq!(both.seq, Some(9));
     }
 
     #[test]

@@ -211,6 +211,10 @@ pub struct Audit {
     /// Every gap still open, first sequence to last: a late message that
     /// falls in one fills it.
     open_gaps: BTreeMap<u64, u64>,
+    /// The first sequence read in order. What lies below it is not missing
+    /// (retention may have removed it), but late messages may fill it: the
+    /// messages of a refused first entry go after the ones that landed.
+    start: Option<u64>,
 }
 
 impl Audit {
@@ -287,8 +291,13 @@ impl Audit {
         r.first_seq.get_or_insert(seq);
         match self.prev_seq {
             Some(prev) if seq <= prev => {
+                let below_start = self.start.is_some_and(|s| seq < s);
                 if m.late && *count == 1 && fill(&mut self.open_gaps, seq) {
-                    r.missing_seqs -= 1;
+                    if below_start {
+                        r.first_seq = r.first_seq.map(|f| f.min(seq));
+                    } else {
+                        r.missing_seqs -= 1;
+                    }
                     r.late += 1;
                 } else {
                     r.out_of_order += 1;
@@ -304,16 +313,24 @@ impl Audit {
                 }
                 self.prev_seq = Some(seq);
             }
-            None => self.prev_seq = Some(seq),
+            None => {
+                self.prev_seq = Some(seq);
+                self.start = Some(seq);
+                if seq > 1 {
+                    self.open_gaps.insert(1, seq - 1);
+                }
+            }
         }
         r.last_seq = self.prev_seq;
     }
 
     pub fn finish(mut self) -> Report {
         self.report.distinct_keys = self.keys.len() as u64;
+        let start = self.start.unwrap_or(0);
         self.report.gaps = self
             .open_gaps
             .iter()
+            .filter(|(a, _)| **a >= start)
             .take(LIST_CAP)
             .map(|(a, b)| (*a, *b))
             .collect();
@@ -497,6 +514,35 @@ mod tests {
         let r = run(false);
         assert!(!r.is_clean());
         assert_eq!((r.late, r.missing_seqs, r.out_of_order), (0, 1, 1));
+    }
+
+    /// The broker refused the first entry and the ones after it landed: the
+    /// topic starts at a later sequence and the refused ones come late,
+    /// below it. They fill what lay before the start, which was never
+    /// missing (retention may remove a topic's start). Before, each counted
+    /// as out of order.
+    #[test]
+    fn late_messages_may_fill_what_lies_before_the_start() {
+        let mut a = Audit::new("t");
+        for (k, s) in [("c", 3), ("d", 4)] {
+            a.push(seen(k, s));
+        }
+        for (k, s) in [("a", 1), ("b", 2)] {
+            a.push(Seen {
+                late: true,
+                ..seen(k, s)
+            });
+        }
+        let r = a.finish();
+        assert!(r.is_clean(), "{r}");
+        assert_eq!((r.late, r.missing_seqs, r.out_of_order), (2, 0, 0));
+        assert_eq!(r.first_seq, Some(1));
+        // A topic whose start retention removed: nothing missing either.
+        let mut a = Audit::new("t");
+        a.push(seen("c", 3));
+        let r = a.finish();
+        assert!(r.is_clean(), "{r}");
+        assert!(r.gaps.is_empty());
     }
 
     /// Another producer's messages in the topic, numbered to look like

@@ -77,6 +77,29 @@ struct Pending {
     seq: u64,
     messages: usize,
     waiters: Vec<Waiter>,
+    /// The broker has persisted an entry sent after this one: this one was
+    /// refused, its error not read yet (see [`ProducerSlot::settle`]).
+    overtaken: bool,
+}
+
+impl Pending {
+    /// Fails every waiter: as refused when a later entry overtook this one
+    /// (it is surely not in the topic), else as lost (it may be).
+    fn fail(self, lost: impl Fn() -> SendError) {
+        let failure = if self.overtaken {
+            Failure::Refused {
+                messages: self.messages,
+                why:
+                    "the broker persisted a later entry and not this one (its refusal was not read)"
+                        .into(),
+            }
+        } else {
+            Failure::Lost(lost())
+        };
+        for w in self.waiters {
+            let _ = w.send(Err(failure.clone()));
+        }
+    }
 }
 
 /// A producer's state on the connection.
@@ -86,6 +109,69 @@ struct ProducerSlot {
     /// Why the producer can no longer send (the broker closed it, or
     /// refused an entry): every later send fails at once.
     gone: Option<SendError>,
+}
+
+impl ProducerSlot {
+    /// Settles the entry `seq` of `producer`: persisted, or refused for
+    /// the reason given.
+    ///
+    /// The broker does not answer in the order the entries were sent: it
+    /// judges an entry (its size against the topic's bound, say) before it
+    /// reaches the log, and its error for a refused entry may come after
+    /// the receipts of entries sent later (seen on the real broker: the
+    /// receipt for the second entry ahead of the error for the first).
+    /// Receipts among themselves do come in order, since the log persists
+    /// entries in order. So a receipt for a later entry means the earlier
+    /// ones still waiting were refused: they are marked so, and wait for
+    /// their errors; should the producer go first, they fail as refused,
+    /// not lost, because the topic surely lacks them. A refusal settles its
+    /// own entry wherever it sits, and only that one.
+    fn settle(
+        &mut self,
+        producer: u64,
+        seq: u64,
+        refused: Option<String>,
+    ) -> Result<(), OutOfOrder> {
+        let Some(at) = self.pending.iter().position(|p| p.seq == seq) else {
+            return match (&refused, self.pending.front()) {
+                // An error for an entry no longer waited for (its
+                // receipt timed out), or nothing in flight.
+                (Some(_), _) | (None, None) => Ok(()),
+                (None, Some(p)) => Err(OutOfOrder {
+                    producer,
+                    got: seq,
+                    expected: p.seq,
+                }),
+            };
+        };
+        if refused.is_none() {
+            for earlier in self.pending.iter_mut().take(at) {
+                earlier.overtaken = true;
+            }
+        }
+        let done = self.pending.remove(at).expect("found above");
+        let result = match refused {
+            None => Ok(()),
+            Some(why) => {
+                // A refused entry ends the producer for new sends: nothing
+                // more goes behind it before the publisher has settled it.
+                // The ones already sent keep waiting for their own answers,
+                // which the broker gives each (a later one may land, or be
+                // refused too).
+                self.gone = Some(SendError::Lost(format!(
+                    "the broker refused an entry: {why}"
+                )));
+                Err(Failure::Refused {
+                    messages: done.messages,
+                    why,
+                })
+            }
+        };
+        for w in done.waiters {
+            let _ = w.send(result.clone());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -354,53 +440,14 @@ impl Conn {
         }
     }
 
-    /// Settles the oldest entry in flight of `producer`: persisted, or
-    /// refused for the reason given. The broker acknowledges a producer's
-    /// entries in the order they were sent; a receipt for any other is a
-    /// broken connection.
+    /// Settles an entry in flight of `producer` with the broker's answer.
     fn receipt(&self, producer: u64, seq: u64, refused: Option<String>) -> Result<(), OutOfOrder> {
         let mut shared = lock(&self.shared);
-        let Some(slot) = shared.producers.get_mut(&producer) else {
+        match shared.producers.get_mut(&producer) {
+            Some(slot) => slot.settle(producer, seq, refused),
             // A producer closed here while its entries were on their way.
-            return Ok(());
-        };
-        match slot.pending.front() {
-            Some(p) if p.seq == seq => {}
-            Some(p) => {
-                return Err(OutOfOrder {
-                    producer,
-                    got: seq,
-                    expected: p.seq,
-                })
-            }
-            None => return Ok(()),
-        }
-        let done = slot.pending.pop_front().expect("checked above");
-        let result = match refused {
             None => Ok(()),
-            Some(why) => {
-                // A refused entry ends the producer: what follows it was
-                // sent behind it and must not land before it is settled.
-                slot.gone = Some(SendError::Lost(format!(
-                    "the broker refused an entry: {why}"
-                )));
-                for later in slot.pending.drain(..) {
-                    for w in later.waiters {
-                        let _ = w.send(Err(Failure::Lost(SendError::Lost(
-                            "sent behind an entry the broker refused".into(),
-                        ))));
-                    }
-                }
-                Err(Failure::Refused {
-                    messages: done.messages,
-                    why,
-                })
-            }
-        };
-        for w in done.waiters {
-            let _ = w.send(result.clone());
         }
-        Ok(())
     }
 
     fn producer_gone(&self, producer: u64, why: SendError) {
@@ -408,9 +455,7 @@ impl Conn {
         if let Some(slot) = shared.producers.get_mut(&producer) {
             slot.gone = Some(why.clone());
             for p in slot.pending.drain(..) {
-                for w in p.waiters {
-                    let _ = w.send(Err(Failure::Lost(why.clone())));
-                }
+                p.fail(|| why.clone());
             }
         }
     }
@@ -426,11 +471,7 @@ impl Conn {
         shared.requests.clear();
         for (_, slot) in shared.producers.drain() {
             for p in slot.pending {
-                for w in p.waiters {
-                    let _ = w.send(Err(Failure::Lost(SendError::Lost(format!(
-                        "connection lost: {why}"
-                    )))));
-                }
+                p.fail(|| SendError::Lost(format!("connection lost: {why}")));
             }
         }
     }
@@ -561,6 +602,7 @@ impl Conn {
                 seq: entry.first,
                 messages: entry.count,
                 waiters,
+                overtaken: false,
             });
         }
         let c = command(Type::Send, |c| {
@@ -687,6 +729,65 @@ mod tests {
         );
         assert!(parse("http://x:1").is_err());
         assert!(parse("pulsar://:1").is_err());
+    }
+
+    fn in_flight(seqs: &[u64]) -> (ProducerSlot, Vec<oneshot::Receiver<Result<(), Failure>>>) {
+        let mut slot = ProducerSlot::default();
+        let mut rx = Vec::new();
+        for &seq in seqs {
+            let (tx, r) = oneshot::channel();
+            slot.pending.push_back(Pending {
+                seq,
+                messages: 2,
+                waiters: vec![tx],
+                overtaken: false,
+            });
+            rx.push(r);
+        }
+        (slot, rx)
+    }
+
+    /// The broker refuses the second entry before it has persisted the
+    /// first: the first still lands, the second is refused, the third
+    /// waits for its own answer. Before, the refusal broke the connection
+    /// as a receipt out of order (tests/hostile.rs on the real broker).
+    #[test]
+    fn a_refusal_may_overtake_the_receipts_before_it() {
+        let (mut slot, mut rx) = in_flight(&[1, 3, 5]);
+        slot.settle(7, 3, Some("too big".into())).unwrap();
+        assert!(matches!(
+            rx[1].try_recv(),
+            Ok(Err(Failure::Refused { messages: 2, .. }))
+        ));
+        assert!(rx[0].try_recv().is_err(), "the first still waits");
+        assert!(rx[2].try_recv().is_err(), "the third still waits");
+        assert!(slot.gone.is_some(), "nothing new goes behind a refusal");
+        slot.settle(7, 1, None).unwrap();
+        assert!(matches!(rx[0].try_recv(), Ok(Ok(()))));
+        slot.settle(7, 5, None).unwrap();
+        assert!(matches!(rx[2].try_recv(), Ok(Ok(()))));
+    }
+
+    /// The receipt for a later entry comes while an earlier one still
+    /// waits: the broker refused the earlier one, and if the producer goes
+    /// before its error is read, it fails as refused, not as lost (the
+    /// tail, past it, would hide it). Before, this receipt broke the
+    /// connection and the earlier entry counted as lost.
+    #[test]
+    fn a_receipt_that_overtakes_an_entry_means_that_entry_was_refused() {
+        let (mut slot, mut rx) = in_flight(&[1, 3]);
+        slot.settle(7, 3, None).unwrap();
+        assert!(matches!(rx[1].try_recv(), Ok(Ok(()))));
+        for p in slot.pending.drain(..) {
+            p.fail(|| SendError::Lost("connection lost".into()));
+        }
+        assert!(matches!(
+            rx[0].try_recv(),
+            Ok(Err(Failure::Refused { messages: 2, .. }))
+        ));
+        // A receipt for an entry never sent is a broken connection.
+        let (mut slot, _rx) = in_flight(&[1]);
+        assert!(slot.settle(7, 9, None).is_err());
     }
 
     #[test]

@@ -169,7 +169,7 @@ impl Producer {
         if !self.open.is_empty() && (self.one_by_one || !self.open.fits(&m, self.max_bytes)) {
             self.flush().await?;
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         self.open.push(m);
         self.waiters.push(tx);
         let deadline = Instant::now() + self.wait;
@@ -178,27 +178,32 @@ impl Producer {
         let topics = self.one_by_one_topics.clone();
         let topic = self.topic.clone();
         Ok(Box::pin(async move {
-            match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(Failure::Lost(e)))) => Err(e),
-                Ok(Ok(Err(Failure::Refused { messages: 1, why }))) => Err(SendError::Refused(why)),
+            let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
+                Ok(answer) => answer.ok(),
+                Err(_) => {
+                    // Ending the connection settles every entry on it, this
+                    // one too: as refused, if a later one overtook it.
+                    conn.abandon(format!("no receipt within {wait:?}"));
+                    rx.try_recv().ok()
+                }
+            };
+            match answer {
+                Some(Ok(())) => Ok(()),
+                Some(Err(Failure::Lost(e))) => Err(e),
+                Some(Err(Failure::Refused { messages: 1, why })) => Err(SendError::Refused(why)),
                 // Which of its messages the broker meant, it does not say:
                 // the topic goes one message per entry for the rest of the
-                // term, so that the next refusal names its message, and
-                // this one counts as lost (sent again, not judged).
-                Ok(Ok(Err(Failure::Refused { messages, why }))) => {
+                // term, so that the next refusal names its message.
+                Some(Err(Failure::Refused { messages, why })) => {
                     lock(&topics).insert(topic);
-                    Err(SendError::Lost(format!(
-                        "the broker refused an entry of {messages} messages ({why}); the topic goes one message per entry for the rest of the term"
-                    )))
+                    Err(SendError::RefusedEntry {
+                        messages: messages as u64,
+                        why,
+                    })
                 }
-                Ok(Err(_)) => Err(SendError::Lost("the producer was closed".into())),
-                Err(_) => {
-                    conn.abandon(format!("no receipt within {wait:?}"));
-                    Err(SendError::Lost(format!(
-                        "no receipt from the broker within {wait:?}"
-                    )))
-                }
+                None => Err(SendError::Lost(format!(
+                    "no receipt from the broker within {wait:?}"
+                ))),
             }
         }))
     }
