@@ -12,7 +12,9 @@
 # (dense: the old soak density, for replaying seeds found with it),
 # --out DIR (default .nemesis/<seed>), --no-broker-log (do not read
 # Mosquitto's debug log, for high rates), --release (optimised builds, for
-# high rates). Exit 0 when the verdict is OK, 1
+# high rates), --zone-delay-ms N (N ms one way between the zones' peer links,
+# through a relay per node: `firstseen-bench delay`, since this kernel has no
+# netem). Exit 0 when the verdict is OK, 1
 # when the checker found a violation, 2 when the campaign could not run.
 # Everything it starts (Pulsar, Mosquitto, nodes, crashfs mounts, network
 # namespaces, a bridge) it stops and removes, also on Ctrl-C.
@@ -21,7 +23,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 . "$here/lib.sh"
 
-seed="" minutes=4 rate=300 profile=short out="" broker_log=1 build=debug
+seed="" minutes=4 rate=300 profile=short out="" broker_log=1 build=debug zone_delay_ms=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seed) seed=$2; shift 2 ;;
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --no-broker-log) broker_log=0; shift ;;
     --release) build=release; shift ;;
+    --zone-delay-ms) zone_delay_ms=$2; shift 2 ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +52,7 @@ cd "$root"
 log "building firstseen and firstseen-crashfs ($build)"
 if [ "$build" = release ]; then
   cargo build -q --release -p firstseen --bin firstseen && cargo build -q --release -p firstseen-crashfs
+  if [ "$zone_delay_ms" != 0 ]; then cargo build -q --release -p firstseen-bench; fi
 else
   # The same command as scripts/test.sh's build, so that after it this is a
   # no-op (0.9 s): `-p firstseen` alone did not reuse that build and took
@@ -60,6 +64,9 @@ args=(--seed "$seed" --minutes "$minutes" --rate "$rate" --profile "$profile" --
       --bin "$root/target/$build/firstseen" --crashfs "$root/target/$build/firstseen-crashfs"
       --template "$data")
 [ "$broker_log" = 1 ] && args+=(--broker-log)
+if [ "$zone_delay_ms" != 0 ]; then
+  args+=(--zone-delay-ms "$zone_delay_ms" --delay-bin "$root/target/$build/firstseen-bench")
+fi
 set +e
 python3 "$root/tests/nemesis/campaign.py" "${args[@]}"
 code=$?
@@ -80,6 +87,7 @@ if [ "$code" != 0 ]; then
     log "last errors of Pulsar ($out/pulsar/pulsar.log):"
     grep -a -E ' ERROR |Exception:' "$out/pulsar/pulsar.log" | tail -25 | cut -c1-300 >&2 || true
   fi
-  log "the campaign failed (exit $code); replay it with: scripts/nemesis.sh --seed $seed --minutes $minutes --rate $rate --profile $profile"
+  delay=""; [ "$zone_delay_ms" != 0 ] && delay=" --zone-delay-ms $zone_delay_ms"
+  log "the campaign failed (exit $code); replay it with: scripts/nemesis.sh --seed $seed --minutes $minutes --rate $rate --profile $profile$delay"
 fi
 exit "$code"

@@ -409,9 +409,10 @@ class Campaign:
         self.start_mqtt()
         log(f"mosquitto: {self.net.host_ip}:{self.mqtt_port} (broker log tap: {bool(self.tap)})")
         self.nodes = [Node(self, i) for i in (1, 2, 3)]
+        self.start_relays()
         self.members = "".join(
             f'[[cluster.members]]\nid = {n.i}\nzone = "zone-{"abc"[n.i - 1]}"\n'
-            f'addr = "{n.ip}:{n.peer}"\nhttp = "{n.ip}:{n.http}"\n' for n in self.nodes)
+            f'addr = "{n.ip}:{n.advertised}"\nhttp = "{n.ip}:{n.http}"\n' for n in self.nodes)
         for n in self.nodes:
             n.start()
         wait_for("every node ready", 90, lambda: all(self.ready(n) for n in self.nodes))
@@ -681,6 +682,7 @@ class Campaign:
         verdict = check.analyze(t_pub, t_ack, msgs, timeline, load_info, a.rate, first_ack, bridged,
                                 arrived[:len(t_pub)], window_secs=WINDOW_SECS)
         verdict.update({"seed": a.seed, "minutes": a.minutes, "rate": a.rate, "profile": a.profile,
+                        "zone_delay_ms": a.zone_delay_ms,
                         "faults_by_kind": schedule.counts(faults), "events": self.events,
                         "recovered": recovered, "refused_nodes": refused, "elections": self.elections(),
                         "logs_set_aside": self.logs_set_aside(),
@@ -756,6 +758,38 @@ class Campaign:
         # rejoined and abstained until caught up (raft/src/rejoin.rs).
         return self.count_log_lines("setting it aside and rejoining")
 
+    def start_relays(self):
+        """With --zone-delay-ms, puts distance between the zones: a relay in
+        each node's namespace (`firstseen-bench delay`; this kernel has no
+        netem) listens on the address the membership names and passes every
+        byte on to the node's peer port that many milliseconds late, each
+        way. Cuts still apply: the rules match the other nodes' addresses,
+        which the relay's inbound connections come from."""
+        self.relays = []
+        for n in self.nodes:
+            n.advertised = n.peer
+        ms = self.args.zone_delay_ms
+        if not ms:
+            return
+        for n in self.nodes:
+            n.advertised = free_port("127.0.0.1")
+            log_file = open(os.path.join(n.dir, "relay.log"), "w")
+            self.relays.append(subprocess.Popen(
+                ["ip", "netns", "exec", self.net.ns(n.i), self.args.delay_bin, "delay",
+                 "--listen", f"{n.ip}:{n.advertised}", "--to", f"{n.ip}:{n.peer}",
+                 "--ms", str(ms)],
+                stdout=log_file, stderr=subprocess.STDOUT))
+        log(f"zones {ms} ms apart one way: relays on {[n.advertised for n in self.nodes]}")
+
+    def stop_relays(self):
+        for r in getattr(self, "relays", []):
+            if r.poll() is None:
+                r.terminate()
+                try:
+                    r.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    r.kill()
+
     def cleanup(self):
         self.stopping = True
         # The load client too: an interrupted run left it publishing for the
@@ -772,6 +806,7 @@ class Campaign:
                 n.stop(limit=10)
             except Exception:
                 n.kill()
+        self.stop_relays()
         self.stop_mqtt()
         self.stop_pulsar()
         for n in self.nodes:
@@ -793,9 +828,15 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--crashfs", required=True)
     ap.add_argument("--template", required=True)
+    ap.add_argument("--zone-delay-ms", type=int, default=0,
+                    help="one-way delay between the zones' peer links (a relay per node)")
+    ap.add_argument("--delay-bin", default=None,
+                    help="firstseen-bench, for --zone-delay-ms")
     ap.add_argument("--broker-log", action="store_true",
                     help="read Mosquitto's debug log to see each bridge's acks")
     a = ap.parse_args()
+    if a.zone_delay_ms and not a.delay_bin:
+        ap.error("--zone-delay-ms needs --delay-bin (firstseen-bench)")
     if a.snapshot_logs is None:
         a.snapshot_logs = 300 if a.profile == "short" else 5000
     if a.seed is None:
@@ -804,7 +845,8 @@ def main():
         shutil.rmtree(a.out)
     os.makedirs(a.out)
     LOG = open(os.path.join(a.out, "campaign.log"), "w")
-    log(f"nemesis seed {a.seed} (replay: scripts/nemesis.sh --seed {a.seed} --minutes {a.minutes:g} --rate {a.rate:g} --profile {a.profile})")
+    delay = f" --zone-delay-ms {a.zone_delay_ms}" if a.zone_delay_ms else ""
+    log(f"nemesis seed {a.seed} (replay: scripts/nemesis.sh --seed {a.seed} --minutes {a.minutes:g} --rate {a.rate:g} --profile {a.profile}{delay})")
     c = Campaign(a)
 
     def on_signal(signum, frame):
