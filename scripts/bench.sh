@@ -125,7 +125,7 @@ if [ "${BENCH_BENTHOS:-1}" != 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
   fi
 fi
-if [ -n "${BENCH_FLAME:-}" ] && ! command -v inferno-flamegraph >/dev/null; then
+if [ "${BENCH_FLAME:-0}" != 0 ] && ! command -v inferno-flamegraph >/dev/null; then
   log "installing inferno (flame graphs) from crates.io"
   cargo install -q --locked inferno
 fi
@@ -229,7 +229,7 @@ log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s, z
 sampler=$!
 # BENCH_PERF=1: a flat CPU profile of the three nodes over the peak
 # (perf record at 499 Hz), printed per node and symbol at the end.
-if [ -n "${BENCH_FLAME:-}" ]; then
+if [ "${BENCH_FLAME:-0}" != 0 ]; then
   # The leader alone, with call stacks unwound from DWARF CFI (the release
   # build keeps its symbols and .eh_frame), at 99 Hz to keep the file small.
   perf record -q -F 99 --call-graph dwarf,16384 -o "$work/flame.data" \
@@ -250,7 +250,7 @@ if [ -n "${BENCH_PERF:-}" ]; then
   kill -INT "$perf_pid" 2>/dev/null || true
   wait "$perf_pid" || true
 fi
-if [ -n "${BENCH_FLAME:-}" ]; then
+if [ "${BENCH_FLAME:-0}" != 0 ]; then
   kill -INT "$flame_pid" 2>/dev/null || true
   wait "$flame_pid" || true
   perf script -i "$work/flame.data" 2>/dev/null | inferno-collapse-perf > "$work/flame.folded"
