@@ -594,8 +594,12 @@ fn a_flood_of_silent_peer_connections_does_not_keep_members_apart() {
         let lines = log.matches("peer connection refused").count();
         // One line per kind of refusal every 10 s, for the few kinds a
         // flood makes (refused at accept per address and in all, timed
-        // out, reset).
-        let bound = 5 * (flooded / 10 + 1) as usize;
+        // out, reset): flooded / 10 + 1 lines per kind in a process, and
+        // one more per kind on the follower restarted above, whose log
+        // holds both runs and whose new process logs each kind again at
+        // once. With `+ 1` it failed once in three runs on a loaded
+        // machine.
+        let bound = 5 * (flooded / 10 + 2) as usize;
         assert!(
             lines <= bound,
             "node {id}: {lines} log lines for {refused} refusals in {flooded} s"

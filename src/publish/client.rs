@@ -33,30 +33,32 @@ pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Err
     if let Some(credentials) = auth::provider(config)? {
         builder = builder.with_auth_provider(credentials);
     }
-    if let Some(ca) = &config.ca_file {
-        // Read here rather than by the crate, so that a bad file is named
-        // with its config key.
-        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
-            key: "pulsar.ca_file".into(),
-            path: ca.clone(),
-            source,
-        })?;
+    if let Some((_, pem)) = read_ca(config)? {
         builder = builder.with_certificate_chain(pem);
     }
     builder = builder.with_tls_hostname_verification_enabled(config.tls_hostname_verification);
     Ok(builder.build().await?)
 }
 
+/// `pulsar.ca_file`'s path and contents, when set. Read here rather than by
+/// the clients, so that a bad file is named with its config key.
+fn read_ca(config: &PulsarConfig) -> Result<Option<(&std::path::Path, Vec<u8>)>, Error> {
+    let Some(ca) = &config.ca_file else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
+        key: "pulsar.ca_file".into(),
+        path: ca.clone(),
+        source,
+    })?;
+    Ok(Some((ca.as_path(), pem)))
+}
+
 /// An HTTP client for the admin REST API, trusting `pulsar.ca_file` too.
 fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
     let mut b =
         reqwest::Client::builder().timeout(Duration::from_millis(config.operation_timeout_ms));
-    if let Some(ca) = &config.ca_file {
-        let pem = std::fs::read(ca).map_err(|source| Error::SettingFile {
-            key: "pulsar.ca_file".into(),
-            path: ca.clone(),
-            source,
-        })?;
+    if let Some((ca, pem)) = read_ca(config)? {
         for cert in reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| Error::setting("pulsar.ca_file", format!("{}: {e}", ca.display())))?
         {
