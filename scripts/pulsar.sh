@@ -141,6 +141,16 @@ keepAliveIntervalSeconds=5
 # may hold it: a restart under load failed with "Address already in use".
 # With it the bookie binds --bookkeeper-port, below the ephemeral range.
 allowEphemeralPorts=true
+# The bookie goes read-only when its disk is this full, as a fraction of
+# the whole filesystem (default 0.95). Tests, the campaign and the demo
+# share one large disk with build output: CI's failed with 4.5 GB free
+# of 265 GB (0.983), every write refused. Read-only here means 0.1% free;
+# the nodes' own disk reserve (docs/operations.md) is the guard that
+# matters for firstseen, and a production bookie keeps its default.
+# PULSAR_DISK_USAGE_THRESHOLD sets another (0.5 shows the bookie reading it).
+diskUsageThreshold=${PULSAR_DISK_USAGE_THRESHOLD:-0.999}
+diskUsageWarnThreshold=${PULSAR_DISK_USAGE_THRESHOLD:-0.999}
+diskUsageLwmThreshold=${PULSAR_DISK_USAGE_THRESHOLD:-0.999}
 $secure_conf
 CONF
   cat > "$dir/conf/log4j2.xml" <<'LOG'
