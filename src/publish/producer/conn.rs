@@ -71,10 +71,26 @@ pub enum Failure {
 /// A receipt on its way: resolves with the entry's fate.
 pub type Waiter = oneshot::Sender<Result<(), Failure>>;
 
-/// An entry sent and not yet acknowledged: its sequence id, its size and
+/// The broker's answer to one entry, as it names the entry.
+#[derive(Debug, Clone, PartialEq)]
+enum Answer {
+    /// Persisted: `CommandSendReceipt`'s `sequence_id` and, when the frame
+    /// has it, `highest_sequence_id`.
+    Receipt { seq: u64, highest: Option<u64> },
+    /// Refused: `CommandSendError`'s `sequence_id` and the reason.
+    Refused { seq: u64, why: String },
+}
+
+/// An entry sent and not yet acknowledged: its sequence ids, its size and
 /// who waits.
 struct Pending {
-    seq: u64,
+    /// The sequence id of its first message: the entry's `sequence_id`,
+    /// which its receipt carries.
+    first: u64,
+    /// Its last message's: the entry's `highest_sequence_id`, which its
+    /// receipt carries too, and which the broker's error for it names (it
+    /// answers a refused entry with the larger of the two ids).
+    last: u64,
     messages: usize,
     waiters: Vec<Waiter>,
     /// The broker has persisted an entry sent after this one: this one was
@@ -83,6 +99,27 @@ struct Pending {
 }
 
 impl Pending {
+    /// Whether the broker's answer `answer` is this entry's.
+    ///
+    /// A receipt carries the entry's first id as `sequence_id` and its last
+    /// as `highest_sequence_id`. The broker reports no highest id for an
+    /// entry of one message (it only tracks one when it is above the first:
+    /// the wire then has -1, or nothing), so the cross-check holds for
+    /// entries of several. An error carries one id only, the larger of the
+    /// two the entry was sent with (Pulsar 4.0, `Producer.java`, both where
+    /// it judges the entry before the log and where the log fails it): the
+    /// last, for this client, which always sends both; the first is
+    /// accepted too, as the id of a broker that reports the lowest.
+    fn answered_by(&self, answer: &Answer) -> bool {
+        match answer {
+            Answer::Receipt { seq, highest } => {
+                *seq == self.first
+                    && (self.first == self.last || highest.is_none_or(|h| h == self.last))
+            }
+            Answer::Refused { seq, .. } => *seq == self.first || *seq == self.last,
+        }
+    }
+
     /// Fails every waiter: as refused when a later entry overtook this one
     /// (it is surely not in the topic), else as lost (it may be).
     fn fail(self, lost: impl Fn() -> SendError) {
@@ -112,8 +149,8 @@ struct ProducerSlot {
 }
 
 impl ProducerSlot {
-    /// Settles the entry `seq` of `producer`: persisted, or refused for
-    /// the reason given.
+    /// Settles the entry of `producer` that `answer` names: persisted, or
+    /// refused for the reason given.
     ///
     /// The broker does not answer in the order the entries were sent: it
     /// judges an entry (its size against the topic's bound, say) before it
@@ -126,23 +163,23 @@ impl ProducerSlot {
     /// their errors; should the producer go first, they fail as refused,
     /// not lost, because the topic surely lacks them. A refusal settles its
     /// own entry wherever it sits, and only that one.
-    fn settle(
-        &mut self,
-        producer: u64,
-        seq: u64,
-        refused: Option<String>,
-    ) -> Result<(), OutOfOrder> {
-        let Some(at) = self.pending.iter().position(|p| p.seq == seq) else {
-            return match (&refused, self.pending.front()) {
+    fn settle(&mut self, producer: u64, answer: Answer) -> Result<(), OutOfOrder> {
+        let Some(at) = self.pending.iter().position(|p| p.answered_by(&answer)) else {
+            return match (&answer, self.pending.front()) {
                 // An error for an entry no longer waited for (its
                 // receipt timed out), or nothing in flight.
-                (Some(_), _) | (None, None) => Ok(()),
-                (None, Some(p)) => Err(OutOfOrder {
+                (Answer::Refused { .. }, _) | (Answer::Receipt { .. }, None) => Ok(()),
+                (Answer::Receipt { seq, highest }, Some(p)) => Err(OutOfOrder {
                     producer,
-                    got: seq,
-                    expected: p.seq,
+                    got: *seq,
+                    highest: *highest,
+                    expected: p.first,
                 }),
             };
+        };
+        let refused = match answer {
+            Answer::Receipt { .. } => None,
+            Answer::Refused { why, .. } => Some(why),
         };
         if refused.is_none() {
             for earlier in self.pending.iter_mut().take(at) {
@@ -409,7 +446,11 @@ impl Conn {
                         .await;
                 }
             } else if let Some(r) = &c.send_receipt {
-                if let Err(e) = self.receipt(r.producer_id, r.sequence_id, None) {
+                let answer = Answer::Receipt {
+                    seq: r.sequence_id,
+                    highest: r.highest_sequence_id,
+                };
+                if let Err(e) = self.receipt(r.producer_id, answer) {
                     return e.to_string();
                 }
             } else if let Some(e) = &c.send_error {
@@ -419,7 +460,11 @@ impl Conn {
                         .unwrap_or(proto::ServerError::UnknownError),
                     e.message
                 );
-                if let Err(e) = self.receipt(e.producer_id, e.sequence_id, Some(why)) {
+                let answer = Answer::Refused {
+                    seq: e.sequence_id,
+                    why,
+                };
+                if let Err(e) = self.receipt(e.producer_id, answer) {
                     return e.to_string();
                 }
             } else if let Some(close) = &c.close_producer {
@@ -441,10 +486,10 @@ impl Conn {
     }
 
     /// Settles an entry in flight of `producer` with the broker's answer.
-    fn receipt(&self, producer: u64, seq: u64, refused: Option<String>) -> Result<(), OutOfOrder> {
+    fn receipt(&self, producer: u64, answer: Answer) -> Result<(), OutOfOrder> {
         let mut shared = lock(&self.shared);
         match shared.producers.get_mut(&producer) {
-            Some(slot) => slot.settle(producer, seq, refused),
+            Some(slot) => slot.settle(producer, answer),
             // A producer closed here while its entries were on their way.
             None => Ok(()),
         }
@@ -599,7 +644,8 @@ impl Conn {
                 return Err(why.clone());
             }
             slot.pending.push_back(Pending {
-                seq: entry.first,
+                first: entry.first,
+                last: entry.last,
                 messages: entry.count,
                 waiters,
                 overtaken: false,
@@ -630,10 +676,11 @@ impl Conn {
 /// A receipt for another entry than the oldest in flight: the connection
 /// can no longer be trusted.
 #[derive(Debug, thiserror::Error)]
-#[error("a receipt for sequence {got} of producer {producer}, expecting {expected}")]
+#[error("a receipt for sequence {got} (highest {highest:?}) of producer {producer}, expecting {expected}")]
 struct OutOfOrder {
     producer: u64,
     got: u64,
+    highest: Option<u64>,
     expected: u64,
 }
 
@@ -731,13 +778,17 @@ mod tests {
         assert!(parse("pulsar://:1").is_err());
     }
 
-    fn in_flight(seqs: &[u64]) -> (ProducerSlot, Vec<oneshot::Receiver<Result<(), Failure>>>) {
+    /// Entries in flight, each `(first, last)`, of two messages each.
+    fn in_flight(
+        entries: &[(u64, u64)],
+    ) -> (ProducerSlot, Vec<oneshot::Receiver<Result<(), Failure>>>) {
         let mut slot = ProducerSlot::default();
         let mut rx = Vec::new();
-        for &seq in seqs {
+        for &(first, last) in entries {
             let (tx, r) = oneshot::channel();
             slot.pending.push_back(Pending {
-                seq,
+                first,
+                last,
                 messages: 2,
                 waiters: vec![tx],
                 overtaken: false,
@@ -747,14 +798,30 @@ mod tests {
         (slot, rx)
     }
 
+    fn receipt(first: u64, last: u64) -> Answer {
+        Answer::Receipt {
+            seq: first,
+            highest: Some(last),
+        }
+    }
+
+    /// The broker's error for an entry: it names the larger of the entry's
+    /// two ids, its last.
+    fn refused(last: u64) -> Answer {
+        Answer::Refused {
+            seq: last,
+            why: "too big".into(),
+        }
+    }
+
     /// The broker refuses the second entry before it has persisted the
     /// first: the first still lands, the second is refused, the third
     /// waits for its own answer. Before, the refusal broke the connection
     /// as a receipt out of order (tests/hostile.rs on the real broker).
     #[test]
     fn a_refusal_may_overtake_the_receipts_before_it() {
-        let (mut slot, mut rx) = in_flight(&[1, 3, 5]);
-        slot.settle(7, 3, Some("too big".into())).unwrap();
+        let (mut slot, mut rx) = in_flight(&[(1, 2), (3, 4), (5, 6)]);
+        slot.settle(7, refused(4)).unwrap();
         assert!(matches!(
             rx[1].try_recv(),
             Ok(Err(Failure::Refused { messages: 2, .. }))
@@ -762,10 +829,73 @@ mod tests {
         assert!(rx[0].try_recv().is_err(), "the first still waits");
         assert!(rx[2].try_recv().is_err(), "the third still waits");
         assert!(slot.gone.is_some(), "nothing new goes behind a refusal");
-        slot.settle(7, 1, None).unwrap();
+        slot.settle(7, receipt(1, 2)).unwrap();
         assert!(matches!(rx[0].try_recv(), Ok(Ok(()))));
-        slot.settle(7, 5, None).unwrap();
+        slot.settle(7, receipt(5, 6)).unwrap();
         assert!(matches!(rx[2].try_recv(), Ok(Ok(()))));
+    }
+
+    /// Issue 48: the broker names a refused entry of several messages by
+    /// its highest sequence id, not its first. Before, the pending entry
+    /// was looked up by its first id only: the error was dropped as one
+    /// for an entry no longer waited for, and the entry waited out the
+    /// receipt timeout, which then abandoned the whole connection (on the
+    /// real broker: nothing published for minutes; tests/hostile.rs,
+    /// `entries_the_broker_refuses_by_their_last_id_do_not_stall_the_topic`).
+    #[test]
+    fn a_refusal_names_a_batched_entry_by_its_last_sequence() {
+        let (mut slot, mut rx) = in_flight(&[(10, 12), (13, 15)]);
+        slot.settle(7, refused(12)).unwrap();
+        assert!(matches!(
+            rx[0].try_recv(),
+            Ok(Err(Failure::Refused { messages: 2, .. }))
+        ));
+        assert!(rx[1].try_recv().is_err(), "the second waits for its own");
+        // A broker that names the first id is understood too.
+        slot.settle(
+            7,
+            Answer::Refused {
+                seq: 13,
+                why: "x".into(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(rx[1].try_recv(), Ok(Err(Failure::Refused { .. }))));
+        assert!(slot.pending.is_empty());
+        // An id inside an entry names neither end: not that entry.
+        let (mut slot, mut rx) = in_flight(&[(20, 22)]);
+        slot.settle(
+            7,
+            Answer::Refused {
+                seq: 21,
+                why: "x".into(),
+            },
+        )
+        .unwrap();
+        assert!(rx[0].try_recv().is_err());
+    }
+
+    /// A receipt names its entry by its first id and, for an entry of
+    /// several messages, its last; one whose last id is not the entry's is
+    /// not that entry's receipt, and breaks the connection. For an entry of
+    /// one message the broker reports no highest id (-1 on the wire).
+    #[test]
+    fn a_receipt_is_its_entry_s_by_both_ends() {
+        let (mut slot, mut rx) = in_flight(&[(1, 3)]);
+        assert!(slot.settle(7, receipt(1, 2)).is_err());
+        assert!(rx[0].try_recv().is_err());
+        slot.settle(
+            7,
+            Answer::Receipt {
+                seq: 1,
+                highest: None,
+            },
+        )
+        .unwrap();
+        assert!(matches!(rx[0].try_recv(), Ok(Ok(()))));
+        let (mut slot, mut rx) = in_flight(&[(4, 4)]);
+        slot.settle(7, receipt(4, u64::MAX)).unwrap();
+        assert!(matches!(rx[0].try_recv(), Ok(Ok(()))));
     }
 
     /// The receipt for a later entry comes while an earlier one still
@@ -775,8 +905,8 @@ mod tests {
     /// connection and the earlier entry counted as lost.
     #[test]
     fn a_receipt_that_overtakes_an_entry_means_that_entry_was_refused() {
-        let (mut slot, mut rx) = in_flight(&[1, 3]);
-        slot.settle(7, 3, None).unwrap();
+        let (mut slot, mut rx) = in_flight(&[(1, 2), (3, 4)]);
+        slot.settle(7, receipt(3, 4)).unwrap();
         assert!(matches!(rx[1].try_recv(), Ok(Ok(()))));
         for p in slot.pending.drain(..) {
             p.fail(|| SendError::Lost("connection lost".into()));
@@ -786,8 +916,8 @@ mod tests {
             Ok(Err(Failure::Refused { messages: 2, .. }))
         ));
         // A receipt for an entry never sent is a broken connection.
-        let (mut slot, _rx) = in_flight(&[1]);
-        assert!(slot.settle(7, 9, None).is_err());
+        let (mut slot, _rx) = in_flight(&[(1, 2)]);
+        assert!(slot.settle(7, receipt(9, 10)).is_err());
     }
 
     #[test]
