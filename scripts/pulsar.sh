@@ -30,6 +30,11 @@
 # PULSAR_EXTRA_JAVA_OPTS is appended to the JVM's options (the nemesis
 # campaign adds -XX:TieredStopAtLevel=1: its many restarts start faster
 # without C2, and its rates need no C2 code).
+#
+# PULSAR_BOOKKEEPER_DIR puts the bookie's directory (its journal and its
+# ledgers; standalone keeps both there) somewhere else than DIR/data/bookkeeper:
+# tests/fence.rs puts it on a firstseen-crashfs mount and freezes it, which
+# stalls the bookie's journal while the broker keeps accepting writes.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
@@ -187,7 +192,7 @@ LOG
         --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.net=ALL-UNNAMED \
         -cp "$cache/lib/*" org.apache.pulsar.PulsarStandaloneStarter \
         --config "$dir/conf/standalone.conf" --no-functions-worker --no-stream-storage \
-        --bookkeeper-port "$bk_port" --bookkeeper-dir "$dir/data/bookkeeper" \
+        --bookkeeper-port "$bk_port" --bookkeeper-dir "${PULSAR_BOOKKEEPER_DIR:-$dir/data/bookkeeper}" \
         --metadata-dir "$dir/data/metadata" --advertised-address "$bind_ip"
     ) >> "$dir/pulsar.log" 2>&1 &
     pid=$!

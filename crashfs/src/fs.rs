@@ -11,6 +11,12 @@
 //! are recorded in [`Names`] until an fsync of their directory: a power cut
 //! undoes file data and length since each file's last sync, and every name
 //! change since its directory's last sync.
+//!
+//! A freeze ([`CrashFs::freeze`]) stalls the storage without losing
+//! anything: writes and syncs are held, unanswered, so the process doing
+//! them blocks as on a disk that stopped responding, until a thaw carries
+//! them out in the order they came. Everything else (reads, lookups,
+//! creates) is still answered, so only what waits on the disk stalls.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -58,6 +64,32 @@ struct State {
     /// The power is off ([`CrashFs::power_off`]) until the next power cut
     /// is played out.
     off: bool,
+    /// Frozen ([`CrashFs::freeze`]): writes and syncs wait here, oldest
+    /// first, unanswered until the thaw.
+    frozen: bool,
+    held: std::collections::VecDeque<Held>,
+}
+
+/// A write or sync that came while the filesystem was frozen. Its reply is
+/// kept: the caller stays blocked in its system call until the thaw.
+enum Held {
+    /// The handle's file is kept open here: a close that raced the freeze
+    /// (from another thread) must not turn the held write into EBADF.
+    Write {
+        ino: u64,
+        file: File,
+        offset: u64,
+        data: Vec<u8>,
+        reply: ReplyWrite,
+    },
+    Fsync {
+        ino: u64,
+        reply: ReplyEmpty,
+    },
+    Fsyncdir {
+        ino: u64,
+        reply: ReplyEmpty,
+    },
 }
 
 /// The filesystem, shared between the FUSE session and the control socket.
@@ -152,6 +184,8 @@ impl CrashFs {
                 quota: None,
                 stats: Stats::default(),
                 off: false,
+                frozen: false,
+                held: std::collections::VecDeque::new(),
             })),
         })
     }
@@ -227,6 +261,111 @@ impl CrashFs {
         }
         st.used = usage(&self.root);
         Ok(total)
+    }
+
+    /// The storage stops responding: from now on every write, fsync and
+    /// fsyncdir is held unanswered (its caller blocks) until
+    /// [`CrashFs::thaw`]. Nothing is lost.
+    pub fn freeze(&self) {
+        self.lock().frozen = true;
+    }
+
+    /// Carries out every held write and sync in the order they came,
+    /// answers each, and lets later ones through again. Returns how many
+    /// were held. Done under the state's lock with the freeze lifted in the
+    /// same step, so a write arriving meanwhile goes after the held ones.
+    pub fn thaw(&self) -> usize {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.frozen = false;
+        let held: Vec<Held> = st.held.drain(..).collect();
+        let n = held.len();
+        for h in held {
+            match h {
+                Held::Write {
+                    ino,
+                    file,
+                    offset,
+                    data,
+                    reply,
+                } => match Self::write_to(st, ino, &file, offset, &data) {
+                    Ok(n) => reply.written(n),
+                    Err(e) => reply.error(e),
+                },
+                Held::Fsync { ino, reply } => {
+                    Self::fsync_of(st, ino);
+                    reply.ok();
+                }
+                Held::Fsyncdir { ino, reply } => match self.fsyncdir_of(st, ino) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
+                },
+            }
+        }
+        n
+    }
+
+    /// Whether frozen, and how many writes and syncs are held.
+    pub fn frozen(&self) -> (bool, usize) {
+        let st = self.lock();
+        (st.frozen, st.held.len())
+    }
+
+    /// One write of `data` at `offset` into `file` (inode `ino`): journaled
+    /// for a power cut, counted against the quota. Returns the bytes
+    /// written.
+    fn write_to(
+        st: &mut State,
+        ino: u64,
+        f: &File,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u32, Errno> {
+        if st.off {
+            return Ok(data.len() as u32);
+        }
+        let old = f.metadata().map_err(|e| errno(&e))?.len();
+        let end = offset + data.len() as u64;
+        let growth = end.saturating_sub(old);
+        if let Some(q) = st.quota {
+            if growth > 0 && st.used + growth > q {
+                st.stats.enospc += 1;
+                return Err(Errno::ENOSPC);
+            }
+        }
+        st.journal
+            .before_write(ino, f, offset, data)
+            .map_err(|e| errno(&e))?;
+        f.write_all_at(data, offset).map_err(|e| errno(&e))?;
+        st.used += growth;
+        st.stats.writes += 1;
+        st.stats.write_bytes += data.len() as u64;
+        Ok(data.len() as u32)
+    }
+
+    /// An fsync of inode `ino`: its writes so far survive a power cut.
+    fn fsync_of(st: &mut State, ino: u64) {
+        // Durable from here on. The backing file is not synced: the machine
+        // under the test never loses power, only this layer pretends to.
+        if !st.off {
+            st.journal.synced(ino);
+            st.stats.fsyncs += 1;
+        }
+    }
+
+    /// An fsync of directory `ino`: its name changes so far survive a power
+    /// cut.
+    fn fsyncdir_of(&self, st: &mut State, ino: u64) -> Result<(), Errno> {
+        st.stats.fsyncs += 1;
+        if st.off {
+            // Accepted and dropped, as every sync is with the power off.
+            return Ok(());
+        }
+        let rel = st.paths.get(&ino).cloned().ok_or(Errno::ENOENT)?;
+        for stash in st.names.synced(&rel) {
+            let _ = std::fs::remove_file(self.real(&stash));
+        }
+        Ok(())
     }
 
     /// Name changes a power cut would undo now.
@@ -658,31 +797,27 @@ impl Filesystem for CrashFs {
         let Some((ino, f)) = st.handles.get(&fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        if st.off {
-            return reply.written(data.len() as u32);
-        }
         let ino = *ino;
-        let r = (|| -> Result<(), Errno> {
-            let old = f.metadata().map_err(|e| errno(&e))?.len();
-            let end = offset + data.len() as u64;
-            let growth = end.saturating_sub(old);
-            if let Some(q) = st.quota {
-                if growth > 0 && st.used + growth > q {
-                    st.stats.enospc += 1;
-                    return Err(Errno::ENOSPC);
-                }
+        if st.frozen {
+            match f.try_clone() {
+                Ok(file) => st.held.push_back(Held::Write {
+                    ino,
+                    file,
+                    offset,
+                    data: data.to_vec(),
+                    reply,
+                }),
+                Err(e) => reply.error(errno(&e)),
             }
-            st.journal
-                .before_write(ino, f, offset, data)
-                .map_err(|e| errno(&e))?;
-            f.write_all_at(data, offset).map_err(|e| errno(&e))?;
-            st.used += growth;
-            st.stats.writes += 1;
-            st.stats.write_bytes += data.len() as u64;
-            Ok(())
-        })();
+            return;
+        }
+        // Out of the map for the write, which needs the rest of the state
+        // mutably; back in before the lock is let go.
+        let (ino, f) = st.handles.remove(&fh.0).expect("looked up above");
+        let r = Self::write_to(st, ino, &f, offset, data);
+        st.handles.insert(fh.0, (ino, f));
         match r {
-            Ok(()) => reply.written(data.len() as u32),
+            Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
     }
@@ -720,13 +855,12 @@ impl Filesystem for CrashFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Durable from here on. The backing file is not synced: the machine
-        // under the test never loses power, only this layer pretends to.
         let mut st = self.lock();
-        if !st.off {
-            st.journal.synced(ino.0);
-            st.stats.fsyncs += 1;
+        if st.frozen {
+            st.held.push_back(Held::Fsync { ino: ino.0, reply });
+            return;
         }
+        Self::fsync_of(&mut st, ino.0);
         reply.ok();
     }
 
@@ -785,18 +919,14 @@ impl Filesystem for CrashFs {
         reply: ReplyEmpty,
     ) {
         let mut st = self.lock();
-        st.stats.fsyncs += 1;
-        if st.off {
-            // Accepted and dropped, as every sync is with the power off.
-            return reply.ok();
+        if st.frozen {
+            st.held.push_back(Held::Fsyncdir { ino: ino.0, reply });
+            return;
         }
-        let Some(rel) = st.paths.get(&ino.0).cloned() else {
-            return reply.error(Errno::ENOENT);
-        };
-        for stash in st.names.synced(&rel) {
-            let _ = std::fs::remove_file(self.real(&stash));
+        match self.fsyncdir_of(&mut st, ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -7,11 +7,12 @@
 //! - [`names`]: the namespace's core. Every create, unlink, rmdir and
 //!   rename since its directory's last fsync; a power cut undoes them.
 //! - [`fs`]: the FUSE side, a passthrough of one backing directory with a
-//!   quota for full-disk tests.
+//!   quota for full-disk tests, and a freeze that stalls writes and syncs
+//!   until a thaw.
 //!
 //! The binary mounts it and takes commands on a Unix socket
-//! (`lose-power`, `lose-power-torn SEED`, `quota BYTES|off`, `status`,
-//! `unmount`); see `src/main.rs` and docs/reliability.md.
+//! (`lose-power`, `lose-power-torn SEED`, `quota BYTES|off`, `freeze`,
+//! `thaw`, `status`, `unmount`); see `src/main.rs` and docs/reliability.md.
 
 pub mod fs;
 pub mod journal;

@@ -13,7 +13,11 @@
 //! - `lose-power-torn SEED`: the same, then each file's last lost write is
 //!   re-applied up to a random byte (seeded)
 //! - `quota BYTES` / `quota off`: writes beyond BYTES of file data fail with ENOSPC
-//! - `status` → `ok used=B quota=B|off unsynced=B names=N writes=N fsyncs=N enospc=N`
+//! - `freeze`: the storage stalls; every write, fsync and fsyncdir from now
+//!   on is held unanswered (its caller blocks) → `ok`
+//! - `thaw`: the held writes and syncs are carried out in the order they
+//!   came and answered; later ones pass again → `ok held=N`
+//! - `status` → `ok used=B quota=B|off unsynced=B names=N writes=N fsyncs=N enospc=N frozen=0|1 held=N`
 //! - `unmount`: unmounts and exits
 //!
 //! With `--exit-on-stdin-eof` it also unmounts and exits when its standard
@@ -141,15 +145,22 @@ fn main() -> ExitCode {
                     }
                     Err(_) => "error: the quota is not a number of bytes".to_string(),
                 },
+                ["freeze"] => {
+                    fs.freeze();
+                    "ok".to_string()
+                }
+                ["thaw"] => format!("ok held={}", fs.thaw()),
                 ["status"] => {
                     let (used, quota, unsynced, s) = fs.report();
+                    let (frozen, held) = fs.frozen();
                     format!(
-                        "ok used={used} quota={} unsynced={unsynced} names={} writes={} fsyncs={} enospc={}",
+                        "ok used={used} quota={} unsynced={unsynced} names={} writes={} fsyncs={} enospc={} frozen={} held={held}",
                         quota.map_or("off".to_string(), |q| q.to_string()),
                         fs.pending_names(),
                         s.writes,
                         s.fsyncs,
-                        s.enospc
+                        s.enospc,
+                        u8::from(frozen)
                     )
                 }
                 ["unmount"] => {
