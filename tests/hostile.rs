@@ -453,3 +453,133 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
     let (reason, _) = node.set_aside_message(kept[0]["id"].as_u64().unwrap());
     assert!(reason.contains("refused by the broker"), "{reason}");
 }
+
+/// Publishes `count` messages of `bytes` bytes each with paho-mqtt at QoS 1
+/// on `prefix<i>`, each payload its own, waiting for every PUBACK; returns
+/// the (topic, payload) pairs the Pulsar topic must hold.
+fn publish_wide(
+    port: u16,
+    prefix: &str,
+    count: usize,
+    bytes: usize,
+) -> std::collections::BTreeSet<(String, String)> {
+    const SCRIPT: &str = r#"
+import sys
+import paho.mqtt.client as mqtt
+port, prefix, count, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+c.max_inflight_messages_set(50)
+c.connect("127.0.0.1", port)
+c.loop_start()
+infos = []
+for i in range(count):
+    body = (f"{i:06d}:" + "w" * size)[:size]
+    infos.append(c.publish(f"{prefix}{i}", body.encode(), qos=1))
+for info in infos:
+    info.wait_for_publish(timeout=60)
+c.loop_stop()
+c.disconnect()
+sys.exit(0 if all(i.is_published() for i in infos) else 1)
+"#;
+    let status = Command::new("python3")
+        .args(["-c", SCRIPT])
+        .args([
+            port.to_string(),
+            prefix.to_string(),
+            count.to_string(),
+            bytes.to_string(),
+        ])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the broker took every message");
+    (0..count)
+        .map(|i| {
+            let body: String = format!("{i:06}:{}", "w".repeat(bytes))
+                .chars()
+                .take(bytes)
+                .collect();
+            (format!("{prefix}{i}"), body)
+        })
+        .collect()
+}
+
+/// Issue 48, as the operator met it: the topic takes at most 64 KiB (its
+/// own `maxMessageSize` policy), the node has no admin API to learn that,
+/// and 300 acked messages of 40 KiB wait in the outbox, so that every
+/// entry of two or more goes over the bound. Pulsar refuses a batched
+/// entry naming its highest sequence id; the producer waited on its first,
+/// dropped the refusal unread, and only the receipt timeout ended each
+/// entry, abandoning the whole connection: `published_seq` stayed 0 for
+/// minutes with "no receipt within" in the log. Now each refusal settles
+/// its entry at once: everything is published once (refused messages
+/// late, as in the test above), well within a bound that a receipt timeout
+/// per refused entry would exceed, and no receipt times out.
+#[test]
+fn entries_the_broker_refuses_by_their_last_id_do_not_stall_the_topic() {
+    let Some(pulsar) =
+        shared_pulsar("entries_the_broker_refuses_by_their_last_id_do_not_stall_the_topic")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("refused-entries");
+    topic_with_max_message_size(&pulsar, &topic, 64 * 1024);
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    spec.config.pulsar.admin_url = None;
+    let receipt_wait = Duration::from_millis(spec.config.pulsar.operation_timeout_ms);
+    let mut node = Node::start(spec);
+    wait_until(Duration::from_secs(30), "cluster level 2", || {
+        node.status().is_some_and(|s| s.level.cluster >= 2)
+    });
+    let want = publish_wide(
+        mqtt.port,
+        "/hfp/v2/journey/ongoing/vp/bus/wide/",
+        300,
+        40 * 1024,
+    );
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= want.len() as f64
+    });
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    node.spec.config.pulsar.url = real_url;
+    let started = std::time::Instant::now();
+    node.restart();
+    // 300 messages make 100 entries of three (two of 40 KiB are already
+    // over 64 KiB); a receipt timeout for even a tenth of them would take
+    // longer than this, and before the fix nothing was published at all.
+    let bound = receipt_wait * 10;
+    node.wait_published(want.len() as u64, bound);
+    eprintln!("published in {:?}", started.elapsed());
+    let refusals = node.metric("firstseen_publish_refusals_total");
+    assert!(refusals >= 1.0, "the broker refused no entry: {refusals}");
+    // No connection was abandoned for a receipt that did not come.
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    let this_run = log.rsplit("===== start #").next().unwrap_or_default();
+    assert!(
+        !this_run.contains("no receipt within"),
+        "a receipt timed out:\n{}",
+        node.log_tail(40)
+    );
+    let read = read_back(&pulsar, &topic);
+    let mut highest = 0;
+    let late: Vec<u64> = read
+        .seqs
+        .iter()
+        .flatten()
+        .filter_map(|&s| {
+            let came_late = s < highest;
+            highest = highest.max(s);
+            came_late.then_some(s)
+        })
+        .collect();
+    assert_exactly_once_with_late(&read, &want, &late);
+    let (code, report) = verify(
+        &pulsar,
+        &topic,
+        Some(want.len() as u64),
+        &node.secret_file(),
+    );
+    assert_eq!(code, 0, "{report}");
+}
