@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::config::{Config, PulsarConfig};
 use crate::ingest::route::Route;
 use crate::key::KeySpec;
+use crate::publish::proof::Retired;
 use crate::publish::tail::Ours;
 use crate::secret::ClusterKey;
 use crate::verify::read::Tell;
@@ -54,6 +55,12 @@ pub struct Args {
     /// repeat for the secrets before a rotation (the current one first).
     #[arg(long)]
     pub secret_file: Vec<PathBuf>,
+    /// With --pulsar-url: a node's record of the previous secrets'
+    /// cut-offs (`retired-secrets.json` in its data directory; --config
+    /// reads the node's own). Without one, a previous secret's proof holds
+    /// at any sequence, and the report says so.
+    #[arg(long)]
+    pub retired_secrets: Option<PathBuf>,
     /// Tell the cluster's messages by producer name instead of by proof:
     /// for a topic written by a release from before proofs, or without the
     /// secret. Anyone can name a producer like the cluster's, so the
@@ -98,13 +105,14 @@ pub async fn run(args: Args) -> ExitCode {
         topic: mut topics,
         expect,
         secret_file,
+        retired_secrets,
         trust_names,
         key,
         json,
         idle_secs,
     } = args;
     let one_rule = key.map(|k| KeyRule::One(k.into()));
-    let (pulsar, rule, keys) = match (config, pulsar_url) {
+    let (pulsar, rule, keys, retired) = match (config, pulsar_url) {
         (Some(path), None) => match Config::load(&path) {
             Ok(c) => {
                 if topics.is_empty() {
@@ -119,7 +127,8 @@ pub async fn run(args: Args) -> ExitCode {
                         return ExitCode::from(2);
                     }
                 };
-                (c.pulsar, Some(rule), keys)
+                let retired = c.node.data_dir.join(crate::publish::proof::RETIRED_FILE);
+                (c.pulsar, Some(rule), keys, Some(retired))
             }
             Err(e) => {
                 eprintln!("error: {e}");
@@ -146,6 +155,7 @@ pub async fn run(args: Args) -> ExitCode {
                 },
                 one_rule,
                 keys,
+                retired_secrets,
             )
         }
         _ => {
@@ -155,7 +165,20 @@ pub async fn run(args: Args) -> ExitCode {
     };
     let tell = match (keys.split_first(), trust_names) {
         (_, true) => Tell::Names,
-        (Some((current, previous)), false) => Tell::Proof(Ours::new(current, previous, false)),
+        (Some((current, previous)), false) => {
+            let record = match retired.as_deref().map(Retired::load).transpose() {
+                Ok(r) => r.unwrap_or_default(),
+                Err(e) => {
+                    eprintln!("error: the previous secrets' cut-offs: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let ours = Ours::new(current, previous, false).with_retired(record);
+            for id in ours.proofs().unrecorded() {
+                eprintln!("verify: warning: no cut-off recorded for the previous secret of cluster id {id}: its proofs count at any sequence, so a forgery made with it, if it leaked, counts as the cluster's (give --config, or --retired-secrets with a node's record)");
+            }
+            Tell::Proof(ours)
+        }
         (None, false) => {
             eprintln!("error: verify tells the cluster's messages from anyone else's by the proof each carries, which needs the cluster secret: give --secret-file (or --config), or --trust-names to audit by producer name, unproven");
             return ExitCode::from(2);

@@ -108,7 +108,13 @@ pub async fn run(
         &cluster.key,
         &crate::cluster::previous_keys(&config.cluster)?,
         config.cluster.secret_file.is_none(),
-    );
+    )
+    .with_retired(crate::publish::proof::Retired::load(
+        &config
+            .node
+            .data_dir
+            .join(crate::publish::proof::RETIRED_FILE),
+    )?);
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(
         &config,

@@ -233,8 +233,8 @@ impl Session for PulsarSession {
 }
 
 /// Message `seq` as it goes into an entry: its body in the route's format
-/// (or nothing, for a marker), the cluster's proof over it, and
-/// firstseen's properties.
+/// (or nothing, for a marker), firstseen's properties, and the cluster's
+/// proof over both (v2: every property counts, `super::proof`).
 fn outgoing(
     topic: &str,
     seq: u64,
@@ -247,14 +247,7 @@ fn outgoing(
         Some(_) => (Vec::new(), Vec::new()),
         None => how.format.encode(&m.mqtt_topic, m.payload, m.first_seen_ms),
     };
-    // Over the body as it goes: a reader checks what it reads.
-    let proof = proofs.sign(&super::proof::Claim {
-        topic,
-        seq,
-        key: &m.key,
-        marker: how.set_aside.is_some(),
-        body: &body,
-    });
+    let marker = how.set_aside.is_some();
     let mut properties = vec![
         (props::SEQ.to_string(), seq.to_string()),
         (props::KEY.to_string(), key.clone()),
@@ -264,7 +257,6 @@ fn outgoing(
             props::FIRST_SEEN_MS.to_string(),
             m.first_seen_ms.to_string(),
         ),
-        (props::PROOF.to_string(), proof),
     ];
     properties.extend(format_props.into_iter().map(|(k, v)| (k.to_string(), v)));
     if how.late {
@@ -280,6 +272,23 @@ fn outgoing(
             }
         }
     }
+    // Over the body and the properties as they go: a reader checks what
+    // it reads.
+    let view: Vec<(&str, &str)> = properties
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let proof = proofs.prove(&super::proof::Message {
+        claim: super::proof::Claim {
+            topic,
+            seq,
+            key: &m.key,
+            marker,
+            body: &body,
+        },
+        properties: &view,
+    });
+    properties.push((props::PROOF.to_string(), proof));
     Outgoing {
         seq,
         key,

@@ -636,6 +636,18 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             if !self.group.read_barrier().await {
                 return Err(Error::LeaseLost);
             }
+            // A previous secret proves only up to its cut-off, recorded
+            // here the first time (`proof::Retired`): no tail is read
+            // before it is.
+            let unrecorded = self.ours.proofs().unrecorded();
+            if !unrecorded.is_empty() {
+                let topics = self.outbox.topics()?;
+                self.ours.proofs().retired().record(
+                    &unrecorded,
+                    topics.iter().map(|(t, st)| (t.as_str(), st.last_seq)),
+                )?;
+                tracing::info!(secrets = ?unrecorded, topics = topics.len(), "cut-offs of the previous secrets recorded: their proofs hold up to the sequences assigned by now");
+            }
             let assigned = self.outbox.topic(&tp.topic)?;
             // Only now, holding exclusive access, is the tail stable.
             let strict = self.outbox.level() >= firstseen_store::level::KINDS;

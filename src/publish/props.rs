@@ -20,7 +20,8 @@ pub const SET_ASIDE: &str = "firstseen-set-aside";
 /// while they were on their way (`Publisher::send_late`).
 pub const LATE: &str = "firstseen-late";
 /// The cluster's proof that it wrote the message (`super::proof`): hex of a
-/// MAC over the topic, sequence, key, marker flag and body.
+/// MAC over the topic, sequence, key, marker flag, body and every other
+/// property (v2; v1, from builds before it, left the properties out).
 pub const PROOF: &str = "firstseen-proof";
 
 /// The most bytes firstseen's own properties and Pulsar's message metadata

@@ -23,7 +23,7 @@ use pulsar::consumer::InitialPosition;
 use pulsar::proto::MessageIdData;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
 
-use super::proof::{Claim, ProofKeys};
+use super::proof::{Claim, Message, ProofKeys, Retired};
 use super::props;
 use crate::{Error, TopicProblem};
 
@@ -152,6 +152,13 @@ impl Ours {
         }
     }
 
+    /// With the previous secrets' cut-offs in `retired` (shared by every
+    /// clone: the publisher records into it, the tail read checks by it).
+    pub fn with_retired(mut self, retired: Retired) -> Self {
+        self.proofs = self.proofs.with_retired(retired);
+        self
+    }
+
     /// The name of a producer of this cluster, `rest` telling them apart.
     pub fn producer_name(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
@@ -194,7 +201,21 @@ impl Ours {
                     marker: props::get(meta, props::SET_ASIDE).is_some(),
                     body,
                 };
-                if self.proofs.verifies(&claim, proof) {
+                // Every property counts (a v2 proof covers them all).
+                let properties: Vec<(&str, &str)> = meta
+                    .properties
+                    .iter()
+                    .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+                    .collect();
+                let message = Message {
+                    claim,
+                    properties: &properties,
+                };
+                // A previous secret without a recorded cut-off proves as
+                // before cut-offs: only `verify` without the node's record
+                // meets one (it says so), as the publisher reads no tail
+                // until the record is made.
+                if self.proofs.verifies(&message, proof) {
                     Origin::Proven(seq)
                 } else {
                     Origin::Forged
