@@ -9,6 +9,21 @@
 //! receipt by its producer). When either ends, the connection is closed
 //! for everyone: every request and receipt still waiting fails as
 //! [`SendError::Lost`], and the next producer dials again.
+//!
+//! Letting go of a producer while the broker can still be talked to closes
+//! it at the broker first ([`Conn::close_producer`], [`Conn::shut`]), and
+//! drops the connection only once the broker has answered the close or the
+//! operation timeout has passed. The broker answers a close only after
+//! every entry of the producer has been persisted or failed, and writes
+//! each one's receipt or error on the connection before that answer; only
+//! then does it give up the topic's exclusive access. A dropped connection,
+//! instead, frees exclusive access at once while entries may still be on
+//! their way to the log, to land after a successor has read the topic's
+//! end: twice in the topic. [`closes_settled`] keeps this process's next
+//! producer on a topic until its previous one's close is settled; a
+//! successor in another process (this one crashed, or was cut off from the
+//! broker) is kept by the adapter's own check of the topic's pending writes
+//! through the admin API, not here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,10 +157,16 @@ impl Pending {
 /// A producer's state on the connection.
 #[derive(Default)]
 struct ProducerSlot {
+    /// The topic it writes, for the fence its close holds ([`Closing`]).
+    topic: String,
     pending: VecDeque<Pending>,
     /// Why the producer can no longer send (the broker closed it, or
-    /// refused an entry): every later send fails at once.
+    /// refused an entry, or it is being closed): every later send fails at
+    /// once.
     gone: Option<SendError>,
+    /// Cancelled once its close at the broker has settled; set while one
+    /// is under way, so that a second close waits for the first.
+    closing: Option<CancellationToken>,
 }
 
 impl ProducerSlot {
@@ -227,11 +248,73 @@ pub struct Conn {
     ids: Arc<AtomicU64>,
     closed: CancellationToken,
     timeout: Duration,
+    /// Where the connection's own tasks run, and the closes that a `Drop`
+    /// cannot await.
+    tasks: tokio_util::task::TaskTracker,
 }
 
-fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding the lock leaves maps that are still whole.
     shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Closes of producers under way in this process, by topic: the fence that
+/// keeps this process's next producer on a topic from taking exclusive
+/// access (and reading the topic's end) while its previous one may still
+/// have entries on their way. Process-wide because each leadership term
+/// dials its own connections, and the next term's producer must wait for
+/// the last term's close as much as for its own.
+static CLOSING: Mutex<Vec<(u64, String, CancellationToken)>> = Mutex::new(Vec::new());
+static CLOSING_IDS: AtomicU64 = AtomicU64::new(0);
+
+/// One producer's close, held in [`CLOSING`] until dropped; dropping it
+/// (the close settled, or its task gone) lifts the fence.
+struct Closing {
+    id: u64,
+    done: CancellationToken,
+}
+
+impl Closing {
+    fn hold(topic: &str, done: CancellationToken) -> Self {
+        let id = CLOSING_IDS.fetch_add(1, Ordering::Relaxed);
+        lock(&CLOSING).push((id, topic.to_string(), done.clone()));
+        Self { id, done }
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.done.cancel();
+        lock(&CLOSING).retain(|(id, _, _)| *id != self.id);
+    }
+}
+
+/// Waits until every close of a producer on `topic` begun in this process
+/// so far has settled: answered by the broker, or its connection dropped
+/// when the broker did not answer in time. `false` when `bound` passes
+/// first. A new producer on the topic waits for this, so that the tail it
+/// reads is final as far as this process's own writes go.
+pub async fn closes_settled(topic: &str, bound: Duration) -> bool {
+    let waits: Vec<CancellationToken> = lock(&CLOSING)
+        .iter()
+        .filter(|(_, t, _)| t == topic)
+        .map(|(_, _, done)| done.clone())
+        .collect();
+    tokio::time::timeout(bound, async {
+        for done in waits {
+            done.cancelled().await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Why a request got no answer.
+enum Unanswered {
+    /// The connection ended first.
+    Lost(SendError),
+    /// Not within the operation timeout; the connection is still open.
+    Timeout,
 }
 
 fn command(t: Type, fill: impl FnOnce(&mut BaseCommand)) -> BaseCommand {
@@ -352,6 +435,7 @@ impl Conn {
             ids: Arc::new(AtomicU64::new(1)),
             closed: CancellationToken::new(),
             timeout: target.timeout,
+            tasks: tasks.clone(),
         };
         let closed = conn.closed.clone();
         tasks.spawn(async move {
@@ -387,12 +471,19 @@ impl Conn {
         let mut ping = tokio::time::interval(PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut heard = tokio::time::Instant::now();
+        let mut shutting = false;
         loop {
             let frame = tokio::select! {
                 f = reader.next() => f,
                 _ = ping.tick() => {
-                    if heard.elapsed() >= DEAD_AFTER {
-                        return format!("nothing from the broker for {DEAD_AFTER:?}");
+                    if heard.elapsed() >= DEAD_AFTER && !shutting {
+                        // The broker may only be slow to answer: its
+                        // producers are closed first, and their entries
+                        // heard out, while this keeps reading; the
+                        // connection goes once they are, or once the
+                        // closes time out.
+                        shutting = true;
+                        self.shut(format!("nothing from the broker for {DEAD_AFTER:?}"));
                     }
                     let _ = self.out.try_send(Message {
                         command: command(Type::Ping, |c| c.ping = Some(Default::default())),
@@ -521,12 +612,6 @@ impl Conn {
         }
     }
 
-    /// Ends the connection: a receipt that did not come in time leaves
-    /// everything sent on it in doubt.
-    pub fn abandon(&self, why: String) {
-        self.close(why);
-    }
-
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
     }
@@ -535,13 +620,16 @@ impl Conn {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sends a request and waits for its answer, within the timeout.
-    async fn request(&self, id: u64, c: BaseCommand) -> Result<BaseCommand, SendError> {
+    /// Sends a request and waits for its answer, within the timeout. What
+    /// an answer that does not come means is the caller's to decide.
+    async fn ask(&self, id: u64, c: BaseCommand) -> Result<BaseCommand, Unanswered> {
         let (tx, rx) = oneshot::channel();
         {
             let mut shared = lock(&self.shared);
             if let Some(why) = &shared.closed {
-                return Err(SendError::Lost(format!("connection lost: {why}")));
+                return Err(Unanswered::Lost(SendError::Lost(format!(
+                    "connection lost: {why}"
+                ))));
             }
             shared.requests.insert(id, tx);
         }
@@ -558,15 +646,8 @@ impl Conn {
         .await;
         lock(&self.shared).requests.remove(&id);
         match answer {
-            Ok(r) => r,
-            Err(_) => {
-                // An answer that never comes leaves the connection in doubt.
-                self.close(format!("no answer within {:?}", self.timeout));
-                Err(SendError::Lost(format!(
-                    "no answer from the broker within {:?}",
-                    self.timeout
-                )))
-            }
+            Ok(r) => r.map_err(Unanswered::Lost),
+            Err(_) => Err(Unanswered::Timeout),
         }
     }
 
@@ -575,9 +656,13 @@ impl Conn {
     pub async fn producer(&self, topic: &str, name: &str) -> Result<u64, SendError> {
         let producer = self.next_id();
         let request = self.next_id();
-        lock(&self.shared)
-            .producers
-            .insert(producer, ProducerSlot::default());
+        lock(&self.shared).producers.insert(
+            producer,
+            ProducerSlot {
+                topic: topic.to_string(),
+                ..Default::default()
+            },
+        );
         let c = command(Type::Producer, |c| {
             c.producer = Some(proto::CommandProducer {
                 topic: topic.to_string(),
@@ -589,39 +674,161 @@ impl Conn {
                 ..Default::default()
             })
         });
-        let answer = self.request(request, c).await;
+        let answer = self.ask(request, c).await;
         let result = match answer {
-            Ok(a) if a.producer_success.is_some() => Ok(producer),
+            Ok(a) if a.producer_success.is_some() => return Ok(producer),
             Ok(a) => Err(match a.error {
                 Some(e) => refusal(e.error, &e.message),
                 None => {
                     SendError::Lost("the broker answered the producer with something else".into())
                 }
             }),
-            Err(e) => Err(e),
+            Err(Unanswered::Lost(e)) => Err(e),
+            Err(Unanswered::Timeout) => {
+                // The broker may yet create it, and with it take the
+                // topic: it is closed like any other, which also tells
+                // whether the broker still answers on this connection.
+                self.close_producer(producer, "its creation was not answered in time");
+                return Err(SendError::Lost(format!(
+                    "no answer from the broker within {:?}",
+                    self.timeout
+                )));
+            }
         };
-        if result.is_err() {
-            lock(&self.shared).producers.remove(&producer);
-        }
+        lock(&self.shared).producers.remove(&producer);
         result
     }
 
-    /// Closes `producer` at the broker, releasing the topic's exclusive
-    /// access; what it had in flight fails as lost. Not awaited for an
-    /// answer: the connection orders it before any later request.
-    pub fn close_producer(&self, producer: u64) {
-        self.producer_gone(producer, SendError::Lost("the producer was closed".into()));
-        lock(&self.shared).producers.remove(&producer);
-        let request = self.next_id();
-        let _ = self.out.try_send(Message {
-            command: command(Type::CloseProducer, |c| {
-                c.close_producer = Some(proto::CommandCloseProducer {
-                    producer_id: producer,
-                    request_id: request,
-                })
-            }),
-            payload: None,
+    /// Closes `producer` at the broker and hears out its entries still in
+    /// flight; returns a token cancelled once that has settled. The broker
+    /// answers the close only after each of those entries has been
+    /// persisted or failed, with every receipt and error written on the
+    /// connection before the answer, and only then lets another producer
+    /// take the topic: so each entry's waiters learn what became of it.
+    /// An entry the broker did not answer before its answer to the close
+    /// fails as lost. When the close is not answered within the timeout,
+    /// the connection is dropped (which fails everything on it): the
+    /// broker may then free the topic with entries still on their way,
+    /// which [`closes_settled`] cannot cover; the adapter's check of the
+    /// topic's pending writes does.
+    ///
+    /// No new entry goes on the producer once this is called. A second
+    /// call returns the first one's token. Runs on the connection's task
+    /// tracker, so that a `Drop` may start it; [`closes_settled`] holds
+    /// the next producer on the same topic until it is done.
+    pub fn close_producer(&self, producer: u64, why: &str) -> CancellationToken {
+        let done = CancellationToken::new();
+        let (topic, pending) = {
+            let mut shared = lock(&self.shared);
+            let Some(slot) = shared.producers.get_mut(&producer) else {
+                // Never made, or already closed: nothing waits on it.
+                done.cancel();
+                return done;
+            };
+            if let Some(closing) = &slot.closing {
+                return closing.clone();
+            }
+            slot.closing = Some(done.clone());
+            if slot.gone.is_none() {
+                slot.gone = Some(SendError::Lost(format!("the producer was closed: {why}")));
+            }
+            (slot.topic.clone(), slot.pending.len())
+        };
+        if pending > 0 {
+            tracing::warn!(
+                topic,
+                producer,
+                pending,
+                reason = why,
+                "closing the producer at the broker with entries in flight; hearing them out"
+            );
+        } else {
+            tracing::debug!(
+                topic,
+                producer,
+                reason = why,
+                "closing the producer at the broker"
+            );
+        }
+        let fence = Closing::hold(&topic, done.clone());
+        let me = self.clone();
+        let why = why.to_string();
+        self.spawn(async move {
+            me.close_at_broker(producer, &why).await;
+            drop(fence);
         });
+        done
+    }
+
+    /// Sends `CloseProducer` for `producer` and settles what it had in
+    /// flight by the answer ([`Conn::close_producer`]).
+    async fn close_at_broker(&self, producer: u64, why: &str) {
+        let request = self.next_id();
+        let c = command(Type::CloseProducer, |c| {
+            c.close_producer = Some(proto::CommandCloseProducer {
+                producer_id: producer,
+                request_id: request,
+            })
+        });
+        match self.ask(request, c).await {
+            Ok(answer) => {
+                // Every receipt and error the broker wrote before its
+                // answer has been read and settled: frames are handled in
+                // order, and this answer was the last of them.
+                let unanswered = match answer.error {
+                    Some(e) => format!(
+                        "the broker refused to close the producer ({:?}: {}) and did not answer this entry",
+                        proto::ServerError::try_from(e.error)
+                            .unwrap_or(proto::ServerError::UnknownError),
+                        e.message
+                    ),
+                    None => "the broker closed the producer without answering this entry".into(),
+                };
+                let slot = lock(&self.shared).producers.remove(&producer);
+                for p in slot.into_iter().flat_map(|s| s.pending) {
+                    p.fail(|| SendError::Lost(unanswered.clone()));
+                }
+            }
+            Err(Unanswered::Timeout) => self.close(format!(
+                "no answer to closing producer {producer} ({why}) within {:?}",
+                self.timeout
+            )),
+            // The connection ended: closing it here too fails what waited
+            // on it before the close counts as settled (the writer may
+            // have gone before the reader noticed).
+            Err(Unanswered::Lost(e)) => {
+                self.close(format!("while closing producer {producer}: {e}"))
+            }
+        }
+    }
+
+    /// Closes every producer on the connection at the broker, as
+    /// [`Conn::close_producer`] does, and then the connection: at the end
+    /// of a term, and when the broker has been silent for long.
+    pub fn shut(&self, why: String) {
+        let producers: Vec<u64> = lock(&self.shared).producers.keys().copied().collect();
+        let closes: Vec<CancellationToken> = producers
+            .into_iter()
+            .map(|p| self.close_producer(p, &why))
+            .collect();
+        let me = self.clone();
+        self.spawn(async move {
+            for done in closes {
+                done.cancelled().await;
+            }
+            me.close(why);
+        });
+    }
+
+    /// Runs `task` on the connection's tracker; outside a runtime (a
+    /// `Drop` while the process ends) there is nothing to await with, and
+    /// the connection is closed at once.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.tasks.spawn(task);
+        } else {
+            self.close("closed outside a runtime".into());
+        }
     }
 
     /// Sends `entry` on `producer`; `waiters` learn its fate, each within
@@ -632,25 +839,15 @@ impl Conn {
         entry: Entry,
         waiters: Vec<Waiter>,
     ) -> Result<(), SendError> {
-        {
-            let mut shared = lock(&self.shared);
-            if let Some(why) = &shared.closed {
-                return Err(SendError::Lost(format!("connection lost: {why}")));
-            }
-            let Some(slot) = shared.producers.get_mut(&producer) else {
-                return Err(SendError::Lost("the producer was closed".into()));
-            };
-            if let Some(why) = &slot.gone {
-                return Err(why.clone());
-            }
-            slot.pending.push_back(Pending {
-                first: entry.first,
-                last: entry.last,
-                messages: entry.count,
-                waiters,
-                overtaken: false,
-            });
-        }
+        // A place in the writer's queue first, then the frame is queued
+        // under the same lock that [`Conn::close_producer`] marks the
+        // producer closing under: no entry can go after the close, which
+        // the broker would answer by dropping the connection or refusing.
+        let permit = self
+            .out
+            .reserve()
+            .await
+            .map_err(|_| SendError::Lost("connection lost".into()))?;
         let c = command(Type::Send, |c| {
             c.send = Some(proto::CommandSend {
                 producer_id: producer,
@@ -660,16 +857,31 @@ impl Conn {
                 ..Default::default()
             })
         });
-        self.out
-            .send(Message {
-                command: c,
-                payload: Some(Payload {
-                    metadata: entry.metadata,
-                    data: entry.data,
-                }),
-            })
-            .await
-            .map_err(|_| SendError::Lost("connection lost".into()))
+        let mut shared = lock(&self.shared);
+        if let Some(why) = &shared.closed {
+            return Err(SendError::Lost(format!("connection lost: {why}")));
+        }
+        let Some(slot) = shared.producers.get_mut(&producer) else {
+            return Err(SendError::Lost("the producer was closed".into()));
+        };
+        if let Some(why) = &slot.gone {
+            return Err(why.clone());
+        }
+        slot.pending.push_back(Pending {
+            first: entry.first,
+            last: entry.last,
+            messages: entry.count,
+            waiters,
+            overtaken: false,
+        });
+        permit.send(Message {
+            command: c,
+            payload: Some(Payload {
+                metadata: entry.metadata,
+                data: entry.data,
+            }),
+        });
+        Ok(())
     }
 }
 
@@ -750,6 +962,122 @@ fn parse(url: &str) -> Result<(bool, String, u16), BadUrl> {
         return Err(bad("no host"));
     }
     Ok((tls, host.to_string(), port))
+}
+
+/// A broker on the other end of a stream, driven step by step by a test:
+/// it speaks the same codec, answers the handshake, and answers each
+/// request only when the test says, so that tests choose the order of the
+/// broker's answers.
+#[cfg(test)]
+pub(super) mod fake {
+    use super::*;
+    use tokio::io::{ReadHalf, WriteHalf};
+
+    pub struct Broker<S> {
+        rx: FramedRead<ReadHalf<S>, Codec>,
+        tx: FramedWrite<WriteHalf<S>, Codec>,
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> Broker<S> {
+        /// Takes the client's CONNECT on `stream` and answers it.
+        pub async fn accept(stream: S) -> Self {
+            let (rd, wr) = tokio::io::split(stream);
+            let mut b = Broker {
+                rx: FramedRead::new(rd, Codec),
+                tx: FramedWrite::new(wr, Codec),
+            };
+            assert!(b.next().await.connect.is_some(), "CONNECT first");
+            b.reply(command(Type::Connected, |c| {
+                c.connected = Some(proto::CommandConnected {
+                    server_version: "fake".into(),
+                    protocol_version: Some(PROTOCOL_VERSION),
+                    ..Default::default()
+                })
+            }))
+            .await;
+            b
+        }
+
+        /// The client's next command but pings and pongs.
+        pub async fn next(&mut self) -> BaseCommand {
+            loop {
+                let c = self
+                    .rx
+                    .next()
+                    .await
+                    .expect("the client keeps the connection")
+                    .expect("a frame")
+                    .command;
+                if c.ping.is_none() && c.pong.is_none() {
+                    return c;
+                }
+            }
+        }
+
+        /// The client's next command, if one comes within `within`.
+        pub async fn next_within(&mut self, within: Duration) -> Option<BaseCommand> {
+            tokio::time::timeout(within, self.next()).await.ok()
+        }
+
+        pub async fn reply(&mut self, c: BaseCommand) {
+            self.tx
+                .send(Message {
+                    command: c,
+                    payload: None,
+                })
+                .await
+                .expect("the client reads");
+        }
+
+        /// Takes a PRODUCER request and grants it; returns its producer id.
+        pub async fn grant_producer(&mut self) -> u64 {
+            let p = self.next().await.producer.expect("a PRODUCER request");
+            self.reply(command(Type::ProducerSuccess, |c| {
+                c.producer_success = Some(proto::CommandProducerSuccess {
+                    request_id: p.request_id,
+                    producer_name: p.producer_name.unwrap_or_default(),
+                    ..Default::default()
+                })
+            }))
+            .await;
+            p.producer_id
+        }
+
+        pub async fn receipt(&mut self, producer: u64, first: u64, last: u64) {
+            self.reply(command(Type::SendReceipt, |c| {
+                c.send_receipt = Some(proto::CommandSendReceipt {
+                    producer_id: producer,
+                    sequence_id: first,
+                    highest_sequence_id: Some(last),
+                    ..Default::default()
+                })
+            }))
+            .await;
+        }
+
+        /// Refuses an entry as Pulsar does: named by its highest id.
+        pub async fn refuse(&mut self, producer: u64, last: u64) {
+            self.reply(command(Type::SendError, |c| {
+                c.send_error = Some(proto::CommandSendError {
+                    producer_id: producer,
+                    sequence_id: last,
+                    error: proto::ServerError::NotAllowedError as i32,
+                    message: "too big".into(),
+                })
+            }))
+            .await;
+        }
+
+        pub async fn success(&mut self, request_id: u64) {
+            self.reply(command(Type::Success, |c| {
+                c.success = Some(proto::CommandSuccess {
+                    request_id,
+                    ..Default::default()
+                })
+            }))
+            .await;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -918,6 +1246,137 @@ mod tests {
         // A receipt for an entry never sent is a broken connection.
         let (mut slot, _rx) = in_flight(&[(1, 2)]);
         assert!(slot.settle(7, receipt(9, 10)).is_err());
+    }
+
+    /// A connection to a [`fake::Broker`] over an in-memory stream.
+    async fn connected(timeout: Duration) -> (Conn, fake::Broker<tokio::io::DuplexStream>) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let target = Target {
+            url: "pulsar://fake:6650".into(),
+            proxy_to: None,
+            tls: None,
+            auth: None,
+            timeout,
+        };
+        let tasks = tokio_util::task::TaskTracker::new();
+        let (conn, broker) = tokio::join!(
+            Conn::start(client, &target, &tasks),
+            fake::Broker::accept(server)
+        );
+        (conn.expect("handshake"), broker)
+    }
+
+    async fn producer_on(
+        conn: &Conn,
+        broker: &mut fake::Broker<tokio::io::DuplexStream>,
+        topic: &str,
+    ) -> u64 {
+        let (id, granted) = tokio::join!(conn.producer(topic, "p"), broker.grant_producer());
+        let id = id.expect("granted");
+        assert_eq!(id, granted);
+        id
+    }
+
+    fn entry(first: u64, last: u64) -> Entry {
+        let mut open = super::super::entry::Open::default();
+        for seq in first..=last {
+            open.push(super::super::entry::Outgoing {
+                seq,
+                key: format!("{seq:064x}"),
+                ..Default::default()
+            });
+        }
+        open.close("p", 0).expect("not empty")
+    }
+
+    /// Closing a producer with entries in flight: nothing goes on it after
+    /// the close, the topic stays fenced for this process until the broker
+    /// answers, and each entry gets the broker's own answer (which Pulsar
+    /// writes before it answers the close): the first landed, the second
+    /// was refused. The connection stays. Before, the entries failed as
+    /// lost at once and the close was not awaited, or (at a term's end or a
+    /// receipt timeout) the connection was dropped under them.
+    #[tokio::test]
+    async fn a_closed_producer_hears_its_entries_out_before_the_topic_is_free() {
+        let topic = "persistent://public/default/close-hears-out";
+        let (conn, mut broker) = connected(Duration::from_secs(30)).await;
+        let id = producer_on(&conn, &mut broker, topic).await;
+        let (w1, mut r1) = oneshot::channel();
+        let (w2, mut r2) = oneshot::channel();
+        conn.send(id, entry(1, 2), vec![w1]).await.unwrap();
+        conn.send(id, entry(3, 4), vec![w2]).await.unwrap();
+        for first in [1, 3] {
+            assert_eq!(broker.next().await.send.unwrap().sequence_id, first);
+        }
+        let done = conn.close_producer(id, "test");
+        assert!(conn.send(id, entry(5, 5), Vec::new()).await.is_err());
+        assert!(
+            !closes_settled(topic, Duration::ZERO).await,
+            "the topic is fenced while the close is under way"
+        );
+        let close = broker
+            .next()
+            .await
+            .close_producer
+            .expect("CLOSE_PRODUCER next");
+        assert_eq!(close.producer_id, id);
+        assert!(r1.try_recv().is_err() && r2.try_recv().is_err());
+        broker.receipt(id, 1, 2).await;
+        broker.refuse(id, 4).await;
+        broker.success(close.request_id).await;
+        tokio::time::timeout(Duration::from_secs(10), done.cancelled())
+            .await
+            .expect("the close settles once answered");
+        assert!(matches!(r1.try_recv(), Ok(Ok(()))));
+        assert!(matches!(
+            r2.try_recv(),
+            Ok(Err(Failure::Refused { messages: 2, .. }))
+        ));
+        assert!(!conn.is_closed(), "an answered close keeps the connection");
+        assert!(closes_settled(topic, Duration::ZERO).await);
+    }
+
+    /// A close the broker does not answer: the connection is dropped once
+    /// the operation timeout has passed, not before, and not never; what
+    /// was in flight fails as lost, and the fence lifts.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_close_drops_the_connection_after_the_timeout() {
+        let topic = "persistent://public/default/close-unanswered";
+        let timeout = Duration::from_secs(3);
+        let (conn, mut broker) = connected(timeout).await;
+        let id = producer_on(&conn, &mut broker, topic).await;
+        let (w1, mut r1) = oneshot::channel();
+        conn.send(id, entry(1, 1), vec![w1]).await.unwrap();
+        assert!(broker.next().await.send.is_some());
+        let started = tokio::time::Instant::now();
+        let done = conn.close_producer(id, "test");
+        assert!(broker.next().await.close_producer.is_some());
+        done.cancelled().await;
+        assert!(started.elapsed() >= timeout);
+        assert!(conn.is_closed());
+        assert!(matches!(r1.try_recv(), Ok(Err(Failure::Lost(_)))));
+        assert!(closes_settled(topic, Duration::ZERO).await);
+    }
+
+    /// The end of a term ([`Conn::shut`]): every producer is closed at the
+    /// broker and heard out, and only then does the connection go.
+    #[tokio::test]
+    async fn shutting_a_connection_closes_its_producers_first() {
+        let topic = "persistent://public/default/shut-closes-first";
+        let (conn, mut broker) = connected(Duration::from_secs(30)).await;
+        let id = producer_on(&conn, &mut broker, topic).await;
+        let (w1, mut r1) = oneshot::channel();
+        conn.send(id, entry(1, 3), vec![w1]).await.unwrap();
+        assert!(broker.next().await.send.is_some());
+        conn.shut("the term ended".into());
+        let close = broker.next().await.close_producer.expect("CLOSE_PRODUCER");
+        assert!(!conn.is_closed(), "the connection waits for the close");
+        broker.receipt(id, 1, 3).await;
+        broker.success(close.request_id).await;
+        tokio::time::timeout(Duration::from_secs(10), conn.closed.cancelled())
+            .await
+            .expect("the connection goes after the close");
+        assert!(matches!(r1.try_recv(), Ok(Ok(()))));
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub struct Producers {
 }
 
 impl Drop for Producers {
+    /// The term's end: each connection closes its producers at the broker,
+    /// hearing out their entries, and then itself ([`Conn::shut`]), in the
+    /// background; the next term's producer on a topic waits for it
+    /// ([`conn::closes_settled`]).
     fn drop(&mut self) {
         for conn in self
             .conns
@@ -60,7 +64,7 @@ impl Drop for Producers {
             .into_iter()
             .flatten()
         {
-            conn.abandon("the term ended".into());
+            conn.shut("the term ended".into());
         }
     }
 }
@@ -104,6 +108,18 @@ impl Producers {
         name: &str,
         max_bytes: usize,
     ) -> Result<Producer, SendError> {
+        // This process's previous producer on the topic may still be
+        // closing, with entries the broker has not persisted yet: exclusive
+        // access taken now would let this producer read a tail that those
+        // entries then land behind, and send them again. Each close settles
+        // within the operation timeout (answered, or its connection
+        // dropped), so the bound here only guards against a close that
+        // never ran its course.
+        if !conn::closes_settled(topic, self.base.timeout * 2).await {
+            return Err(SendError::Lost(format!(
+                "an earlier producer on {topic} is still being closed"
+            )));
+        }
         let conn = self.conn(url, proxy_to).await?;
         let id = conn.producer(topic, name).await?;
         let one_by_one = lock(&self.one_by_one).contains(topic);
@@ -129,7 +145,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// An exclusive producer on one topic. Dropping it closes it at the
-/// broker, releasing the topic.
+/// broker, releasing the topic once the broker has answered every entry in
+/// flight ([`Conn::close_producer`]).
 pub struct Producer {
     conn: Conn,
     id: u64,
@@ -148,7 +165,7 @@ pub struct Producer {
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        self.conn.close_producer(self.id);
+        self.conn.close_producer(self.id, "let go by the publisher");
     }
 }
 
@@ -174,6 +191,7 @@ impl Producer {
         self.waiters.push(tx);
         let deadline = Instant::now() + self.wait;
         let conn = self.conn.clone();
+        let id = self.id;
         let wait = self.wait;
         let topics = self.one_by_one_topics.clone();
         let topic = self.topic.clone();
@@ -181,9 +199,18 @@ impl Producer {
             let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
                 Ok(answer) => answer.ok(),
                 Err(_) => {
-                    // Ending the connection settles every entry on it, this
-                    // one too: as refused, if a later one overtook it.
-                    conn.abandon(format!("no receipt within {wait:?}"));
+                    // Closing the producer at the broker settles every
+                    // entry on it, this one too: the broker answers each
+                    // before it answers the close, so this learns whether
+                    // the entry landed or was refused. Only a close not
+                    // answered in time drops the connection, and then the
+                    // entry fails as lost (or as refused, if a later one
+                    // overtook it). Dropping the connection at once, as
+                    // before, freed the topic with the entry possibly
+                    // still on its way to the log.
+                    conn.close_producer(id, &format!("no receipt within {wait:?}"))
+                        .cancelled()
+                        .await;
                     rx.try_recv().ok()
                 }
             };
@@ -219,5 +246,84 @@ impl Producer {
         };
         let waiters = std::mem::take(&mut self.waiters);
         self.conn.send(self.id, entry, waiters).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conn::fake;
+
+    fn message(seq: u64) -> Outgoing {
+        Outgoing {
+            seq,
+            key: format!("{seq:064x}"),
+            ..Default::default()
+        }
+    }
+
+    /// A receipt that does not come within the operation timeout: the
+    /// producer is closed at the broker (not the connection dropped), the
+    /// broker's receipt written before its answer to the close settles the
+    /// message as landed (not lost), and this process's next producer on
+    /// the topic is not requested before that answer. Before, the timeout
+    /// dropped the connection, which frees the topic at the broker while
+    /// the entry may still be on its way to the log, and the message
+    /// counted as lost.
+    #[tokio::test]
+    async fn a_late_receipt_is_heard_through_the_close_and_the_next_producer_waits_for_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("pulsar://{}", listener.local_addr().unwrap());
+        let topic = "persistent://public/default/late-receipt";
+        let producers = Producers::new(Target {
+            url: String::new(),
+            proxy_to: None,
+            tls: None,
+            auth: None,
+            timeout: Duration::from_millis(300),
+        });
+        let (first, mut broker) = tokio::join!(
+            producers.exclusive(&url, None, topic, "p1", 1 << 20),
+            async {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let mut b = fake::Broker::accept(tcp).await;
+                b.grant_producer().await;
+                b
+            }
+        );
+        let mut first = first.expect("granted");
+        let id = first.id;
+        let receipt = first.push(message(1)).await.unwrap();
+        first.flush().await.unwrap();
+        assert_eq!(broker.next().await.send.unwrap().sequence_id, 1);
+        let (closing, closed) = oneshot::channel();
+        let (outcome, second, ()) = tokio::join!(
+            receipt,
+            async {
+                closed.await.unwrap();
+                producers.exclusive(&url, None, topic, "p2", 1 << 20).await
+            },
+            async {
+                let close = broker
+                    .next()
+                    .await
+                    .close_producer
+                    .expect("the producer closed, not the connection dropped");
+                assert_eq!(close.producer_id, id);
+                closing.send(()).unwrap();
+                assert!(
+                    broker
+                        .next_within(Duration::from_millis(150))
+                        .await
+                        .is_none(),
+                    "the next producer waits for the close's answer"
+                );
+                broker.receipt(id, 1, 1).await;
+                broker.success(close.request_id).await;
+                broker.grant_producer().await;
+            }
+        );
+        assert!(outcome.is_ok(), "landed, as the broker said: {outcome:?}");
+        assert!(second.is_ok());
     }
 }
