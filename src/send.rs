@@ -29,4 +29,11 @@ pub enum SendError {
     /// flight may or may not be in the topic. Retried with backoff.
     #[error("lost the broker: {0}")]
     Lost(String),
+    /// Exclusive access was taken, but writes an earlier producer handed
+    /// the broker may still land in the topic (its connection dropped while
+    /// the storage held them), or whether any do could not be learned: the
+    /// topic's end is not final, so it is not read yet. The producer is let
+    /// go and the acquisition retried with backoff.
+    #[error("writes of an earlier producer may still land: {0}")]
+    WritesPending(String),
 }

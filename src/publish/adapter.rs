@@ -41,7 +41,20 @@ impl Broker for PulsarBroker {
         let admin = self.admin().await;
         let limit = match &admin {
             Some(admin) => self.check_broker(admin).await,
-            None => None,
+            None if self.config.admin_url.is_some() => {
+                // Configured, so the fence before the tail read is expected
+                // (`PulsarSession::settled`); a term without it could resume
+                // under a predecessor's writes. The term is tried again.
+                return Err(SendError::Lost(
+                    "the admin API (pulsar.admin_url) could not be set up; it is needed to wait out a predecessor's writes".into(),
+                ));
+            }
+            None => {
+                tracing::warn!(
+                    "pulsar.admin_url is not set: a new leader cannot wait for writes a predecessor left pending at the broker before it reads the topic's end, and may publish those messages again (see docs/exactly-once.md, \"Writes in flight when a connection drops\")"
+                );
+                None
+            }
         };
         let wait = Duration::from_millis(self.config.operation_timeout_ms);
         let unusable = |e: Error| SendError::Lost(e.to_string());
@@ -155,6 +168,70 @@ pub struct PulsarSession {
     max_message_bytes: usize,
 }
 
+impl PulsarSession {
+    /// Waits, holding `topic`'s exclusive producer, until the broker holds
+    /// no write of the topic it has taken and not yet persisted, at most
+    /// one operation timeout; fails with [`SendError::WritesPending`] after
+    /// that, or when the admin API cannot tell.
+    ///
+    /// Why: a producer whose connection dropped (a leader killed, cut off,
+    /// or paused until the broker gave up on it) is closed by the broker at
+    /// once, and exclusive access goes to the next producer, while that
+    /// producer's writes can still sit in the managed ledger, waiting for
+    /// slow bookies. The broker's last message id is the last one the
+    /// bookies confirmed, so a tail read then resumes before those writes,
+    /// and they land after all, beside the same messages sent again. Only
+    /// once nothing is pending is the topic's end final: no other producer
+    /// can add to it while this one holds exclusive access.
+    ///
+    /// Without `pulsar.admin_url` this cannot be checked; such acquisitions
+    /// are counted in `firstseen_publish_unfenced_total` (and `connect`
+    /// warned once for the term).
+    async fn settled(&self, topic: &str) -> Result<(), SendError> {
+        let Some(admin) = &self.admin else {
+            metrics::counter!("firstseen_publish_unfenced_total").increment(1);
+            return Ok(());
+        };
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.wait;
+        let mut pause = Duration::from_millis(20);
+        let mut waited = false;
+        loop {
+            let why = match tokio::time::timeout_at(deadline, admin.pending_adds(topic)).await {
+                Ok(Ok(Some(0))) => {
+                    if waited {
+                        tracing::info!(
+                            topic,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "writes an earlier producer left pending have settled; reading the topic's end"
+                        );
+                    }
+                    return Ok(());
+                }
+                Ok(Ok(Some(n))) => format!("{n} writes still pending at the broker"),
+                Ok(Ok(None)) => {
+                    "the broker's internal stats have no pendingAddEntriesCount".to_string()
+                }
+                Ok(Err(e)) => format!("could not read the topic's internal stats: {e}"),
+                Err(_) => "the topic's internal stats did not come in time".to_string(),
+            };
+            if !waited {
+                tracing::info!(topic, why = %why, "waiting for writes an earlier producer left pending before reading the topic's end");
+                waited = true;
+            }
+            if tokio::time::Instant::now() + pause >= deadline {
+                metrics::counter!("firstseen_publish_writes_pending_total").increment(1);
+                return Err(SendError::WritesPending(format!(
+                    "{topic}: {why} after {} ms",
+                    started.elapsed().as_millis()
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
 impl Session for PulsarSession {
     type Producer = Producer;
 
@@ -170,10 +247,17 @@ impl Session for PulsarSession {
             .await
             .map_or(self.max_message_bytes, |l| l.min(self.max_message_bytes));
         let proxy_to = at.proxy.then_some(at.broker_url);
-        self.producers
+        let producer = self
+            .producers
             .exclusive(at.url.as_str(), proxy_to, topic, name, limit)
-            .await
+            .await?;
+        // Exclusive access is no fence on its own: the broker hands it over
+        // as soon as the holder's connection drops, with that holder's
+        // writes still pending. On an error the producer is dropped here.
+        self.settled(topic).await?;
+        Ok(producer)
     }
+
 
     async fn message_limit(&self, topic: &str) -> Option<usize> {
         let own = match &self.admin {

@@ -149,6 +149,37 @@ impl Admin {
         Ok(body.trim().parse().ok().filter(|l: &usize| *l > 0))
     }
 
+    /// How many writes the broker has taken for `topic` and not yet
+    /// persisted: the managed ledger's `pendingAddEntriesCount`, from the
+    /// topic's internal stats (asked of the broker that owns the topic; the
+    /// admin API redirects there). `None` when the broker does not say.
+    ///
+    /// A write counts here from the moment the managed ledger queues it
+    /// until the bookies confirm it (or the ledger gives up on it), across
+    /// ledger roll-overs: one re-sent to a new ledger after a bookie failure
+    /// still counts. It does not yet count while the broker has handed it
+    /// to the managed ledger's executor and that has not run; see
+    /// docs/exactly-once.md.
+    pub async fn pending_adds(&self, topic: &str) -> Result<Option<u64>, Error> {
+        #[derive(serde::Deserialize)]
+        struct InternalStats {
+            #[serde(rename = "pendingAddEntriesCount")]
+            pending: Option<u64>,
+        }
+        let path = Self::topic_path(topic)?;
+        let stats: InternalStats = self
+            .get(&format!("{path}/internalStats"))
+            .send()
+            .await
+            .map_err(Error::Admin)?
+            .error_for_status()
+            .map_err(Error::Admin)?
+            .json()
+            .await
+            .map_err(Error::Admin)?;
+        Ok(stats.pending)
+    }
+
     /// Whether deduplication applies to `topic`.
     pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
         let path = Self::topic_path(topic)?;

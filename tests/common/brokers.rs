@@ -144,6 +144,60 @@ impl OwnPulsar {
         Self::start_env(&[("PULSAR_SECURE", "1")])
     }
 
+    /// A broker whose bookie keeps its journal and ledgers in `bookie_dir`
+    /// (`PULSAR_BOOKKEEPER_DIR`): on a [`super::crashfs::CrashFs`] mount, a
+    /// freeze there stalls the bookie while the broker takes writes.
+    pub fn start_with_bookie_dir(bookie_dir: &Path) -> Self {
+        let dir = bookie_dir.to_str().expect("a UTF-8 path");
+        Self::start_env(&[("PULSAR_BOOKKEEPER_DIR", dir)])
+    }
+
+    /// The managed ledger's writes taken and not yet persisted for `topic`
+    /// (`pendingAddEntriesCount` in the topic's internal stats), or `None`
+    /// while the admin API does not answer with it.
+    pub fn pending_adds(&self, topic: &str) -> Option<u64> {
+        let path = topic.strip_prefix("persistent://")?;
+        let out = Command::new("curl")
+            .args(["-sSf", "-m", "5"])
+            .arg(format!(
+                "{}/admin/v2/persistent/{path}/internalStats",
+                self.pulsar.admin_url
+            ))
+            .output()
+            .ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["pendingAddEntriesCount"].as_u64()
+    }
+
+    /// The names of the producers `topic` has now (its stats' `publishers`),
+    /// or `None` while the admin API does not answer.
+    pub fn producers(&self, topic: &str) -> Option<Vec<String>> {
+        let path = topic.strip_prefix("persistent://")?;
+        let out = Command::new("curl")
+            .args(["-sSf", "-m", "5"])
+            .arg(format!(
+                "{}/admin/v2/persistent/{path}/stats",
+                self.pulsar.admin_url
+            ))
+            .output()
+            .ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(
+            v["publishers"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| p["producerName"].as_str().map(str::to_string))
+                .collect(),
+        )
+    }
+
+    /// The last `lines` lines of the broker's log, for a failure's report.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("pulsar.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     fn start_env(env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new().unwrap();
         Self::run_script("start", dir.path(), env);

@@ -110,6 +110,33 @@ impl CrashFs {
         };
     }
 
+    /// The storage stalls: every write and sync from now on blocks its
+    /// caller, unanswered, until [`CrashFs::thaw`]. Nothing is lost.
+    pub fn freeze(&self) {
+        self.command("freeze");
+    }
+
+    /// Carries out the writes and syncs the freeze held, in the order they
+    /// came, and lets later ones through; returns how many were held.
+    pub fn thaw(&self) -> u64 {
+        let reply = self.command("thaw");
+        reply
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("held="))
+            .and_then(|v| v.parse().ok())
+            .expect("crashfs thaw has held=")
+    }
+
+    /// Writes and syncs held by a freeze right now.
+    pub fn held(&self) -> u64 {
+        let reply = self.command("status");
+        reply
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("held="))
+            .and_then(|v| v.parse().ok())
+            .expect("crashfs status has held=")
+    }
+
     /// Bytes of file data held now.
     pub fn used(&self) -> u64 {
         let reply = self.command("status");
