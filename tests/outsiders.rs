@@ -258,3 +258,155 @@ fn a_last_ledger_without_the_cluster_s_messages_ends_in_the_watermark() {
     let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
     assert_exactly_once(&read, &hfp_pairs(None));
 }
+
+/// Writes messages `seqs` to `topic` as someone holding `leaked`, a secret
+/// the cluster had before a rotation, would: each with firstseen's
+/// properties and a proof under that secret (v2 and v1 in turn), keyed
+/// `…f0f0…` so that a read-back can leave them out.
+fn forge_with_old_secret(
+    pulsar: &Pulsar,
+    topic: &str,
+    leaked: &firstseen::cluster::wire::ClusterKey,
+    seqs: std::ops::RangeInclusive<u64>,
+) {
+    use firstseen::publish::{proof, props};
+    let keys = proof::ProofKeys::new(leaked, &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = firstseen::config::PulsarConfig::new(pulsar.url.clone());
+        let client = firstseen::publish::connect(&config).await.unwrap();
+        let mut producer = client
+            .producer()
+            .with_topic(topic)
+            .with_name(format!("firstseen-c{}-1-t9-forged", leaked.cluster_id()))
+            .build()
+            .await
+            .unwrap();
+        for seq in seqs {
+            let key = format!("0000000000f0f0{seq:050x}");
+            let key_bytes = proof::key_of(&key).unwrap();
+            let seq_text = seq.to_string();
+            let claim = proof::Claim {
+                topic,
+                seq,
+                key: &key_bytes,
+                marker: false,
+                body: b"x",
+            };
+            let proof = if seq % 2 == 0 {
+                keys.sign(&claim)
+            } else {
+                keys.prove(&proof::Message {
+                    claim,
+                    properties: &[(props::SEQ, &seq_text), (props::KEY, &key)],
+                })
+            };
+            producer
+                .create_message()
+                .with_content(b"x".to_vec())
+                .with_key(key.clone())
+                .with_property(props::SEQ, seq_text)
+                .with_property(props::KEY, key)
+                .with_property(props::PROOF, proof)
+                .send_non_blocking()
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        let _ = producer.close().await;
+    });
+}
+
+/// Issue 48, item 4: a secret in `cluster.previous_secret_files` proved at
+/// any sequence. The cluster rotates its secret and publishes on under the
+/// new one; then, with the node stopped and the rest of the capture
+/// waiting upstream, someone holding the leaked OLD secret writes 300
+/// messages proven under it, numbered past everything the cluster wrote.
+/// On restart the group assigns those sequences to the real messages. The
+/// old proofs held, so the forged messages were the tail: the publisher
+/// resumed after them and the watermark trimmed the real ones unpublished.
+/// Now the old secret proves only up to its cut-off (the last sequence
+/// assigned before the rotation, recorded when the node first led under
+/// the new secret): every real message is published once, and `verify`
+/// with the node's record counts the 300 as forged.
+#[test]
+fn a_leaked_old_secret_cannot_forge_a_tail_past_its_cut_off() {
+    let Some(pulsar) = shared_pulsar("a_leaked_old_secret_cannot_forge_a_tail_past_its_cut_off")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("old-secret");
+    let secrets = tempfile::TempDir::new().unwrap();
+    let old = secrets.path().join("old.secret");
+    let new = secrets.path().join("new.secret");
+    std::fs::write(&old, "the secret before the rotation, which leaked later").unwrap();
+    std::fs::write(&new, "the secret after the rotation, which did not leak").unwrap();
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.config.cluster.secret_file = Some(old.clone());
+    let mut node = Node::start(spec);
+    node.wait_ready();
+    wait_level(&node, 2);
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    let under_old = hfp_pairs(Some(1000)).len() as u64;
+    node.wait_published(under_old, Duration::from_secs(60));
+
+    // The rotation, for the whole cluster (its one node) at once.
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+    node.spec.config.cluster.secret_file = Some(new.clone());
+    node.spec.config.cluster.previous_secret_files = vec![old.clone()];
+    node.restart();
+    node.wait_ready();
+    let record = node
+        .data_dir()
+        .join(firstseen::publish::proof::RETIRED_FILE);
+    wait_until(
+        Duration::from_secs(30),
+        "the old secret's cut-off recorded",
+        || record.exists(),
+    );
+    let leaked = firstseen::cluster::wire::ClusterKey::from_secret(&std::fs::read(&old).unwrap());
+    let cutoffs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(
+        cutoffs[leaked.cluster_id()][&topic].as_u64(),
+        Some(under_old),
+        "{cutoffs}"
+    );
+    replay(
+        mqtt.port,
+        // `--limit` counts from the capture's start.
+        &["--skip", "1000", "--limit", "2000", "--pace", "max"],
+    );
+    let under_new = hfp_pairs(Some(2000)).len() as u64;
+    node.wait_published(under_new, Duration::from_secs(60));
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+
+    forge_with_old_secret(&pulsar, &topic, &leaked, under_new + 1..=under_new + 300);
+    replay(mqtt.port, &["--skip", "2000", "--pace", "max"]);
+    node.restart();
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    let read = read_back_with(&pulsar, &topic, &["--skip-key-prefix", "0000000000f0f0"]);
+    assert_exactly_once(&read, &hfp_pairs(None));
+
+    // `verify` with both secrets and the node's record: the forged ones
+    // apart, the cluster's whole. Without the record it warns.
+    let out = std::process::Command::new(bin())
+        .args(["verify", "--pulsar-url", &pulsar.url, "--topic", &topic])
+        .arg("--secret-file")
+        .arg(&new)
+        .arg("--secret-file")
+        .arg(&old)
+        .arg("--retired-secrets")
+        .arg(&record)
+        .args(["--expect", &HFP_DISTINCT.to_string()])
+        .output()
+        .expect("run firstseen verify");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("forged          300"), "{report}");
+}

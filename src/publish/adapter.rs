@@ -382,6 +382,112 @@ fn outgoing(
     }
 }
 
+/// The proof `outgoing` writes, checked as the tail read and `verify`
+/// check what they read back.
+#[cfg(test)]
+mod proven {
+    use super::*;
+    use crate::publish::format::Format;
+    use crate::publish::tail::{Origin, Ours};
+    use crate::secret::ClusterKey;
+
+    const TOPIC: &str = "persistent://public/default/t";
+
+    fn ours() -> Ours {
+        Ours::new(
+            &ClusterKey::from_secret(b"the cluster's secret"),
+            &[],
+            false,
+        )
+    }
+
+    /// Message 5 as the publisher writes it: in the transitdata envelope
+    /// (the format's properties), with an MQTT 5 property, late or not.
+    fn written(ours: &Ours, late: bool) -> (pulsar::proto::MessageMetadata, Vec<u8>) {
+        let m = OutboxMessage {
+            key: [7; 32],
+            mqtt_topic: "sensors/1".into(),
+            payload: b"21.5".to_vec(),
+            node: 2,
+            first_seen_ms: 1_700_000_000_000,
+            properties: Some(Box::new(firstseen_store::Properties {
+                user: vec![("unit".into(), "C".into())],
+                ..Default::default()
+            })),
+        };
+        let how = Sending {
+            set_aside: None,
+            late,
+            format: Format::Transitdata,
+        };
+        let out = outgoing(TOPIC, 5, m, how, ours.proofs());
+        let meta = pulsar::proto::MessageMetadata {
+            producer_name: ours.producer_name("p"),
+            properties: out
+                .properties
+                .into_iter()
+                .map(|(key, value)| pulsar::proto::KeyValue { key, value })
+                .collect(),
+            ..Default::default()
+        };
+        (meta, out.body)
+    }
+
+    fn set(meta: &mut pulsar::proto::MessageMetadata, name: &str, value: &str) {
+        match meta.properties.iter_mut().find(|kv| kv.key == name) {
+            Some(kv) => kv.value = value.into(),
+            None => meta.properties.push(pulsar::proto::KeyValue {
+                key: name.into(),
+                value: value.into(),
+            }),
+        }
+    }
+
+    /// Issue 48: the proof left `firstseen-late`, the MQTT topic, the
+    /// first-seen time and the format out, so a copy of a real message
+    /// with any of them changed was the cluster's. Each changed now makes
+    /// it forged. (With `outgoing` signing v1, as before, every case but
+    /// the first fails this test.)
+    #[test]
+    fn each_property_changed_on_a_real_message_makes_it_forged() {
+        let o = ours();
+        let (meta, body) = written(&o, false);
+        assert_eq!(o.origin(TOPIC, &meta, &body, Some(9)), Origin::Proven(5));
+        let (late, late_body) = written(&o, true);
+        assert_eq!(
+            o.origin(TOPIC, &late, &late_body, Some(9)),
+            Origin::Proven(5)
+        );
+        // The late flag taken off a late message, put on another.
+        let mut unlate = late.clone();
+        unlate.properties.retain(|kv| kv.key != props::LATE);
+        assert_eq!(o.origin(TOPIC, &unlate, &body, Some(9)), Origin::Forged);
+        for (name, value) in [
+            (props::LATE, "true"),
+            (props::MQTT_TOPIC, "sensors/2"),
+            (props::FIRST_SEEN_MS, "1"),
+            (props::NODE, "3"),
+            (crate::publish::format::SCHEMA, "other"),
+            (crate::publish::format::SOURCE_TS, "1"),
+            ("mqtt-user-unit", "F"),
+            (props::SET_ASIDE, "too large"),
+        ] {
+            let mut changed = meta.clone();
+            set(&mut changed, name, value);
+            assert_eq!(
+                o.origin(TOPIC, &changed, &body, Some(9)),
+                Origin::Forged,
+                "{name}"
+            );
+        }
+        // The format's properties taken off (written raw, in name).
+        let mut raw = meta.clone();
+        raw.properties
+            .retain(|kv| kv.key != crate::publish::format::SCHEMA);
+        assert_eq!(o.origin(TOPIC, &raw, &body, Some(9)), Origin::Forged);
+    }
+}
+
 /// Sorts the client's error into what the publisher decides on: by the
 /// broker's refusal code and the client's error variant, never by text.
 fn sort(e: &pulsar::Error) -> SendError {

@@ -404,6 +404,21 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
     /// Publishes for one leadership term. Everything it holds (client,
     /// producers and their pending queues) is dropped when it returns.
     async fn lead(&mut self, term: u64) -> Result<TermEnd, Error> {
+        // A previous secret proves only up to its cut-off, recorded as the
+        // first term after a rotation starts, every entry committed before
+        // it applied, and before any tail is read (`proof::Retired`).
+        let unrecorded = self.ours.proofs().unrecorded();
+        if !unrecorded.is_empty() {
+            if !self.group.read_barrier().await {
+                return Ok(TermEnd::LostLease);
+            }
+            let topics = self.outbox.topics()?;
+            self.ours.proofs().retired().record(
+                &unrecorded,
+                topics.iter().map(|(t, st)| (t.as_str(), st.last_seq)),
+            )?;
+            tracing::info!(secrets = ?unrecorded, topics = topics.len(), "cut-offs of the previous secrets recorded: their proofs hold up to the sequences assigned by now");
+        }
         let session = self.broker.connect().await?;
         let mut topics: BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>> =
             BTreeMap::new();
@@ -635,18 +650,6 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             // what the outbox has assigned is then surely not ours.
             if !self.group.read_barrier().await {
                 return Err(Error::LeaseLost);
-            }
-            // A previous secret proves only up to its cut-off, recorded
-            // here the first time (`proof::Retired`): no tail is read
-            // before it is.
-            let unrecorded = self.ours.proofs().unrecorded();
-            if !unrecorded.is_empty() {
-                let topics = self.outbox.topics()?;
-                self.ours.proofs().retired().record(
-                    &unrecorded,
-                    topics.iter().map(|(t, st)| (t.as_str(), st.last_seq)),
-                )?;
-                tracing::info!(secrets = ?unrecorded, topics = topics.len(), "cut-offs of the previous secrets recorded: their proofs hold up to the sequences assigned by now");
             }
             let assigned = self.outbox.topic(&tp.topic)?;
             // Only now, holding exclusive access, is the tail stable.

@@ -197,18 +197,20 @@ pub type Cutoffs = BTreeMap<String, u64>;
 /// each other with the current secret only, so a node on the old one
 /// cannot work with nodes on the new one). Its cut-off on a topic is the
 /// last sequence assigned there before the first entry committed under
-/// the new secret. A node records it at its first read barrier as leader
-/// with the secret listed in `cluster.previous_secret_files` and no record
-/// of it (every entry committed before then applied), for every topic the
-/// state knows; a topic it does not know gets 0. The publisher reads no
-/// tail while a record is missing.
+/// the new secret. A node records it as it starts to lead with the secret
+/// listed in `cluster.previous_secret_files` and no record of it, after a
+/// read barrier (every entry committed before then applied), for every
+/// topic the state knows; a topic it does not know gets 0. The publisher
+/// reads no tail, and takes no producer, before the record is on disk.
 ///
-/// Kept per node, not replicated: a node that first leads long after the
-/// rotation records what was assigned by then, which is more than the
-/// cut-off (sequences the cluster wrote under the new secret in between
-/// could be forged with the old one, on that node's tail read); a node
-/// whose record is lost records again, later. `verify` reads the record of
-/// the node whose config it is given.
+/// Kept per node, not replicated, which leaves a window: the record holds
+/// what was assigned when this node first led after the rotation, which
+/// may be more than the cut-off (entries the cluster committed under the
+/// new secret before then: those of an earlier leader, or of this one's
+/// first moments). Someone holding the old secret could forge those
+/// sequences, and this node's tail read would count them. A node whose
+/// record is lost records again, later. `verify` reads the record of the
+/// node whose config it is given.
 #[derive(Clone, Debug, Default)]
 pub struct Retired {
     inner: Arc<Mutex<RetiredInner>>,
@@ -483,7 +485,13 @@ mod tests {
             properties: WRITTEN,
         });
         let holds = |properties: &[(&str, &str)]| {
-            keys.verifies(&Message { claim: c, properties }, &proof)
+            keys.verifies(
+                &Message {
+                    claim: c,
+                    properties,
+                },
+                &proof,
+            )
         };
         assert!(holds(WRITTEN));
         // In another order, and with the proof itself among them: the same.

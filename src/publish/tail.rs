@@ -227,6 +227,104 @@ impl Ours {
     }
 }
 
+/// Which messages are ours after a rotation, and after v2 proofs.
+#[cfg(test)]
+mod ours_after_a_rotation {
+    use super::*;
+    use crate::secret::ClusterKey;
+    use pulsar::proto::{KeyValue, MessageMetadata};
+
+    const TOPIC: &str = "persistent://public/default/t";
+
+    /// Message `seq` with a proof `prove` makes of it.
+    fn message(seq: u64, prove: impl Fn(&Message<'_>) -> String) -> MessageMetadata {
+        let key = [4u8; 32];
+        let mut properties = vec![
+            (props::SEQ.to_string(), seq.to_string()),
+            (props::KEY.to_string(), hex::encode(key)),
+        ];
+        let view: Vec<(&str, &str)> = properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let proof = prove(&Message {
+            claim: Claim {
+                topic: TOPIC,
+                seq,
+                key: &key,
+                marker: false,
+                body: b"b",
+            },
+            properties: &view,
+        });
+        properties.push((props::PROOF.to_string(), proof));
+        MessageMetadata {
+            producer_name: "anyone".into(),
+            properties: properties
+                .into_iter()
+                .map(|(key, value)| KeyValue { key, value })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Issue 48: someone with a leaked old secret writes proven messages
+    /// numbered past what the cluster wrote under it (but within what it
+    /// has assigned since). Without a cut-off they were the tail, and a
+    /// new leader skipped everything up to them. Above the cut-off they
+    /// are forged; at or below it, the cluster's. (Without the cut-off
+    /// check in `ProofKeys::check`, this test fails.)
+    #[test]
+    fn a_leaked_old_secret_proves_nothing_past_its_cut_off() {
+        let old = ClusterKey::from_secret(b"old secret");
+        let new = ClusterKey::from_secret(b"new secret");
+        let ours = Ours::new(&new, std::slice::from_ref(&old), false);
+        // The record the publisher makes at its first read barrier.
+        ours.proofs()
+            .retired()
+            .record(&ours.proofs().unrecorded(), [("t", 6)])
+            .unwrap();
+        let leaked = Ours::new(&old, &[], false);
+        let under_old = |seq| message(seq, |m| leaked.proofs().prove(m));
+        let v1_under_old = |seq| message(seq, |m| leaked.proofs().sign(&m.claim));
+        let assigned = Some(20);
+        assert_eq!(
+            ours.origin(TOPIC, &under_old(6), b"b", assigned),
+            Origin::Proven(6)
+        );
+        assert_eq!(
+            ours.origin(TOPIC, &v1_under_old(6), b"b", assigned),
+            Origin::Proven(6)
+        );
+        for forged in [under_old(7), v1_under_old(7), under_old(20)] {
+            assert_eq!(ours.origin(TOPIC, &forged, b"b", assigned), Origin::Forged);
+        }
+        // The tail of a topic that ends in the forged ones: the real 6.
+        let mut tail = Tail::default();
+        let real_new = message(9, |m| ours.proofs().prove(m));
+        for m in [under_old(6), under_old(15), v1_under_old(19)] {
+            tail.classify(&ours, TOPIC, &m, b"b", 20, true);
+        }
+        assert_eq!((tail.seq, tail.forged), (Some(6), 2));
+        tail.classify(&ours, TOPIC, &real_new, b"b", 20, true);
+        assert_eq!(tail.seq, Some(9));
+    }
+
+    /// Messages written by builds before v2 (a v1 proof) count as ours at
+    /// level 2, beside v2 ones: the change loses or doubles nothing.
+    #[test]
+    fn v1_and_v2_messages_are_both_ours() {
+        let ours = Ours::new(&ClusterKey::from_secret(b"s"), &[], false);
+        let v1 = message(3, |m| ours.proofs().sign(&m.claim));
+        let v2 = message(4, |m| ours.proofs().prove(m));
+        let mut tail = Tail::default();
+        tail.classify(&ours, TOPIC, &v1, b"b", 4, true);
+        assert_eq!((tail.seq, tail.foreign), (Some(3), 0));
+        tail.classify(&ours, TOPIC, &v2, b"b", 4, true);
+        assert_eq!((tail.seq, tail.foreign), (Some(4), 0));
+    }
+}
+
 /// How far back the tail read goes before it gives up and resumes from the
 /// watermark: entries of the last ledger, at first, then sixteen times as
 /// many each time it finds nothing of the cluster's, up to [`MAX_SCAN`]
