@@ -230,11 +230,16 @@ pub const RETIRED_FILE: &str = "retired-secrets.json";
 impl Retired {
     /// The record kept in `file`, empty when there is none yet.
     pub fn load(file: &Path) -> std::io::Result<Self> {
+        // The file named in the error: a node that cannot read it does not
+        // start (it would record cut-offs again, higher).
+        let named = |kind, e: &dyn std::fmt::Display| {
+            std::io::Error::new(kind, format!("{}: {e}", file.display()))
+        };
         let cutoffs = match std::fs::read(file) {
             Ok(raw) => serde_json::from_slice(&raw)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?,
+                .map_err(|e| named(std::io::ErrorKind::InvalidData, &e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(e),
+            Err(e) => return Err(named(e.kind(), &e)),
         };
         Ok(Self {
             inner: Arc::new(Mutex::new(RetiredInner {
@@ -630,7 +635,8 @@ mod tests {
         assert_eq!(again.of("a"), Some([(t.clone(), 4)].into()));
         assert_eq!(again.of("b"), Some([(t, 40)].into()));
         std::fs::write(&file, "not json").unwrap();
-        assert!(Retired::load(&file).is_err());
+        let e = Retired::load(&file).unwrap_err();
+        assert!(e.to_string().contains(RETIRED_FILE), "{e}");
     }
 
     #[test]
