@@ -68,6 +68,9 @@ fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
     if !config.tls_hostname_verification {
         b = b.danger_accept_invalid_hostnames(true);
     }
+    // Redirects are followed by `Admin::get`, with the credentials: the
+    // client's own policy drops them when the host changes.
+    b = b.redirect(reqwest::redirect::Policy::none());
     b.build().map_err(Error::Admin)
 }
 
@@ -94,12 +97,38 @@ impl Admin {
         })
     }
 
-    /// A GET of `path` on the admin API, with the credentials.
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        let request = self.client.get(format!("{}{path}", self.url));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
+    /// A GET of `path` on the admin API, with the credentials, following
+    /// redirects. A broker answers a topic's request it does not own with a
+    /// redirect to the owner (a cluster of several brokers); reqwest's own
+    /// redirect policy drops the `Authorization` header on a change of host,
+    /// and the owner then refused the request, so they are followed here,
+    /// the credentials sent again. Only to http(s) URLs, at most a few
+    /// times; past that the redirect is the answer, which the caller fails
+    /// to read.
+    async fn get(&self, path: &str) -> Result<reqwest::Response, Error> {
+        let mut url = format!("{}{path}", self.url);
+        let mut hops = 0;
+        loop {
+            let request = self.client.get(&url);
+            let request = match &self.token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            };
+            let response = request.send().await.map_err(Error::Admin)?;
+            if !response.status().is_redirection() || hops == 4 {
+                return Ok(response);
+            }
+            let next = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| response.url().join(l).ok())
+                .filter(|u| matches!(u.scheme(), "http" | "https"));
+            match next {
+                Some(next) => url = next.to_string(),
+                None => return Ok(response),
+            }
+            hops += 1;
         }
     }
 
@@ -115,9 +144,7 @@ impl Admin {
     pub async fn max_message_size(&self) -> Result<Option<usize>, Error> {
         let config: std::collections::HashMap<String, String> = self
             .get("/admin/v2/brokers/configuration/runtime")
-            .send()
-            .await
-            .map_err(Error::Admin)?
+            .await?
             .error_for_status()
             .map_err(Error::Admin)?
             .json()
@@ -131,11 +158,7 @@ impl Admin {
     /// The topic's own `maxMessageSize` policy, if it sets one.
     pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, Error> {
         let path = Self::topic_path(topic)?;
-        let response = self
-            .get(&format!("{path}/maxMessageSize"))
-            .send()
-            .await
-            .map_err(Error::Admin)?;
+        let response = self.get(&format!("{path}/maxMessageSize")).await?;
         // A topic the broker does not know yet has no policy of its own.
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
@@ -169,9 +192,7 @@ impl Admin {
         let path = Self::topic_path(topic)?;
         let stats: InternalStats = self
             .get(&format!("{path}/internalStats"))
-            .send()
-            .await
-            .map_err(Error::Admin)?
+            .await?
             .error_for_status()
             .map_err(Error::Admin)?
             .json()
@@ -185,14 +206,80 @@ impl Admin {
         let path = Self::topic_path(topic)?;
         let body = self
             .get(&format!("{path}/deduplicationEnabled?applied=true"))
-            .send()
-            .await
-            .map_err(Error::Admin)?
+            .await?
             .error_for_status()
             .map_err(Error::Admin)?
             .text()
             .await
             .map_err(Error::Admin)?;
         Ok(body.trim() == "true")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Answers one HTTP request on `listener` with what `answer` makes of
+    /// the request's head.
+    async fn serve_once(listener: TcpListener, answer: impl Fn(&str) -> String) {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let reply = answer(&String::from_utf8_lossy(&head));
+        s.write_all(reply.as_bytes()).await.unwrap();
+        s.shutdown().await.unwrap();
+    }
+
+    /// A broker that does not own the topic redirects to the one that
+    /// does, on another port (a cluster of brokers): the credentials go
+    /// along, which reqwest's own redirects drop on a change of host (the
+    /// owner then refused the stats read that the fence needs).
+    #[tokio::test]
+    async fn a_redirect_to_the_topics_owner_keeps_the_credentials() {
+        let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let first_url = format!("http://{}", first.local_addr().unwrap());
+        let owner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner_port = owner.local_addr().unwrap().port();
+        let redirect = tokio::spawn(serve_once(first, move |head| {
+            let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+            format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://localhost:{owner_port}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        }));
+        let answered = tokio::spawn(serve_once(owner, |head| {
+            let (status, body) = if head
+                .to_ascii_lowercase()
+                .contains("authorization: bearer secret-token")
+            {
+                ("200 OK", r#"{"pendingAddEntriesCount":3}"#)
+            } else {
+                ("401 Unauthorized", "{}")
+            };
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        }));
+        let config = PulsarConfig::new(first_url.replace("http", "pulsar"));
+        let admin = Admin {
+            url: first_url,
+            client: admin_client(&config).unwrap(),
+            token: Some("secret-token".into()),
+        };
+        let pending = admin
+            .pending_adds("persistent://t/n/x")
+            .await
+            .expect("the owner answers");
+        assert_eq!(pending, Some(3));
+        redirect.await.unwrap();
+        answered.await.unwrap();
     }
 }
