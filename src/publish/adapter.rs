@@ -300,6 +300,22 @@ impl Session for PulsarSession {
         tail::last_seq(&self.client, &self.ours, q).await
     }
 
+    async fn read_tail(
+        &self,
+        topic: &str,
+        assigned: u64,
+        watermark: u64,
+        strict: bool,
+    ) -> Result<tail::Tail, Error> {
+        let q = tail::TailQuery {
+            topic,
+            assigned,
+            strict,
+            budget: self.wait.saturating_mul(3),
+        };
+        tail::landed(&self.client, &self.ours, q, watermark).await
+    }
+
     async fn send(
         &self,
         producer: &mut Self::Producer,

@@ -654,8 +654,9 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let assigned = self.outbox.topic(&tp.topic)?;
             // Only now, holding exclusive access, is the tail stable.
             let strict = self.outbox.level() >= firstseen_store::level::KINDS;
+            let watermark = assigned.published_seq;
             let tail = session
-                .last_seq(&tp.topic, assigned.last_seq, strict)
+                .read_tail(&tp.topic, assigned.last_seq, watermark, strict)
                 .await?;
             if tail.foreign > 0 {
                 metrics::counter!("firstseen_foreign_messages_total").increment(tail.foreign);
@@ -663,10 +664,21 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             }
             if tail.cut_short {
                 metrics::counter!("firstseen_tail_cut_short_total").increment(1);
-                tracing::warn!(topic = %tp.topic, watermark = assigned.published_seq, "the end of the topic holds none of this cluster's messages within the tail read's bounds: resuming after the committed watermark (messages published since it may go twice; none is skipped)");
+                tracing::warn!(topic = %tp.topic, watermark, "the tail read reached its bounds before it found this cluster's last message, or what lies between the watermark and it: resuming after the committed watermark (messages published since it may go twice; none is skipped)");
             }
             let tail_seq = tail.seq;
-            let watermark = assigned.published_seq;
+            // What the topic lacks between the watermark and the tail is
+            // what must go late, not what this leader remembers: a
+            // predecessor's refusals lived in its memory only (skipped
+            // after a leader change), and a late message whose receipt was
+            // lost went again although it had landed.
+            if let Some(missing) = &tail.missing {
+                let count: u64 = missing.iter().map(|(a, b)| b - a + 1).sum();
+                if count > 0 {
+                    tracing::warn!(topic = %tp.topic, count, ranges = ?missing, "sequences between the watermark and the tail are missing from the topic (refused while later ones landed): they go late");
+                }
+                tp.refusals.found_missing(missing);
+            }
             tp.limit = session.message_limit(&tp.topic).await;
             // Messages the broker refused while later ones were already on
             // their way: they landed and these did not, so the tail has

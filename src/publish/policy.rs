@@ -189,6 +189,17 @@ impl Refusals {
         }
     }
 
+    /// What the topic lacks between the watermark and its tail, as the tail
+    /// read found it (ranges `(first, last)` in order): these go late, and
+    /// nothing else does. It replaces what this leader remembers: a refusal
+    /// a predecessor saw is found there too (held in its memory only, it was
+    /// skipped after a leader change), and a late message whose receipt was
+    /// lost is in the topic, so it does not go twice. The count of
+    /// refusals in a row stays.
+    pub fn found_missing(&mut self, missing: &[(u64, u64)]) {
+        self.held = missing.iter().copied().filter(|(a, b)| a <= b).collect();
+    }
+
     /// Nothing after the held sequences landed: the producer resumes at or
     /// before them, in order, and nothing needs to go late.
     pub fn resumed_before(&mut self) {
@@ -274,6 +285,31 @@ mod tests {
         r.record(Some(40), Judged::Entry(2));
         r.resumed_before();
         assert_eq!(r.held(), None);
+    }
+
+    /// What the tail read found missing replaces what this leader
+    /// remembers: a late message whose receipt was lost (remembered, but in
+    /// the topic) does not go again, and a refusal only a predecessor saw
+    /// goes late. The count towards a marker stays.
+    #[test]
+    fn what_the_topic_lacks_replaces_what_is_remembered() {
+        let mut r = Refusals::default();
+        r.record(Some(7), Judged::Message);
+        // Its late send's receipt was lost: still held in memory.
+        r.record(Some(7), Judged::Not);
+        assert_eq!(r.held(), Some(7));
+        r.record(Some(9), Judged::Message);
+        r.found_missing(&[(3, 4), (9, 9)]);
+        for n in [3, 4, 9] {
+            assert_eq!(r.held(), Some(n));
+            r.landed(n);
+        }
+        assert_eq!(r.held(), None, "7 is in the topic");
+        let mut r = Refusals::default();
+        r.record(Some(9), Judged::Message);
+        r.found_missing(&[(9, 9)]);
+        r.record(Some(9), Judged::Message);
+        assert!(r.set_aside(9).is_some(), "refused twice in a row");
     }
 
     #[test]

@@ -75,6 +75,24 @@ pub trait Session: Send + Sync {
         strict: bool,
     ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send;
 
+    /// The tail, as [`Session::last_seq`], and which sequences between
+    /// `watermark` (the group's committed watermark) and it the topic lacks
+    /// ([`super::tail::Tail::missing`]): those the broker refused while
+    /// later ones landed, which go late, whoever saw the refusal; whatever
+    /// the topic holds does not go again. The default checks nothing below
+    /// the tail (`missing` is `None`), and the publisher goes by the
+    /// refusals it remembers.
+    fn read_tail(
+        &self,
+        topic: &str,
+        assigned: u64,
+        watermark: u64,
+        strict: bool,
+    ) -> impl Future<Output = Result<super::tail::Tail, Error>> + Send {
+        let _ = watermark;
+        self.last_seq(topic, assigned, strict)
+    }
+
     /// The largest message the broker takes on `topic`, when the broker
     /// says (its `maxMessageSize`, or the topic's own policy); the
     /// publisher keeps the smaller of this and `pulsar.max_message_bytes`.

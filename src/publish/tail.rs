@@ -13,8 +13,14 @@
 //! them from the outbox unpublished: 1,000 acked messages lost after one
 //! foreign write, and `u64::MAX` overflowed the resume point. Foreign
 //! messages are counted and skipped; the read goes back from the end until
-//! it finds one of ours, within bounds ([`MAX_SCAN`]), and what it found by
-//! then is a lower bound on what the cluster wrote: never more.
+//! it finds one of ours, within bounds ([`MAX_ENTRIES`]), and what it found
+//! by then is a lower bound on what the cluster wrote: never more.
+//!
+//! Asked with the watermark ([`landed`]), it also says which sequences
+//! between the watermark and the tail the topic lacks ([`Tail::missing`]):
+//! what the broker refused while later entries landed. Those go late;
+//! what the topic holds does not go again, whether or not its receipt came
+//! back, and whichever leader sent it.
 
 use std::time::Duration;
 
@@ -325,22 +331,27 @@ mod ours_after_a_rotation {
     }
 }
 
-/// How far back the tail read goes before it gives up and resumes from the
-/// watermark: entries of the last ledger, at first, then sixteen times as
-/// many each time it finds nothing of the cluster's, up to [`MAX_SCAN`]
-/// messages in all (the whole topic from its start at last, when the last
-/// ledger held none).
+/// How far back the tail read goes at first: the last 64 entries of the
+/// last ledger; then, each time that is not enough, sixteen times as many
+/// before what it read; then the topic from its start up to the last
+/// ledger. Within [`MAX_ENTRIES`] and the read's time in all.
 const LOOKBACK: u64 = 64;
-/// Messages the tail read reads at most. A topic whose last ledger holds
+/// Entries the tail read reads at most. A topic whose last ledger holds
 /// none of the cluster's messages (one foreign write in a fresh ledger, or
 /// a secret rotated without `cluster.previous_secret_files`) was read whole
 /// within one operation timeout, timed out, and was read again for ever:
 /// the outbox filled and acks stopped. Past this the read ends with what
-/// it found.
-pub const MAX_SCAN: u64 = 100_000;
+/// it found. It counts entries, not messages: it counted messages, and one
+/// batched entry of 100,000 tiny messages (a foreign writer's, got in
+/// during an election) used the whole bound up by itself, so the read never
+/// reached the cluster's messages after it and every later producer
+/// resumed after the watermark, sending again what had gone since. An
+/// entry is read whole once begun (its messages were persisted together),
+/// within the read's time.
+pub const MAX_ENTRIES: u64 = 100_000;
 
 /// What the tail read found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Tail {
     /// The highest `firstseen-seq` of ours in what was read: `None` when
     /// what was read holds nothing of ours. A lower bound on what the
@@ -353,11 +364,21 @@ pub struct Tail {
     /// Of those, messages made to look like ours (firstseen's properties
     /// with a proof that does not hold, or a sequence never assigned).
     pub forged: u64,
-    /// The read stopped at its bounds ([`MAX_SCAN`], or the time given)
-    /// before it found a message of ours: the publisher resumes after the
-    /// watermark, which may send a few messages a second time, never skip
-    /// one.
+    /// The read stopped at its bounds ([`MAX_ENTRIES`], or the time given)
+    /// before it found a message of ours, or before it had read back to the
+    /// watermark (see `missing`): `seq` is `None`, and the publisher
+    /// resumes after the watermark, which may send a few messages a second
+    /// time, never skip one.
     pub cut_short: bool,
+    /// The sequences between the committed watermark and `seq` that the
+    /// topic lacks, as ranges `(first, last)` in order. Messages of one
+    /// producer land in the order sent, so these were refused by the broker
+    /// while later ones landed: they must go late. Whatever is in the
+    /// topic, late or not, is not among them, whatever the publisher
+    /// remembers of its receipts. `None`: not checked (read without a
+    /// watermark, or a model of the broker); the publisher then goes by the
+    /// refusals it remembers.
+    pub missing: Option<Vec<(u64, u64)>>,
 }
 
 impl Tail {
@@ -373,22 +394,137 @@ impl Tail {
         assigned: u64,
         strict: bool,
     ) {
+        self.sort(ours, topic, meta, body, assigned, strict);
+    }
+
+    /// As [`Tail::classify`], and returns the sequence of a message of
+    /// ours with whether it is late.
+    fn sort(
+        &mut self,
+        ours: &Ours,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        assigned: u64,
+        strict: bool,
+    ) -> Option<(u64, bool)> {
         // A late message (`firstseen-late`) went after higher sequences
         // that had landed before it: it is ours, but the tail is among
         // those. Counting it made the tail the highest of the late ones
         // when a refused entry's messages all went late at the end of the
         // topic, and the next producer sent the ones after it again.
         let late = props::get(meta, props::LATE).is_some();
-        match ours.origin(topic, meta, body, Some(assigned)) {
-            Origin::Proven(_) | Origin::Named(_) if late => {}
-            Origin::Proven(seq) => self.seq = self.seq.max(Some(seq)),
-            Origin::Named(seq) if !strict => self.seq = self.seq.max(Some(seq)),
+        let seq = match ours.origin(topic, meta, body, Some(assigned)) {
+            Origin::Proven(seq) => seq,
+            Origin::Named(seq) if !strict => seq,
+            Origin::Named(_) if late => return None,
             Origin::Forged => {
                 self.foreign += 1;
                 self.forged += 1;
+                return None;
             }
-            Origin::Named(_) | Origin::Foreign => self.foreign += 1,
+            Origin::Named(_) | Origin::Foreign => {
+                self.foreign += 1;
+                return None;
+            }
+        };
+        if !late {
+            self.seq = self.seq.max(Some(seq));
         }
+        Some((seq, late))
+    }
+}
+
+/// What the tail read gathers to tell which sequences between the
+/// watermark and the tail the topic lacks.
+///
+/// Messages of ours that are not late are in the topic in the order of
+/// their sequences (each producer resumes after the tail, and lands in the
+/// order it sends), and a late message comes after a higher one that
+/// landed before it. So every message of ours numbered above a non-late
+/// one lies after it: once the read has passed a non-late message numbered
+/// at most one past the watermark (or the topic's start), it has seen every
+/// message of ours between the watermark and the tail that the topic holds.
+#[derive(Debug)]
+struct Landed {
+    watermark: u64,
+    /// The lowest non-late sequence of ours read.
+    floor: Option<u64>,
+    /// Sequences above the watermark read, late or not, as runs
+    /// `(first, last)`, in the order read until [`Landed::compact`].
+    runs: Vec<(u64, u64)>,
+    /// How many runs there were after the last compaction.
+    compacted: usize,
+}
+
+impl Landed {
+    fn new(watermark: u64) -> Self {
+        Self {
+            watermark,
+            floor: None,
+            runs: Vec::new(),
+            compacted: 0,
+        }
+    }
+
+    fn add(&mut self, seq: u64, late: bool) {
+        if !late {
+            self.floor = Some(self.floor.map_or(seq, |f| f.min(seq)));
+        }
+        if seq <= self.watermark {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some((first, last)) if *first <= seq && seq <= *last => {}
+            Some((_, last)) if last.checked_add(1) == Some(seq) => *last = seq,
+            _ => self.runs.push((seq, seq)),
+        }
+        // Runs are one per message only where sequences do not follow each
+        // other (late messages, replays); merging them now and then keeps
+        // them to the distinct ones, whatever the topic repeats.
+        if self.runs.len() >= (2 * self.compacted).max(4096) {
+            self.compact();
+        }
+    }
+
+    fn compact(&mut self) {
+        self.runs.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.runs.len());
+        for &(a, b) in &self.runs {
+            match merged.last_mut() {
+                Some((_, last)) if a <= last.saturating_add(1) => *last = (*last).max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        self.runs = merged;
+        self.compacted = self.runs.len();
+    }
+
+    /// Whether what was read holds every message of ours numbered above
+    /// the watermark.
+    fn covered(&self) -> bool {
+        self.floor
+            .is_some_and(|f| f <= self.watermark.saturating_add(1))
+    }
+
+    /// The sequences in (watermark, `tail`] not read, as ranges in order.
+    fn missing(mut self, tail: u64) -> Vec<(u64, u64)> {
+        self.compact();
+        let mut missing = Vec::new();
+        let mut next = self.watermark.saturating_add(1);
+        for (a, b) in self.runs {
+            if a > tail {
+                break;
+            }
+            if a > next {
+                missing.push((next, a - 1));
+            }
+            next = next.max(b.saturating_add(1));
+        }
+        if next <= tail {
+            missing.push((next, tail));
+        }
+        missing
     }
 }
 
@@ -406,12 +542,36 @@ pub struct TailQuery<'a> {
 
 /// The last sequence of ours in the topic (see [`Tail`]). Reads back from
 /// the end, further each time it finds nothing of ours, within
-/// [`MAX_SCAN`] messages and `q.budget` in all; what it found by then is
-/// the answer.
+/// [`MAX_ENTRIES`] entries and `q.budget` in all; what it found by then is
+/// the answer. It does not check what lies below the tail (`missing` is
+/// `None`).
 pub async fn last_seq(
     pulsar: &Pulsar<TokioExecutor>,
     ours: &Ours,
     q: TailQuery<'_>,
+) -> Result<Tail, Error> {
+    read(pulsar, ours, q, None).await
+}
+
+/// The tail, as [`last_seq`], and which sequences between `watermark` (the
+/// group's committed watermark) and it the topic lacks ([`Tail::missing`]):
+/// it reads back until it has passed a message of ours numbered at most one
+/// past the watermark, or the topic's start, within the same bounds. One
+/// that reaches them is cut short ([`Tail::cut_short`]).
+pub async fn landed(
+    pulsar: &Pulsar<TokioExecutor>,
+    ours: &Ours,
+    q: TailQuery<'_>,
+    watermark: u64,
+) -> Result<Tail, Error> {
+    read(pulsar, ours, q, Some(watermark)).await
+}
+
+async fn read(
+    pulsar: &Pulsar<TokioExecutor>,
+    ours: &Ours,
+    q: TailQuery<'_>,
+    watermark: Option<u64>,
 ) -> Result<Tail, Error> {
     let topic = q.topic;
     let deadline = tokio::time::Instant::now() + q.budget;
@@ -428,122 +588,158 @@ pub async fn last_seq(
     .await
     .map_err(|_| timed_out())??;
     if is_empty_marker(&last) {
-        return Ok(Tail::default());
+        return Ok(Tail {
+            missing: watermark.map(|_| Vec::new()),
+            ..Tail::default()
+        });
     }
+    let mut scan = Scan {
+        ours,
+        q: &q,
+        deadline,
+        tail: Tail::default(),
+        landed: watermark.map(Landed::new),
+        entries: 0,
+    };
+    let mut end = End::Through((last.ledger_id, last.entry_id));
     let mut lookback = LOOKBACK;
-    let mut total = Tail::default();
-    let mut scanned = 0u64;
     loop {
-        // Within the last ledger; before its first entry once the lookback
-        // reaches it, and from the topic's start after that.
-        let whole_ledger = last.entry_id < lookback;
+        // Within the last ledger, before what was read already.
+        let first = last.entry_id.saturating_sub(lookback);
         let start = MessageIdData {
-            entry_id: last.entry_id.saturating_sub(lookback),
+            entry_id: first,
             ..last.clone()
         };
-        let (tail, read, done) = read_to(
-            pulsar,
-            ours,
-            &q,
-            Some(just_before(&start)),
-            &last,
-            deadline,
-            MAX_SCAN.saturating_sub(scanned),
-        )
-        .await?;
-        scanned += read;
-        total.foreign = total.foreign.max(tail.foreign);
-        total.forged = total.forged.max(tail.forged);
-        if tail.seq.is_some() {
-            return Ok(Tail {
-                seq: tail.seq,
-                ..total
-            });
+        if !scan.window(pulsar, Some(just_before(&start)), end).await? {
+            return Ok(scan.cut_short());
         }
-        if !done {
-            return Ok(Tail {
-                cut_short: true,
-                ..total
-            });
+        if scan.enough() {
+            return Ok(scan.finish());
         }
-        if whole_ledger {
-            let (tail, _, done) = read_to(
-                pulsar,
-                ours,
-                &q,
-                None,
-                &last,
-                deadline,
-                MAX_SCAN.saturating_sub(scanned),
-            )
-            .await?;
-            return Ok(Tail {
-                seq: tail.seq,
-                foreign: total.foreign.max(tail.foreign),
-                forged: total.forged.max(tail.forged),
-                cut_short: !done && tail.seq.is_none(),
-            });
+        end = End::Before((last.ledger_id, first));
+        if first == 0 {
+            // The last ledger is read whole: the rest of the topic, from
+            // its start.
+            if !scan.window(pulsar, None, end).await? {
+                return Ok(scan.cut_short());
+            }
+            return Ok(scan.finish());
         }
         lookback = lookback.saturating_mul(16);
     }
 }
 
-/// Reads from after `start` (the topic's start when `None`) through the
-/// whole entry `last`, classifying every message, until `deadline` or
-/// `limit` messages. Returns what it found, how many it read, and whether
-/// it reached the end.
-async fn read_to(
-    pulsar: &Pulsar<TokioExecutor>,
-    ours: &Ours,
-    q: &TailQuery<'_>,
-    start: Option<MessageIdData>,
-    last: &MessageIdData,
+/// Where a window of the tail read ends.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// With the whole entry at (ledger, entry).
+    Through((u64, u64)),
+    /// Just before the entry at (ledger, entry), which exists.
+    Before((u64, u64)),
+}
+
+/// One tail read under way.
+struct Scan<'a> {
+    ours: &'a Ours,
+    q: &'a TailQuery<'a>,
     deadline: tokio::time::Instant,
-    limit: u64,
-) -> Result<(Tail, u64, bool), Error> {
-    let Ok(consumer) =
-        tokio::time::timeout_at(deadline, reader(pulsar, q.topic, start, "tail")).await
-    else {
-        return Ok((Tail::default(), 0, false));
-    };
-    let mut consumer = consumer?;
-    let end = (last.ledger_id, last.entry_id);
-    let mut tail = Tail::default();
-    let mut read = 0u64;
-    let done = loop {
-        if read >= limit {
-            break false;
+    tail: Tail,
+    /// What lies between the watermark and the tail; `None` when not asked.
+    landed: Option<Landed>,
+    /// Entries read so far, of [`MAX_ENTRIES`].
+    entries: u64,
+}
+
+impl Scan<'_> {
+    /// Whether the read has what it was asked for.
+    fn enough(&self) -> bool {
+        self.tail.seq.is_some() && self.landed.as_ref().is_none_or(Landed::covered)
+    }
+
+    fn finish(self) -> Tail {
+        let seq = self.tail.seq;
+        Tail {
+            missing: self
+                .landed
+                .map(|l| seq.map(|t| l.missing(t)).unwrap_or_default()),
+            ..self.tail
         }
-        let next = match tokio::time::timeout_at(deadline, consumer.next()).await {
-            Ok(Some(msg)) => msg?,
-            Ok(None) => {
-                close(consumer).await;
-                return Err(Error::topic(q.topic, TopicProblem::ReaderClosed));
-            }
-            Err(_) => break false,
+    }
+
+    /// The read reached its bounds first: what it found is no answer. The
+    /// publisher resumes after the watermark and sends what went since it
+    /// again, in order: a duplicate, never a loss.
+    fn cut_short(self) -> Tail {
+        Tail {
+            seq: None,
+            cut_short: true,
+            missing: None,
+            ..self.tail
+        }
+    }
+
+    /// Reads from after `start` (the topic's start when `None`) to `end`,
+    /// classifying every message. Returns whether it got there within the
+    /// bounds.
+    async fn window(
+        &mut self,
+        pulsar: &Pulsar<TokioExecutor>,
+        start: Option<MessageIdData>,
+        end: End,
+    ) -> Result<bool, Error> {
+        let q = self.q;
+        let Ok(consumer) =
+            tokio::time::timeout_at(self.deadline, reader(pulsar, q.topic, start, "tail")).await
+        else {
+            return Ok(false);
         };
-        read += 1;
-        let id = next.message_id();
-        let at = (id.ledger_id, id.entry_id);
-        if at > end {
-            break true;
-        }
-        tail.classify(
-            ours,
-            q.topic,
-            next.metadata(),
-            &next.payload.data,
-            q.assigned,
-            q.strict,
-        );
-        // The last entry may be a batch: its last message holds the
-        // highest sequence, and every message of it was persisted with it.
-        if at == end && ends_entry(id, next.metadata()) {
-            break true;
-        }
-    };
-    close(consumer).await;
-    Ok((tail, read, done))
+        let mut consumer = consumer?;
+        let done = loop {
+            let next = match tokio::time::timeout_at(self.deadline, consumer.next()).await {
+                Ok(Some(msg)) => msg?,
+                Ok(None) => {
+                    close(consumer).await;
+                    return Err(Error::topic(q.topic, TopicProblem::ReaderClosed));
+                }
+                Err(_) => break false,
+            };
+            let id = next.message_id();
+            let at = (id.ledger_id, id.entry_id);
+            match end {
+                End::Through(last) if at > last => break true,
+                End::Before(stop) if at >= stop => break true,
+                _ => {}
+            }
+            let found = self.tail.sort(
+                self.ours,
+                q.topic,
+                next.metadata(),
+                &next.payload.data,
+                q.assigned,
+                q.strict,
+            );
+            if let (Some((seq, late)), Some(landed)) = (found, self.landed.as_mut()) {
+                landed.add(seq, late);
+            }
+            // An entry counts once its last message is read: a batch of
+            // any size is read whole, within the read's time.
+            if !ends_entry(id, next.metadata()) {
+                continue;
+            }
+            self.entries += 1;
+            // The last entry may be a batch: its last message holds the
+            // highest sequence, and every message of it was persisted with
+            // it.
+            if matches!(end, End::Through(last) if at == last) {
+                break true;
+            }
+            if self.entries >= MAX_ENTRIES {
+                break false;
+            }
+        };
+        close(consumer).await;
+        Ok(done)
+    }
 }
 
 /// Closes a reader, or gives up on it after a second: a close the broker
@@ -719,6 +915,78 @@ mod tests {
         assert_eq!(o.origin(TOPIC, &m, b"", None), Origin::Foreign);
         let zero = written(&o.producer_name("p"), 0, [1; 32], b"", Some(&o));
         assert_eq!(o.origin(TOPIC, &zero, b"", None), Origin::Forged);
+    }
+
+    /// Sequences 5..=10 of ours, 7 refused while 8..=10 landed, with the
+    /// watermark at 4: 7 is what the topic lacks, whoever remembers it.
+    #[test]
+    fn what_the_topic_lacks_between_the_watermark_and_the_tail_goes_late() {
+        let mut l = Landed::new(4);
+        // Read back from the end: the last window first.
+        for s in [8, 9, 10] {
+            l.add(s, false);
+        }
+        assert!(!l.covered(), "7 and below not read yet");
+        for s in [3, 4, 5, 6] {
+            l.add(s, false);
+        }
+        assert!(l.covered());
+        assert_eq!(l.missing(10), vec![(7, 7)]);
+    }
+
+    /// A late message whose receipt was lost: the topic holds it (after
+    /// higher sequences), so it does not go again. Before, the tail read
+    /// skipped late messages, nothing showed it had landed, and the next
+    /// producer sent it a second time.
+    #[test]
+    fn a_late_message_that_landed_is_not_missing() {
+        let mut l = Landed::new(4);
+        for (s, late) in [(7, true), (8, false), (9, false), (10, false)] {
+            l.add(s, late);
+        }
+        for s in [5, 6] {
+            l.add(s, false);
+        }
+        assert!(l.covered());
+        assert_eq!(l.missing(10), Vec::<(u64, u64)>::new());
+        // Late messages alone do not cover anything below them.
+        let mut only_late = Landed::new(0);
+        only_late.add(1, true);
+        assert!(!only_late.covered());
+    }
+
+    /// Nothing reaches down to the watermark (the first message was
+    /// refused, or retention took the start): the read goes to the topic's
+    /// start, and what it did not find there goes late.
+    #[test]
+    fn below_the_first_message_read_everything_unseen_is_missing() {
+        let mut l = Landed::new(0);
+        for s in [2, 3, 6] {
+            l.add(s, false);
+        }
+        assert!(!l.covered(), "1 may lie before");
+        assert_eq!(l.missing(6), vec![(1, 1), (4, 5)]);
+        // Above the tail is not the read's business: the producer resumes
+        // there.
+        let mut l = Landed::new(10);
+        l.add(11, false);
+        l.add(13, true);
+        assert_eq!(l.missing(12), vec![(12, 12)]);
+    }
+
+    /// A topic that repeats messages of ours (replays) costs the read
+    /// memory for the distinct ones only.
+    #[test]
+    fn repeats_are_kept_once() {
+        let mut l = Landed::new(0);
+        for _ in 0..10_000 {
+            l.add(5, true);
+            l.add(3, true);
+        }
+        assert!(l.runs.len() <= 4096, "{}", l.runs.len());
+        l.add(1, false);
+        assert!(l.covered());
+        assert_eq!(l.missing(5), vec![(2, 2), (4, 4)]);
     }
 
     #[test]

@@ -1,0 +1,228 @@
+//! The tail read on the real brokers (issue 48): what a new producer finds
+//! at the end of its topic decides where it resumes and what goes late.
+//! One foreign entry of 150,000 tiny messages must not wear the read's
+//! bound out, and what the broker refused must still reach the topic when
+//! the leader that saw the refusal is gone. Results are read back with the
+//! official Pulsar client and `firstseen verify`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::cluster::TestCluster;
+use common::*;
+
+/// Writes one batched entry of `n` tiny messages, without firstseen's
+/// properties, into `topic` with the official client.
+fn write_one_big_entry(pulsar: &Pulsar, topic: &str, n: usize) {
+    let script = r#"
+import logging, os, sys, pulsar
+url, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log = logging.getLogger("w"); log.setLevel(logging.ERROR)
+client = pulsar.Client(url, logger=log, operation_timeout_seconds=30)
+# One entry: the batch holds every message, and nothing sends it before
+# the flush.
+producer = client.create_producer(
+    topic, batching_enabled=True, batching_max_messages=n,
+    batching_max_allowed_size_in_bytes=4 * 1024 * 1024,
+    batching_max_publish_delay_ms=600000, max_pending_messages=n,
+    block_if_queue_full=True)
+ids = []
+for _ in range(n):
+    producer.send_async(b"x", lambda res, mid: ids.append((mid.ledger_id(), mid.entry_id())))
+producer.flush()
+producer.close()
+print(len(set(ids)), len(ids), flush=True)
+os._exit(0)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &pulsar.url, topic, &n.to_string()])
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "the writer wrote: {out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(said.trim(), format!("1 {n}"), "one entry of {n} messages");
+}
+
+/// A foreign producer wrote one batched entry of 150,000 tiny messages into
+/// the topic before the cluster's first message; the cluster publishes
+/// after it, and its leader is killed mid-replay. The tail read of each new
+/// producer reads the whole last ledger, that entry included. It counted
+/// messages against a bound of 100,000: the entry used it up, the read
+/// never reached the cluster's messages after it, and each new producer
+/// resumed after the watermark (`firstseen_tail_cut_short_total`), sending
+/// again what had landed since. Counted by entries, the read takes the
+/// entry whole and finds the cluster's tail: every key once.
+#[test]
+fn one_foreign_entry_of_150_000_messages_sends_nothing_twice() {
+    let Some(pulsar) = shared_pulsar("one_foreign_entry_of_150_000_messages_sends_nothing_twice")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("big-foreign-entry");
+    write_one_big_entry(&pulsar, &topic, 150_000);
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    replay(mqtt.port, &["--limit", "2500", "--pace", "max"]);
+    let first = hfp_pairs(Some(2500)).len() as u64;
+    c.node(leader)
+        .wait_published(first, Duration::from_secs(60));
+    let short = c.node(leader).metric("firstseen_tail_cut_short_total");
+    assert_eq!(
+        short,
+        0.0,
+        "the first producer's tail read reached its bound: {}",
+        c.node(leader).log_tail(20)
+    );
+    // While the rest goes at the capture's pace, the leader dies with
+    // receipts ahead of the committed watermark.
+    let (mut load, old, _, successor) =
+        c.kill_leader_mid_replay(&["--skip", "2500", "--pace", "600"], first + 300);
+    assert!(load.wait().unwrap().success(), "the load ran");
+    c.node(successor)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    let short = c.node(successor).metric("firstseen_tail_cut_short_total");
+    assert_eq!(
+        short,
+        0.0,
+        "the successor's tail read reached its bound: {}",
+        c.node(successor).log_tail(20)
+    );
+    let foreign = c.node(successor).metric("firstseen_foreign_messages_total");
+    c.node(old).restart();
+    let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
+    assert_exactly_once(&read, &hfp_pairs(None));
+    assert!(foreign >= 150_000.0, "the entry read whole: {foreign}");
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("foreign         150000"), "{report}");
+}
+
+/// A client of the official library that takes the topic the moment the
+/// node lets go of it: it asks for exclusive access once the node holds
+/// the topic (refused), then waits for it (`WaitForExclusive`), which the
+/// broker grants as soon as the node's producer closes. It says `holding`
+/// and keeps the topic until its stdin closes.
+fn take_the_topic_when_released(pulsar: &Pulsar, topic: &str) -> std::process::Child {
+    let script = r#"
+import logging, os, sys, time, pulsar
+url, topic = sys.argv[1], sys.argv[2]
+log = logging.getLogger("w"); log.setLevel(logging.ERROR)
+client = pulsar.Client(url, logger=log, operation_timeout_seconds=600)
+mode = pulsar.ProducerAccessMode
+while True:
+    try:
+        p = client.create_producer(topic, access_mode=mode.Exclusive)
+    except Exception:
+        break  # the node holds it
+    p.close()  # nobody held it yet: let the node take it first
+    time.sleep(0.01)
+p = client.create_producer(topic, access_mode=mode.WaitForExclusive)
+print("holding", flush=True)
+sys.stdin.read()
+p.close()
+os._exit(0)
+"#;
+    Command::new("python3")
+        .args(["-c", script, &pulsar.url, topic])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs")
+}
+
+/// The broker refuses entries (a topic that takes 64 KiB at most, which the
+/// node learns only by refusal) while later entries land. The refused
+/// messages were held in the leader's memory only, to go late once it had
+/// the topic again; here another producer takes the topic the moment the
+/// node lets go, and the node is killed while it waits. Before, the
+/// restarted node resumed after the tail and the refused messages were
+/// never published (a gap). Now the tail read finds what the topic lacks
+/// between the watermark and the tail, and sends it late: every message
+/// once.
+#[test]
+fn refused_messages_a_dead_leader_held_are_sent_late() {
+    let Some(pulsar) = shared_pulsar("refused_messages_a_dead_leader_held_are_sent_late") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("refused-then-killed");
+    let path = topic.strip_prefix("persistent://").unwrap();
+    let admin = |method: &str, what: &str, body: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "-X", method]).arg(format!(
+            "{}/admin/v2/persistent/{path}{what}",
+            pulsar.admin_url
+        ));
+        if let Some(b) = body {
+            c.args(["-H", "Content-Type: application/json", "-d", b]);
+        }
+        String::from_utf8_lossy(&c.output().expect("curl runs").stdout).into_owned()
+    };
+    admin("PUT", "", None);
+    wait_until(Duration::from_secs(60), "the topic's policy", || {
+        admin("POST", "/maxMessageSize", Some("65536"));
+        admin("GET", "/maxMessageSize", None).trim() == "65536"
+    });
+    // First no broker: the whole capture waits in the outbox.
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    // Without the admin API the node learns the topic's bound by refusal.
+    spec.config.pulsar.admin_url = None;
+    let mut node = Node::start(spec);
+    wait_until(Duration::from_secs(30), "cluster level 2", || {
+        node.status().is_some_and(|s| s.level.cluster >= 2)
+    });
+    let sent = replay(mqtt.port, &["--limit", "1500", "--pace", "max"]).published;
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= sent as f64
+    });
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    let mut taker = take_the_topic_when_released(&pulsar, &topic);
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    let mut said = String::new();
+    BufReader::new(taker.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said.trim(), "holding", "the other producer took the topic");
+    // The node let go because the broker refused an entry; what it holds
+    // back is in its memory only.
+    wait_until(Duration::from_secs(30), "a refusal", || {
+        node.metric("firstseen_publish_refusals_total") >= 1.0
+    });
+    assert_eq!(node.metric("firstseen_published_late_total"), 0.0);
+    node.kill9();
+    // Closing its stdin lets it go.
+    drop(taker.stdin.take());
+    assert!(taker.wait().unwrap().success(), "the other producer let go");
+    node.restart();
+    let want = hfp_pairs(Some(1500));
+    node.wait_published(want.len() as u64, Duration::from_secs(180));
+    let read = read_back(&pulsar, &topic);
+    let mut highest = 0;
+    let late: Vec<u64> = read
+        .seqs
+        .iter()
+        .flatten()
+        .filter_map(|&s| {
+            let came_late = s < highest;
+            highest = highest.max(s);
+            came_late.then_some(s)
+        })
+        .collect();
+    eprintln!("late: {} messages", late.len());
+    assert_exactly_once_with_late(&read, &want, &late);
+    let (code, report) = verify(
+        &pulsar,
+        &topic,
+        Some(want.len() as u64),
+        &node.secret_file(),
+    );
+    assert_eq!(code, 0, "{report}");
+}
