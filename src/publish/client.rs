@@ -180,9 +180,12 @@ impl Admin {
     /// A write counts here from the moment the managed ledger queues it
     /// until the bookies confirm it (or the ledger gives up on it), across
     /// ledger roll-overs: one re-sent to a new ledger after a bookie failure
-    /// still counts. It does not yet count while the broker has handed it
-    /// to the managed ledger's executor and that has not run; see
-    /// docs/exactly-once.md.
+    /// still counts. Two instants escape it (Pulsar 4.0): a write the broker
+    /// has handed to the managed ledger's executor that has not run yet, and
+    /// one just confirmed, taken off the queue a few instructions before the
+    /// ledger's last confirmed entry moves past it. Both are far shorter
+    /// than what a new producer costs before it asks (its own creation, a
+    /// metadata write, this request); see docs/exactly-once.md.
     pub async fn pending_adds(&self, topic: &str) -> Result<Option<u64>, Error> {
         #[derive(serde::Deserialize)]
         struct InternalStats {
