@@ -490,7 +490,7 @@ impl Side for Model {
 
     async fn unload(&self, topic: &str) {
         let mut w = lock(&self.world);
-        sim::pulsar::with_rng(&mut *w, |p, rng| p.unload(topic, rng));
+        sim::pulsar::logged(&mut *w, |p, rng| p.unload(topic, rng));
     }
 
     async fn read(&self, topic: &str) -> Vec<(u64, String)> {
@@ -684,7 +684,7 @@ fn a_dropped_connection_frees_the_topic_with_writes_pending_on_the_model() {
         let pending = entry::<Model>(&mut log, &a, &mut p, 5..=8, 100).await;
         {
             let mut w = lock(&m.world);
-            sim::pulsar::with_rng(&mut *w, |p, rng| p.cut(1, rng));
+            sim::pulsar::logged(&mut *w, |p, rng| p.cut(1, rng));
         }
         receipts(&mut log, pending).await;
         let b = m.broker().connect().await.unwrap();

@@ -1076,6 +1076,16 @@ enum Fault {
     /// Every node loses power at once (the power-cut variant only) and all
     /// start again together after this long.
     PowerAll(Duration),
+    /// The admin API unloads Pulsar topic `TOPICS[i]`.
+    PulsarUnload(usize),
+    /// Pulsar topic `TOPICS[i]`'s storage holds every write for a while:
+    /// receipts outlive the operation timeout, closes go unanswered and
+    /// connections drop with writes pending.
+    PulsarStall(usize, Duration),
+    /// Pulsar topic `TOPICS[i]` gets its own `maxMessageSize` (bytes as the
+    /// model counts them: about 320 a message here), which producers that
+    /// hold it do not know: batched entries are refused, later ones land.
+    PulsarPolicy(usize, Option<usize>),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -1139,6 +1149,31 @@ fn power_all_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             (at, Fault::PowerAll(rng.ms(0, 1_500)))
         })
         .collect()
+}
+
+/// Pulsar's own faults (`tests/sim/pulsar.rs`, which tests/conformance.rs
+/// holds to the real broker), from a generator of their own so that every
+/// other fault of a seed stays where it was: unloads, storage stalls and
+/// topic policies that refuse batched entries.
+fn pulsar_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    let mut at = Duration::from_millis(500);
+    let mut faults = Vec::new();
+    loop {
+        at += rng.ms(500, 4_000);
+        if at >= FAULTS_FOR {
+            return faults;
+        }
+        let topic = rng.below(TOPICS.len() as u64) as usize;
+        let fault = match rng.below(4) {
+            0 => Fault::PulsarUnload(topic),
+            1 => Fault::PulsarPolicy(
+                topic,
+                [None, Some(2_000), Some(8_000)][rng.below(3) as usize],
+            ),
+            _ => Fault::PulsarStall(topic, rng.ms(10, 8_000)),
+        };
+        faults.push((at, fault));
+    }
 }
 
 /// Each node's outbox at the end: (topic, last sequence, published up to).
@@ -1510,6 +1545,7 @@ fn run_seed(
         if power {
             faults.extend(power_all);
         }
+        faults.extend(pulsar_schedule(&mut Rng(rng.next())));
         faults.sort_by_key(|(at, _)| *at);
         for (at, fault) in faults {
             heal_until(
@@ -1592,6 +1628,17 @@ fn run_seed(
                         w.log(l);
                     }
                     heals.push((Instant::now() + for_, Fault::PulsarDown(for_)));
+                }
+                Fault::PulsarUnload(t) => {
+                    let mut w = lock(&world);
+                    pulsar::logged(&mut *w, |p, rng| p.unload(TOPICS[t], rng));
+                }
+                Fault::PulsarStall(t, for_) => {
+                    lock(&world).pulsar.stall(TOPICS[t], true);
+                    heals.push((Instant::now() + for_, Fault::PulsarStall(t, for_)));
+                }
+                Fault::PulsarPolicy(t, bytes) => {
+                    lock(&world).pulsar.set_policy(TOPICS[t], bytes);
                 }
                 Fault::Pause(id, for_) => {
                     if !pauses_on() {
@@ -1719,7 +1766,14 @@ async fn heal(
                 lock(world).pulsar.down = false;
                 lock(world).log("Pulsar is back".into());
             }
-            Fault::PulsarCut(_) | Fault::PowerAll(_) => {}
+            Fault::PulsarStall(t, _) => {
+                lock(world).pulsar.stall(TOPICS[t], false);
+                lock(world).log(format!("{}: storage answers again", TOPICS[t]));
+            }
+            Fault::PulsarCut(_)
+            | Fault::PowerAll(_)
+            | Fault::PulsarUnload(_)
+            | Fault::PulsarPolicy(..) => {}
             Fault::Pause(id, _) => {
                 lock(world).pauses[&id].send_replace(false);
                 lock(world).log(format!("node {id} resumed"));

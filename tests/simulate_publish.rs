@@ -253,8 +253,19 @@ enum Fault {
     },
     /// Node `node`'s broker connection fails.
     Cut { node: u64 },
-    /// `n` new messages on topic `topic`.
-    Feed { topic: usize, n: usize },
+    /// `n` new messages on topic `topic`; with `big`, the last one's body
+    /// is larger than a small topic policy takes.
+    Feed { topic: usize, n: usize, big: bool },
+    /// Topic `topic` gets its own `maxMessageSize` (`None`: none): the
+    /// producers holding it do not know, and the broker refuses what is
+    /// larger, batched entries of small messages too.
+    Policy { topic: usize, bytes: Option<usize> },
+    /// The admin API unloads topic `topic`.
+    Unload { topic: usize },
+    /// Topic `topic`'s storage holds every write for `for_`: receipts wait
+    /// (past the adapter's operation timeout, which drops the connection
+    /// with entries pending), and a graceful close waits too.
+    Stall { topic: usize, for_: Duration },
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -274,6 +285,7 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             _ => Fault::Feed {
                 topic: rng.below(TOPICS.len() as u64) as usize,
                 n: 1 + rng.below(20) as usize,
+                big: false,
             },
         };
         out.push((at, fault));
@@ -281,14 +293,57 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
     out
 }
 
+/// The broker's own faults, from a generator of their own so that the
+/// faults above stay where each seed had them: topic policies that refuse
+/// single messages and batched entries, large messages, unloads, and
+/// storage stalls. Each message takes about 315 bytes in the model
+/// (`sim::pulsar::message_bytes`), a large one about 1,300.
+fn broker_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    let mut at = Duration::ZERO;
+    let mut out = Vec::new();
+    loop {
+        at += rng.ms(200, 2_500);
+        if at >= FAULTS_FOR {
+            return out;
+        }
+        let topic = rng.below(TOPICS.len() as u64) as usize;
+        let fault = match rng.below(6) {
+            0 => Fault::Policy {
+                topic,
+                bytes: [None, Some(400), Some(1_000), Some(2_000)][rng.below(4) as usize],
+            },
+            1 | 2 => Fault::Feed {
+                topic,
+                n: 1 + rng.below(5) as usize,
+                big: true,
+            },
+            3 => Fault::Unload { topic },
+            _ => Fault::Stall {
+                topic,
+                for_: rng.ms(10, 8_000),
+            },
+        };
+        out.push((at, fault));
+    }
+}
+
 fn message(topic: usize, seq: u64) -> OutboxMessage {
+    sized(topic, seq, false)
+}
+
+/// Message `seq` of `topic`, with a body of about a kilobyte when `big`.
+fn sized(topic: usize, seq: u64, big: bool) -> OutboxMessage {
     let mut key = [0u8; 32];
     key[0] = topic as u8;
     key[1..9].copy_from_slice(&seq.to_be_bytes());
+    let mut payload = seq.to_be_bytes().to_vec();
+    if big {
+        payload.resize(1_000, b'b');
+    }
     OutboxMessage {
         key,
         mqtt_topic: format!("/hfp/{topic}"),
-        payload: seq.to_be_bytes().to_vec(),
+        payload,
         node: 1,
         first_seen_ms: 0,
         properties: None,
@@ -370,7 +425,9 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
         .unwrap();
     rt.block_on(async move {
         let mut rng = Rng(seed);
-        let plan = schedule(&mut rng);
+        let mut plan = schedule(&mut rng);
+        plan.extend(broker_schedule(&mut Rng(seed ^ 0xb40c_e4)));
+        plan.sort_by_key(|(at, _)| *at);
         let mut views = BTreeMap::new();
         let mut receivers = BTreeMap::new();
         for node in 1..=NODES {
@@ -429,14 +486,35 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                         w.log(l);
                     }
                 }
-                Fault::Feed { topic, n } => {
+                Fault::Feed { topic, n, big } => {
                     let mut w = lock(&world);
                     let t = w.topics.get_mut(TOPICS[topic]).expect("known topic");
-                    for _ in 0..n {
+                    for i in 0..n {
                         let seq = t.messages.len() as u64 + 1;
-                        t.messages.push(message(topic, seq));
+                        t.messages.push(sized(topic, seq, big && i + 1 == n));
                     }
                     w.fed.send_modify(|n| *n += 1);
+                }
+                Fault::Policy { topic, bytes } => {
+                    let mut w = lock(&world);
+                    w.log(format!("{}: maxMessageSize {bytes:?}", TOPICS[topic]));
+                    w.pulsar.set_policy(TOPICS[topic], bytes);
+                }
+                Fault::Unload { topic } => {
+                    let mut w = lock(&world);
+                    pulsar::logged(&mut *w, |p, rng| p.unload(TOPICS[topic], rng));
+                }
+                Fault::Stall { topic, for_ } => {
+                    let mut w = lock(&world);
+                    w.log(format!("{}: storage stalls for {for_:?}", TOPICS[topic]));
+                    w.pulsar.stall(TOPICS[topic], true);
+                    let world = world.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(for_).await;
+                        let mut w = lock(&world);
+                        w.log(format!("{}: storage answers again", TOPICS[topic]));
+                        w.pulsar.stall(TOPICS[topic], false);
+                    });
                 }
             }
         }

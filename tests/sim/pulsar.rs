@@ -34,8 +34,12 @@
 //!   refuses producers for a moment while the topic loads.
 //! - An outage ([`Pulsar::outage`]) lands a prefix of every pending entry
 //!   and loses the rest, with every producer.
+//! - With the admin API, the adapter waits after taking a topic until the
+//!   broker holds no pending write of it, at most one operation timeout,
+//!   and gives it up (`WritesPending`) after that.
 //! - The tail a new leader reads is the last message of ours that is not
-//!   late.
+//!   late, with the sequences between the watermark and it that the topic
+//!   lacks.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
@@ -130,6 +134,9 @@ struct Producer {
     /// Closed by the client: the broker holds the topic for it until its
     /// pending entries have landed.
     closing: bool,
+    /// When the close was asked: unanswered for the operation timeout, the
+    /// adapter drops the connection.
+    closing_since: Option<Instant>,
     /// Its connection dropped: the handle fails every send until dropped.
     dropped: bool,
 }
@@ -165,6 +172,8 @@ pub struct Pulsar {
     pub admin: bool,
     /// `pulsar.max_message_bytes`.
     pub max_message_bytes: usize,
+    /// Lines for the trace from operations that have no world at hand.
+    notes: Vec<String>,
 }
 
 impl Default for Pulsar {
@@ -178,6 +187,7 @@ impl Default for Pulsar {
             wait: Duration::from_millis(5_000),
             admin: true,
             max_message_bytes: BROKER_MAX_MESSAGE,
+            notes: Vec::new(),
         }
     }
 }
@@ -335,6 +345,7 @@ impl Pulsar {
         if holds && !dropped {
             if let Some(p) = self.producers.get_mut(&producer) {
                 p.closing = true;
+                p.closing_since.get_or_insert_with(Instant::now);
             }
             self.release_closed(&topic);
         } else {
@@ -350,22 +361,39 @@ impl Pulsar {
     /// stays pending and lands later, the rest never arrives.
     fn drop_conn(&mut self, producer: u64, rng: &mut Rng, why: &str) -> Option<String> {
         let p = self.producers.get(&producer)?;
-        let (node, topic) = (p.node, p.topic.clone());
+        let (node, topic, closing_before) = (p.node, p.topic.clone(), p.closing);
         self.client_gone(producer, SendError::Lost(format!("connection lost: {why}")));
         let t = self.topics.entry(topic.clone()).or_default();
         if t.holder == Some(producer) {
             t.holder = None;
         }
         let mine = t.adds.iter().filter(|e| e.producer == producer).count();
-        let kept = rng.below(mine as u64 + 1) as usize;
+        // A closing producer's entries all reached the broker before its
+        // close did.
+        let kept = if closing_before {
+            mine
+        } else {
+            rng.below(mine as u64 + 1) as usize
+        };
         let mut seen = 0;
+        let mut seqs = (u64::MAX, 0);
         t.adds.retain(|e| {
             if e.producer != producer {
                 return true;
             }
             seen += 1;
+            if seen <= kept {
+                for m in &e.messages {
+                    seqs = (seqs.0.min(m.seq), seqs.1.max(m.seq));
+                }
+            }
             seen <= kept
         });
+        let pending = if kept > 0 {
+            format!(" (seqs {}..={})", seqs.0, seqs.1)
+        } else {
+            String::new()
+        };
         let closing = self.producers.get(&producer).is_some_and(|p| p.closing);
         if closing {
             // Its handle is gone already.
@@ -374,7 +402,7 @@ impl Pulsar {
             p.dropped = true;
         }
         Some(format!(
-            "node {node}'s producer on {topic} {why}: topic free; {kept} of {mine} entries sent stay pending"
+            "node {node}'s producer on {topic} {why}: topic free; {kept} of {mine} entries sent stay pending{pending}"
         ))
     }
 
@@ -424,8 +452,8 @@ impl Pulsar {
             .collect()
     }
 
-    /// The adapter abandons session `session`'s connection (a receipt
-    /// outlived the operation timeout).
+    /// The adapter drops session `session`'s connection (a close went
+    /// unanswered for the operation timeout).
     fn abandon(&mut self, session: u64, rng: &mut Rng) -> Vec<String> {
         let theirs: Vec<u64> = self
             .producers
@@ -436,7 +464,7 @@ impl Pulsar {
         theirs
             .into_iter()
             .filter_map(|id| {
-                self.drop_conn(id, rng, "abandoned its connection: no receipt in time")
+                self.drop_conn(id, rng, "lost its connection: a close unanswered in time")
             })
             .collect()
     }
@@ -482,9 +510,34 @@ impl Pulsar {
         )]
     }
 
+    /// Whether node `node` is still closing a producer on `topic` (the
+    /// adapter's next producer there waits for that).
+    fn closing_on(&self, node: u64, topic: &str) -> bool {
+        self.producers
+            .values()
+            .any(|p| p.node == node && p.topic == topic && p.closing)
+    }
+
+    /// Whether `producer` is still being closed.
+    fn still_closing(&self, producer: u64) -> bool {
+        self.producers.get(&producer).is_some_and(|p| p.closing)
+    }
+
     /// One disk tick: on every topic whose storage answers, up to `most - 1`
-    /// pending entries land; refusals due are read.
-    fn tick(&mut self, rng: &mut Rng, most: u64) {
+    /// pending entries land; refusals due are read; a close unanswered for
+    /// the operation timeout drops its connection.
+    fn tick(&mut self, rng: &mut Rng, most: u64) -> Vec<String> {
+        let now = Instant::now();
+        let overdue: BTreeSet<u64> = self
+            .producers
+            .values()
+            .filter(|p| p.closing && p.closing_since.is_some_and(|s| now >= s + self.wait))
+            .map(|p| p.session)
+            .collect();
+        let mut lines = Vec::new();
+        for session in overdue {
+            lines.extend(self.abandon(session, rng));
+        }
         let names: Vec<String> = self.topics.keys().cloned().collect();
         for name in names {
             if self.topics[&name].stalled {
@@ -512,6 +565,7 @@ impl Pulsar {
                 }
             }
         }
+        lines
     }
 
     /// Sends `producer`'s open entry, as the adapter's flush does: refused
@@ -532,6 +586,7 @@ impl Pulsar {
         }
         let topic = p.topic.clone();
         let (messages, waiters): (Vec<Stored>, Vec<_>) = open.into_iter().unzip();
+        let t_name = topic.clone();
         let t = self.topics.entry(topic).or_default();
         let limit = t
             .policy
@@ -546,6 +601,12 @@ impl Pulsar {
                     why,
                 },
             };
+            self.notes.push(format!(
+                "{t_name}: entry of {}..={} ({} messages, {bytes} bytes) refused over {limit}",
+                messages[0].seq,
+                messages[messages.len() - 1].seq,
+                messages.len()
+            ));
             let after = rng.below(3) as u32;
             let p = self.producers.get_mut(&producer).expect("found above");
             p.unread.push(Unread {
@@ -581,19 +642,25 @@ pub async fn disk<W: HasPulsar>(
             _ = stop.cancelled() => return,
         }
         let mut w = lock(&world);
-        let mut rng = w.rng().clone();
-        w.pulsar().tick(&mut rng, most);
-        *w.rng() = rng;
+        logged(&mut *w, |p, rng| p.tick(rng, most));
     }
 }
 
 /// Runs `f` on the world's model with a generator taken out of the world
-/// (and put back), logging the lines it returns.
-pub fn with_rng<W: HasPulsar>(w: &mut W, f: impl FnOnce(&mut Pulsar, &mut Rng) -> Vec<String>) {
+/// (and put back), logging the model's notes.
+pub fn with_rng<W: HasPulsar, T>(w: &mut W, f: impl FnOnce(&mut Pulsar, &mut Rng) -> T) -> T {
     let mut rng = w.rng().clone();
-    let lines = f(w.pulsar(), &mut rng);
+    let out = f(w.pulsar(), &mut rng);
     *w.rng() = rng;
-    for l in lines {
+    for l in std::mem::take(&mut w.pulsar().notes) {
+        w.log(l);
+    }
+    out
+}
+
+/// [`with_rng`] for operations that return lines for the trace.
+pub fn logged<W: HasPulsar>(w: &mut W, f: impl FnOnce(&mut Pulsar, &mut Rng) -> Vec<String>) {
+    for l in with_rng(w, f) {
         w.log(l);
     }
 }
@@ -664,51 +731,94 @@ impl<W: HasPulsar> Session for SimSession<W> {
     async fn exclusive(&self, topic: &str, name: &str) -> Result<SimProducer<W>, SendError> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let topic = canonical(topic);
+        // As the adapter: this process's next producer on a topic waits
+        // for its previous one's close, at most two operation timeouts.
+        let bound = Instant::now() + lock(&self.world).pulsar().wait * 2;
+        while lock(&self.world).pulsar().closing_on(self.node, &topic) {
+            if Instant::now() >= bound {
+                return Err(SendError::Lost(format!(
+                    "an earlier producer on {topic} is still being closed"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let one_by_one = lock(&self.one_by_one).contains(&topic);
-        let mut w = lock(&self.world);
-        let p = w.pulsar();
-        if p.down {
-            return Err(SendError::Lost(
-                "connection refused: the broker is down".into(),
-            ));
-        }
-        let limit = Self::known_limit(p, &topic)
-            .map_or(p.max_message_bytes, |l| l.min(p.max_message_bytes));
-        let t = p.topics.entry(topic.clone()).or_default();
-        if t.loading_until.is_some_and(|u| Instant::now() < u) {
-            return Err(SendError::Lost(format!("{topic} is being loaded")));
-        }
-        if let Some(holder) = t.holder {
-            return Err(SendError::HeldElsewhere(format!(
-                "{topic} is held by producer {holder}"
-            )));
-        }
-        p.next_producer += 1;
-        let id = p.next_producer;
-        p.topics.get_mut(&topic).expect("made above").holder = Some(id);
-        p.producers.insert(
-            id,
-            Producer {
-                node: self.node,
-                session: self.id,
-                topic: topic.clone(),
-                open: Vec::new(),
-                open_bytes: 0,
-                entry_max: limit
-                    .saturating_sub(ENTRY_OVERHEAD)
-                    .clamp(1, firstseen::publish::producer::entry::MAX_BYTES),
-                one_by_one,
-                gone: None,
-                unread: Vec::new(),
-                closing: false,
-                dropped: false,
-            },
-        );
-        w.log(format!("node {} holds {topic} as {name}", self.node));
-        Ok(SimProducer {
+        let (id, admin, wait) = {
+            let mut w = lock(&self.world);
+            let p = w.pulsar();
+            if p.down {
+                return Err(SendError::Lost(
+                    "connection refused: the broker is down".into(),
+                ));
+            }
+            let limit = Self::known_limit(p, &topic)
+                .map_or(p.max_message_bytes, |l| l.min(p.max_message_bytes));
+            let t = p.topics.entry(topic.clone()).or_default();
+            if t.loading_until.is_some_and(|u| Instant::now() < u) {
+                return Err(SendError::Lost(format!("{topic} is being loaded")));
+            }
+            if let Some(holder) = t.holder {
+                return Err(SendError::HeldElsewhere(format!(
+                    "{topic} is held by producer {holder}"
+                )));
+            }
+            p.next_producer += 1;
+            let id = p.next_producer;
+            p.topics.get_mut(&topic).expect("made above").holder = Some(id);
+            p.producers.insert(
+                id,
+                Producer {
+                    node: self.node,
+                    session: self.id,
+                    topic: topic.clone(),
+                    open: Vec::new(),
+                    open_bytes: 0,
+                    entry_max: limit
+                        .saturating_sub(ENTRY_OVERHEAD)
+                        .clamp(1, firstseen::publish::producer::entry::MAX_BYTES),
+                    one_by_one,
+                    gone: None,
+                    unread: Vec::new(),
+                    closing: false,
+                    closing_since: None,
+                    dropped: false,
+                },
+            );
+            w.log(format!("node {} holds {topic} as {name}", self.node));
+            let admin = w.pulsar().admin;
+            let wait = w.pulsar().wait;
+            (id, admin, wait)
+        };
+        let producer = SimProducer {
             id,
             world: self.world.clone(),
-        })
+        };
+        // As the adapter, with the admin API: holding the topic, it waits
+        // until the broker has no write of it pending (a dropped
+        // connection's), at most one operation timeout, before the tail is
+        // read; else it gives the topic up.
+        if admin {
+            let deadline = Instant::now() + wait;
+            let mut pause = Duration::from_millis(20);
+            loop {
+                let pending = lock(&self.world).pulsar().pending(&topic);
+                if pending == 0 {
+                    break;
+                }
+                if Instant::now() + pause >= deadline {
+                    lock(&self.world).log(format!(
+                        "node {} gives {topic} up: {pending} writes still pending",
+                        self.node
+                    ));
+                    return Err(SendError::WritesPending(format!(
+                        "{topic}: {pending} writes still pending at the broker"
+                    )));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+        }
+        Ok(producer)
     }
 
     async fn message_limit(&self, topic: &str) -> Option<usize> {
@@ -726,6 +836,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         let mut w = lock(&self.world);
         // A late message is ours but not the tail; one numbered beyond what
         // the group assigned is foreign, and the read goes on past it.
+        let pending = w.pulsar().pending(topic);
         let seq = w
             .pulsar()
             .messages(topic)
@@ -734,10 +845,48 @@ impl<W: HasPulsar> Session for SimSession<W> {
             .filter(|m| !m.late)
             .map(|m| m.seq)
             .find(|s| *s <= assigned);
+        w.log(format!(
+            "node {} reads the tail of {}: {seq:?}, {pending} entries pending",
+            self.node,
+            canonical(topic)
+        ));
         Ok(firstseen::publish::tail::Tail {
             seq,
             ..Default::default()
         })
+    }
+
+    async fn read_tail(
+        &self,
+        topic: &str,
+        assigned: u64,
+        watermark: u64,
+        strict: bool,
+    ) -> Result<firstseen::publish::tail::Tail, Error> {
+        let mut tail = self.last_seq(topic, assigned, strict).await?;
+        // As the adapter's read back to the watermark: the sequences
+        // between it and the tail that the topic lacks, late or not.
+        let mut w = lock(&self.world);
+        let there: BTreeSet<u64> = w.pulsar().messages(topic).iter().map(|m| m.seq).collect();
+        let mut missing: Vec<(u64, u64)> = Vec::new();
+        for seq in watermark + 1..=tail.seq.unwrap_or(0) {
+            if there.contains(&seq) {
+                continue;
+            }
+            match missing.last_mut() {
+                Some((_, last)) if *last + 1 == seq => *last = seq,
+                _ => missing.push((seq, seq)),
+            }
+        }
+        if !missing.is_empty() {
+            w.log(format!(
+                "node {} finds {} lacking {missing:?}",
+                self.node,
+                canonical(topic)
+            ));
+        }
+        tail.missing = Some(missing);
+        Ok(tail)
     }
 
     async fn send(
@@ -750,7 +899,6 @@ impl<W: HasPulsar> Session for SimSession<W> {
         let (tx, rx) = oneshot::channel();
         {
             let mut w = lock(&self.world);
-            let mut rng = w.rng().clone();
             let marker = how.set_aside.is_some();
             let bytes = message_bytes(&message, marker);
             let p = w.pulsar();
@@ -762,9 +910,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
                     || pr.open.len() >= firstseen::publish::producer::entry::MAX_MESSAGES
                     || pr.open_bytes + bytes > pr.entry_max);
             if full {
-                let flushed = p.flush(producer.id, &mut rng);
-                *w.rng() = rng;
-                flushed?;
+                with_rng(&mut *w, |p, rng| p.flush(producer.id, rng))?;
             }
             let pr = w
                 .pulsar()
@@ -784,7 +930,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
         }
         let deadline = Instant::now() + lock(&self.world).pulsar().wait;
         let world = self.world.clone();
-        let session = self.id;
+        let id = producer.id;
         let one_by_one = self.one_by_one.clone();
         let topic = canonical(&lock(&self.world).pulsar().producers[&producer.id].topic);
         Ok(Box::pin(async move {
@@ -792,11 +938,16 @@ impl<W: HasPulsar> Session for SimSession<W> {
             let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
                 Ok(a) => a.ok(),
                 Err(_) => {
-                    // As the adapter: ending the connection settles every
-                    // entry on it, this one too.
-                    let mut w = lock(&world);
-                    with_rng(&mut *w, |p, rng| p.abandon(session, rng));
-                    drop(w);
+                    // As the adapter: the producer is closed at the broker
+                    // and its entries heard out; a close unanswered for
+                    // the operation timeout drops the connection.
+                    let line = lock(&world).pulsar().close(id);
+                    if let Some(line) = line {
+                        lock(&world).log(format!("no receipt in time: {line}"));
+                    }
+                    while lock(&world).pulsar().still_closing(id) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     rx.try_recv().ok()
                 }
             };
@@ -813,10 +964,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
 
     async fn flush(&self, producer: &mut SimProducer<W>) -> Result<(), SendError> {
         let mut w = lock(&self.world);
-        let mut rng = w.rng().clone();
-        let r = w.pulsar().flush(producer.id, &mut rng);
-        *w.rng() = rng;
-        r
+        with_rng(&mut *w, |p, rng| p.flush(producer.id, rng))
     }
 }
 
@@ -828,20 +976,15 @@ pub fn audit(name: &str, messages: &[Stored], assigned: u64) -> Vec<String> {
     let mut problems = Vec::new();
     let mut counts = BTreeMap::<u64, u32>::new();
     let mut highest = 0;
+    // (seq, the highest before it) of the first few out of order.
+    let mut unmarked = Vec::new();
+    let mut marked_early = Vec::new();
     for m in messages {
         *counts.entry(m.seq).or_default() += 1;
-        if m.late {
-            if m.seq > highest {
-                problems.push(format!(
-                    "{name}: seq {} is marked late but nothing higher came before it",
-                    m.seq
-                ));
-            }
-        } else if m.seq <= highest {
-            problems.push(format!(
-                "{name}: seq {} came after {highest} without being marked late (G3)",
-                m.seq
-            ));
+        if m.late && m.seq > highest {
+            marked_early.push(m.seq);
+        } else if !m.late && m.seq <= highest {
+            unmarked.push((m.seq, highest));
         }
         highest = highest.max(m.seq);
     }
@@ -859,6 +1002,19 @@ pub fn audit(name: &str, messages: &[Stored], assigned: u64) -> Vec<String> {
             &doubled[..doubled.len().min(20)],
             &lost[..lost.len().min(20)],
             &beyond[..beyond.len().min(20)],
+        ));
+    }
+    if !unmarked.is_empty() {
+        problems.push(format!(
+            "{name}: {} messages came after a higher sequence without being marked late (G3), (seq, after) first: {:?}",
+            unmarked.len(),
+            &unmarked[..unmarked.len().min(8)]
+        ));
+    }
+    if !marked_early.is_empty() {
+        problems.push(format!(
+            "{name}: marked late with nothing higher before them: {:?}",
+            &marked_early[..marked_early.len().min(8)]
         ));
     }
     problems
