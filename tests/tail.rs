@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::cluster::TestCluster;
@@ -102,37 +101,60 @@ fn one_foreign_entry_of_150_000_messages_sends_nothing_twice() {
     assert!(report.contains("foreign         150000"), "{report}");
 }
 
-/// A client of the official library that takes the topic the moment the
-/// node lets go of it: it asks for exclusive access once the node holds
-/// the topic (refused), then waits for it (`WaitForExclusive`), which the
-/// broker grants as soon as the node's producer closes. It says `holding`
-/// and keeps the topic until its stdin closes.
-fn take_the_topic_when_released(pulsar: &Pulsar, topic: &str) -> std::process::Child {
-    let script = r#"
-import logging, os, sys, time, pulsar
-url, topic = sys.argv[1], sys.argv[2]
-log = logging.getLogger("w"); log.setLevel(logging.ERROR)
-client = pulsar.Client(url, logger=log, operation_timeout_seconds=600)
-mode = pulsar.ProducerAccessMode
-while True:
-    try:
-        p = client.create_producer(topic, access_mode=mode.Exclusive)
-    except Exception:
-        break  # the node holds it
-    p.close()  # nobody held it yet: let the node take it first
-    time.sleep(0.01)
-p = client.create_producer(topic, access_mode=mode.WaitForExclusive)
-print("holding", flush=True)
-sys.stdin.read()
-p.close()
-os._exit(0)
-"#;
-    Command::new("python3")
-        .args(["-c", script, &pulsar.url, topic])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs")
+/// Another exclusive producer that takes the topic the moment the node
+/// lets go of it: it waits until the node holds the topic (its own
+/// attempt refused), then asks again every 2 ms; the node, after an error,
+/// waits 200 ms before it asks. The crate's client, with its own retries
+/// off: the official one retries a refused producer inside for the whole
+/// operation timeout and missed the gap. Says when it holds the topic on
+/// the receiver; lets go when the sender is dropped.
+fn take_the_topic_when_released(
+    pulsar: &Pulsar,
+    topic: &str,
+) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (url, topic) = (pulsar.url.clone(), topic.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let config = firstseen::config::PulsarConfig::new(url);
+            let client = firstseen::publish::connect(&config).await.unwrap();
+            let take = || async {
+                client
+                    .producer()
+                    .with_topic(&topic)
+                    .with_options(pulsar::producer::ProducerOptions {
+                        access_mode: Some(1), // Exclusive
+                        ..Default::default()
+                    })
+                    .build()
+                    .await
+                    .ok()
+            };
+            // Nobody held it yet: let the node take it first.
+            while let Some(mut p) = take().await {
+                let _ = p.close().await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            let mut held = None;
+            while held.is_none() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                held = take().await;
+            }
+            let Some(mut p) = held else {
+                return;
+            };
+            let _ = held_tx.send(());
+            let _ = tokio::task::spawn_blocking(move || release_rx.recv()).await;
+            let _ = p.close().await;
+        });
+    });
+    (held_rx, release_tx)
 }
 
 /// The broker refuses entries (a topic that takes 64 KiB at most, which the
@@ -183,14 +205,14 @@ fn refused_messages_a_dead_leader_held_are_sent_late() {
         node.metric("firstseen_acks_total") >= sent as f64
     });
     node.terminate(Duration::from_secs(20)).expect("stops");
-    let mut taker = take_the_topic_when_released(&pulsar, &topic);
+    let (held, release) = take_the_topic_when_released(&pulsar, &topic);
     node.spec.config.pulsar.url = real_url;
     node.restart();
-    let mut said = String::new();
-    BufReader::new(taker.stdout.take().unwrap())
-        .read_line(&mut said)
-        .unwrap();
-    assert_eq!(said.trim(), "holding", "the other producer took the topic");
+    assert!(
+        held.recv_timeout(Duration::from_secs(180)).is_ok(),
+        "the other producer took the topic: {}",
+        node.log_tail(40)
+    );
     // The node let go because the broker refused an entry; what it holds
     // back is in its memory only.
     wait_until(Duration::from_secs(30), "a refusal", || {
@@ -198,9 +220,7 @@ fn refused_messages_a_dead_leader_held_are_sent_late() {
     });
     assert_eq!(node.metric("firstseen_published_late_total"), 0.0);
     node.kill9();
-    // Closing its stdin lets it go.
-    drop(taker.stdin.take());
-    assert!(taker.wait().unwrap().success(), "the other producer let go");
+    drop(release);
     node.restart();
     let want = hfp_pairs(Some(1500));
     node.wait_published(want.len() as u64, Duration::from_secs(180));
