@@ -258,7 +258,6 @@ impl Session for PulsarSession {
         Ok(producer)
     }
 
-
     async fn message_limit(&self, topic: &str) -> Option<usize> {
         let own = match &self.admin {
             Some(admin) => match admin.topic_max_message_size(topic).await {
