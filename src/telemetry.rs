@@ -76,6 +76,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Tail reads that reached their bound without finding a message of the cluster's: the publisher resumed after the committed watermark",
     ),
     (
+        "firstseen_publish_writes_pending_total",
+        "counter",
+        "Times a new exclusive producer was let go because the broker still held an earlier producer's writes of the topic (or could not say) after one operation timeout; retried",
+    ),
+    (
+        "firstseen_publish_unfenced_total",
+        "counter",
+        "Exclusive producers taken without waiting for an earlier producer's pending writes (no pulsar.admin_url)",
+    ),
+    (
         "firstseen_oversize_total",
         "counter",
         "Messages over a dedup.max_* bound (payload, message, topic, properties), per upstream",
