@@ -11,19 +11,26 @@
 //! [`SendError::Lost`], and the next producer dials again.
 //!
 //! Letting go of a producer while the broker can still be talked to closes
-//! it at the broker first ([`Conn::close_producer`], [`Conn::shut`]), and
-//! drops the connection only once the broker has answered the close or the
-//! operation timeout has passed. The broker answers a close only after
-//! every entry of the producer has been persisted or failed, and writes
-//! each one's receipt or error on the connection before that answer; only
-//! then does it give up the topic's exclusive access. A dropped connection,
-//! instead, frees exclusive access at once while entries may still be on
-//! their way to the log, to land after a successor has read the topic's
-//! end: twice in the topic. [`closes_settled`] keeps this process's next
-//! producer on a topic until its previous one's close is settled; a
-//! successor in another process (this one crashed, or was cut off from the
-//! broker) is kept by the adapter's own check of the topic's pending writes
-//! through the admin API, not here.
+//! it at the broker first ([`Conn::close_producer`], [`Conn::shut`]). The
+//! broker answers a close only after every entry of the producer has been
+//! persisted or failed, and writes each one's receipt or error on the
+//! connection before that answer; only then does it give up the topic's
+//! exclusive access. A dropped connection, instead, frees exclusive access
+//! at once while entries may still be on their way to the log, to land
+//! after a successor has read the topic's end: twice in the topic. So a
+//! connection with a close under way is never dropped while the broker is
+//! alive: a close not answered within the operation timeout (a stalled
+//! bookie, say) leaves the producer in doubt for its caller, but the
+//! connection stays, and with it the broker's exclusive access, which
+//! fences successors on every node (they are refused as busy) until the
+//! broker answers. Such a connection ends when the close is answered (and
+//! no other close is under way on it), when the broker has been silent for
+//! [`DEAD_AFTER`] and then an operation timeout more (its keepalive drops
+//! ours too), or when the process stops: only then may the topic be freed
+//! with writes pending, and only the adapter's check of the topic's pending
+//! writes through the admin API keeps a successor from reading its end too
+//! early. [`closes_settled`] keeps this process's next producer on a topic
+//! until its previous one's close is settled.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,9 +171,40 @@ struct ProducerSlot {
     /// refused an entry, or it is being closed): every later send fails at
     /// once.
     gone: Option<SendError>,
-    /// Cancelled once its close at the broker has settled; set while one
-    /// is under way, so that a second close waits for the first.
-    closing: Option<CancellationToken>,
+    /// Set once a close at the broker is under way, so that a second close
+    /// waits for the first.
+    closing: Option<Close>,
+}
+
+/// A producer's close at the broker, as its callers follow it.
+#[derive(Clone)]
+pub struct Close {
+    /// Cancelled once the caller may stop waiting: the broker answered the
+    /// close, or did not within the operation timeout (the producer's
+    /// entries still unanswered are then in doubt), or refused it, or the
+    /// connection is gone.
+    pub heard: CancellationToken,
+    /// Cancelled once the close has settled for good: the broker answered
+    /// it, or the connection is gone. Until then the broker may hold
+    /// writes of the producer, and the topic stays fenced in this process
+    /// ([`closes_settled`]).
+    pub settled: CancellationToken,
+}
+
+impl Close {
+    fn new() -> Self {
+        Self {
+            heard: CancellationToken::new(),
+            settled: CancellationToken::new(),
+        }
+    }
+
+    fn done() -> Self {
+        let c = Self::new();
+        c.heard.cancel();
+        c.settled.cancel();
+        c
+    }
 }
 
 impl ProducerSlot {
@@ -268,31 +306,32 @@ static CLOSING: Mutex<Vec<(u64, String, CancellationToken)>> = Mutex::new(Vec::n
 static CLOSING_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// One producer's close, held in [`CLOSING`] until dropped; dropping it
-/// (the close settled, or its task gone) lifts the fence.
+/// (the close settled, or its task gone with the process) lifts the fence.
 struct Closing {
     id: u64,
-    done: CancellationToken,
+    close: Close,
 }
 
 impl Closing {
-    fn hold(topic: &str, done: CancellationToken) -> Self {
+    fn hold(topic: &str, close: Close) -> Self {
         let id = CLOSING_IDS.fetch_add(1, Ordering::Relaxed);
-        lock(&CLOSING).push((id, topic.to_string(), done.clone()));
-        Self { id, done }
+        lock(&CLOSING).push((id, topic.to_string(), close.settled.clone()));
+        Self { id, close }
     }
 }
 
 impl Drop for Closing {
     fn drop(&mut self) {
-        self.done.cancel();
+        self.close.heard.cancel();
+        self.close.settled.cancel();
         lock(&CLOSING).retain(|(id, _, _)| *id != self.id);
     }
 }
 
 /// Waits until every close of a producer on `topic` begun in this process
-/// so far has settled: answered by the broker, or its connection dropped
-/// when the broker did not answer in time. `false` when `bound` passes
-/// first. A new producer on the topic waits for this, so that the tail it
+/// so far has settled: answered by the broker, or its connection gone (the
+/// broker silent for long). `false` when `bound` passes first: the broker
+/// has not answered yet, and still holds the topic for that producer. A new producer on the topic waits for this, so that the tail it
 /// reads is final as far as this process's own writes go.
 pub async fn closes_settled(topic: &str, bound: Duration) -> bool {
     let waits: Vec<CancellationToken> = lock(&CLOSING)
@@ -439,20 +478,33 @@ impl Conn {
         };
         let closed = conn.closed.clone();
         tasks.spawn(async move {
+            // Once the connection is closed nothing more goes out, not even
+            // a frame already taken from the queue or half written (its
+            // waiters have been told it is lost; a broker that stopped
+            // reading would otherwise get it later, and keep the socket
+            // open while this task waits to write): `closed` comes first,
+            // and interrupts a write. The write half is dropped, not shut
+            // down gracefully, which would wait for the broker to read.
             loop {
                 let message = tokio::select! {
-                    m = queue.recv() => match m { Some(m) => m, None => break },
+                    biased;
                     _ = closed.cancelled() => break,
+                    m = queue.recv() => match m { Some(m) => m, None => break },
                 };
                 // The kind of frame only: a CONNECT or AUTH_RESPONSE carries
                 // credentials, which never go into a log.
                 tracing::trace!(command = ?kind(&message.command), "to the broker");
-                if writer.send(message).await.is_err() {
+                let wrote = tokio::select! {
+                    biased;
+                    _ = closed.cancelled() => break,
+                    w = writer.send(message) => w,
+                };
+                if wrote.is_err() {
                     break;
                 }
             }
             closed.cancel();
-            let _ = writer.close().await;
+            drop(writer);
         });
         let me = conn.clone();
         let auth = target.auth.clone();
@@ -476,12 +528,20 @@ impl Conn {
             let frame = tokio::select! {
                 f = reader.next() => f,
                 _ = ping.tick() => {
-                    if heard.elapsed() >= DEAD_AFTER && !shutting {
+                    let quiet = heard.elapsed();
+                    if quiet >= DEAD_AFTER + self.timeout {
+                        // Not even the closes below were answered: the
+                        // broker is gone, or cut off (its own keepalive
+                        // has dropped this connection at its end too).
+                        return format!("nothing from the broker for {quiet:?}");
+                    }
+                    if quiet >= DEAD_AFTER && !shutting {
                         // The broker may only be slow to answer: its
                         // producers are closed first, and their entries
                         // heard out, while this keeps reading; the
                         // connection goes once they are, or once the
-                        // closes time out.
+                        // broker has been silent an operation timeout
+                        // more.
                         shutting = true;
                         self.shut(format!("nothing from the broker for {DEAD_AFTER:?}"));
                     }
@@ -509,32 +569,48 @@ impl Conn {
             } else if c.auth_challenge.is_some() {
                 // The broker's credentials are expiring: fresh ones, read
                 // again (a rotated token file, a renewed OAuth2 token).
+                // Bounded, and queued without waiting: this task also
+                // notices a silent broker and a closed connection, and
+                // settles every receipt. Without fresh credentials the
+                // broker drops the connection when the old ones expire;
+                // dropping it here would free the topic no sooner and
+                // with less heard out.
                 if let Some(auth) = &auth {
-                    let mut auth = auth.lock().await;
-                    let data = match auth.auth_data().await {
-                        Ok(d) => d,
-                        Err(e) => return format!("credentials for the broker's refresh: {e}"),
+                    let fresh = tokio::time::timeout(self.timeout, async {
+                        let mut auth = auth.lock().await;
+                        let data = auth.auth_data().await?;
+                        Ok::<_, pulsar::error::AuthenticationError>((auth.auth_method_name(), data))
+                    });
+                    let (name, data) = match fresh.await {
+                        Ok(Ok(fresh)) => fresh,
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "no fresh credentials for the broker's challenge");
+                            continue;
+                        }
+                        Err(_) => {
+                            tracing::warn!(timeout = ?self.timeout, "no fresh credentials for the broker's challenge in time");
+                            continue;
+                        }
                     };
-                    let name = auth.auth_method_name();
-                    let _ = self
-                        .out
-                        .send(Message {
-                            command: command(Type::AuthResponse, |c| {
-                                c.auth_response = Some(proto::CommandAuthResponse {
-                                    client_version: Some(format!(
-                                        "firstseen {}",
-                                        env!("CARGO_PKG_VERSION")
-                                    )),
-                                    response: Some(proto::AuthData {
-                                        auth_method_name: Some(name),
-                                        auth_data: Some(data),
-                                    }),
-                                    protocol_version: Some(PROTOCOL_VERSION),
-                                })
-                            }),
-                            payload: None,
-                        })
-                        .await;
+                    let queued = self.out.try_send(Message {
+                        command: command(Type::AuthResponse, |c| {
+                            c.auth_response = Some(proto::CommandAuthResponse {
+                                client_version: Some(format!(
+                                    "firstseen {}",
+                                    env!("CARGO_PKG_VERSION")
+                                )),
+                                response: Some(proto::AuthData {
+                                    auth_method_name: Some(name),
+                                    auth_data: Some(data),
+                                }),
+                                protocol_version: Some(PROTOCOL_VERSION),
+                            })
+                        }),
+                        payload: None,
+                    });
+                    if queued.is_err() {
+                        tracing::warn!("the answer to the broker's credentials challenge could not be queued (the broker is not reading)");
+                    }
                 }
             } else if let Some(r) = &c.send_receipt {
                 let answer = Answer::Receipt {
@@ -623,32 +699,40 @@ impl Conn {
     /// Sends a request and waits for its answer, within the timeout. What
     /// an answer that does not come means is the caller's to decide.
     async fn ask(&self, id: u64, c: BaseCommand) -> Result<BaseCommand, Unanswered> {
+        match tokio::time::timeout(self.timeout, self.request(id, c)).await {
+            Ok(r) => r.map_err(Unanswered::Lost),
+            Err(_) => Err(Unanswered::Timeout),
+        }
+    }
+
+    /// Sends a request and waits for its answer for as long as the
+    /// connection lives; the caller bounds it.
+    async fn request(&self, id: u64, c: BaseCommand) -> Result<BaseCommand, SendError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut shared = lock(&self.shared);
             if let Some(why) = &shared.closed {
-                return Err(Unanswered::Lost(SendError::Lost(format!(
-                    "connection lost: {why}"
-                ))));
+                return Err(SendError::Lost(format!("connection lost: {why}")));
             }
             shared.requests.insert(id, tx);
         }
-        let sent = self.out.send(Message {
-            command: c,
-            payload: None,
-        });
-        let answer = tokio::time::timeout(self.timeout, async {
-            sent.await
-                .map_err(|_| SendError::Lost("connection lost".into()))?;
-            rx.await
-                .map_err(|_| SendError::Lost("connection lost before the answer".into()))
-        })
-        .await;
-        lock(&self.shared).requests.remove(&id);
-        match answer {
-            Ok(r) => r.map_err(Unanswered::Lost),
-            Err(_) => Err(Unanswered::Timeout),
+        // Forgets the request however this ends, its future dropped too.
+        struct Forget<'a>(&'a Conn, u64);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.shared).requests.remove(&self.1);
+            }
         }
+        let _forget = Forget(self, id);
+        self.out
+            .send(Message {
+                command: c,
+                payload: None,
+            })
+            .await
+            .map_err(|_| SendError::Lost("connection lost".into()))?;
+        rx.await
+            .map_err(|_| SendError::Lost("connection lost before the answer".into()))
     }
 
     /// Creates a producer on `topic` named `name` with exclusive access.
@@ -700,35 +784,45 @@ impl Conn {
     }
 
     /// Closes `producer` at the broker and hears out its entries still in
-    /// flight; returns a token cancelled once that has settled. The broker
-    /// answers the close only after each of those entries has been
-    /// persisted or failed, with every receipt and error written on the
-    /// connection before the answer, and only then lets another producer
-    /// take the topic: so each entry's waiters learn what became of it.
-    /// An entry the broker did not answer before its answer to the close
-    /// fails as lost. When the close is not answered within the timeout,
-    /// the connection is dropped (which fails everything on it): the
-    /// broker may then free the topic with entries still on their way,
-    /// which [`closes_settled`] cannot cover; the adapter's check of the
-    /// topic's pending writes does.
+    /// flight. The broker answers the close only after each of those
+    /// entries has been persisted or failed, with every receipt and error
+    /// written on the connection before the answer, and only then lets
+    /// another producer take the topic: so each entry's waiters learn what
+    /// became of it. An entry the broker did not answer before its answer
+    /// to the close fails as lost.
+    ///
+    /// A close not answered within the operation timeout (or refused)
+    /// cancels [`Close::heard`]: the caller moves on with what it has
+    /// heard, its entries still unanswered in doubt. The connection is
+    /// kept, though, and the close stays under way: dropping the connection
+    /// now, with the broker still holding writes of the producer (a stalled
+    /// bookie is the usual reason a close goes unanswered), would free the
+    /// topic with those writes still to land. Kept, the broker holds the
+    /// topic for the producer until they have settled (successors are
+    /// refused as busy), and receipts it writes meanwhile still reach
+    /// their waiters, if they still wait. [`Close::settled`] follows once
+    /// the broker answers, or once the connection ends (the broker silent
+    /// for long, [`Conn::read`]); a refused close is asked again. Process
+    /// stop drops everything, and then only the adapter's check of the
+    /// topic's pending writes protects a successor.
     ///
     /// No new entry goes on the producer once this is called. A second
-    /// call returns the first one's token. Runs on the connection's task
-    /// tracker, so that a `Drop` may start it; [`closes_settled`] holds
-    /// the next producer on the same topic until it is done.
-    pub fn close_producer(&self, producer: u64, why: &str) -> CancellationToken {
-        let done = CancellationToken::new();
+    /// call returns the first one's [`Close`]. Runs on the connection's
+    /// task tracker, so that a `Drop` may start it; [`closes_settled`]
+    /// holds this process's next producer on the same topic until it has
+    /// settled.
+    pub fn close_producer(&self, producer: u64, why: &str) -> Close {
+        let close = Close::new();
         let (topic, pending) = {
             let mut shared = lock(&self.shared);
             let Some(slot) = shared.producers.get_mut(&producer) else {
                 // Never made, or already closed: nothing waits on it.
-                done.cancel();
-                return done;
+                return Close::done();
             };
             if let Some(closing) = &slot.closing {
                 return closing.clone();
             }
-            slot.closing = Some(done.clone());
+            slot.closing = Some(close.clone());
             if slot.gone.is_none() {
                 slot.gone = Some(SendError::Lost(format!("the producer was closed: {why}")));
             }
@@ -750,71 +844,109 @@ impl Conn {
                 "closing the producer at the broker"
             );
         }
-        let fence = Closing::hold(&topic, done.clone());
+        let fence = Closing::hold(&topic, close.clone());
         let me = self.clone();
         let why = why.to_string();
         self.spawn(async move {
-            me.close_at_broker(producer, &why).await;
+            me.close_at_broker(producer, &topic, &why, &fence.close)
+                .await;
             drop(fence);
         });
-        done
+        close
     }
 
-    /// Sends `CloseProducer` for `producer` and settles what it had in
-    /// flight by the answer ([`Conn::close_producer`]).
-    async fn close_at_broker(&self, producer: u64, why: &str) {
-        let request = self.next_id();
-        let c = command(Type::CloseProducer, |c| {
-            c.close_producer = Some(proto::CommandCloseProducer {
-                producer_id: producer,
-                request_id: request,
-            })
-        });
-        match self.ask(request, c).await {
-            Ok(answer) => {
+    /// Sends `CloseProducer` for `producer` until the broker accepts it,
+    /// and settles what it had in flight by the answer
+    /// ([`Conn::close_producer`]). Returns once the close has settled: the
+    /// broker answered it, or the connection is gone.
+    async fn close_at_broker(&self, producer: u64, topic: &str, why: &str, close: &Close) {
+        loop {
+            let request = self.next_id();
+            let c = command(Type::CloseProducer, |c| {
+                c.close_producer = Some(proto::CommandCloseProducer {
+                    producer_id: producer,
+                    request_id: request,
+                })
+            });
+            let answer = self.request(request, c);
+            tokio::pin!(answer);
+            let answer = match tokio::time::timeout(self.timeout, &mut answer).await {
+                Ok(a) => a,
+                Err(_) => {
+                    tracing::warn!(
+                        topic,
+                        producer,
+                        reason = why,
+                        timeout = ?self.timeout,
+                        "the broker has not answered closing the producer; its entries still unanswered are in doubt, and the connection stays (the broker holds the topic until they settle) until it answers"
+                    );
+                    close.heard.cancel();
+                    answer.await
+                }
+            };
+            let refused = match answer {
+                Ok(a) => a.error,
+                // The connection ended: closing it here too fails what
+                // waited on it before the close counts as settled (the
+                // writer may have gone before the reader noticed).
+                Err(e) => {
+                    self.close(format!("while closing producer {producer}: {e}"));
+                    return;
+                }
+            };
+            let Some(e) = refused else {
                 // Every receipt and error the broker wrote before its
                 // answer has been read and settled: frames are handled in
                 // order, and this answer was the last of them.
-                let unanswered = match answer.error {
-                    Some(e) => format!(
-                        "the broker refused to close the producer ({:?}: {}) and did not answer this entry",
-                        proto::ServerError::try_from(e.error)
-                            .unwrap_or(proto::ServerError::UnknownError),
-                        e.message
-                    ),
-                    None => "the broker closed the producer without answering this entry".into(),
-                };
                 let slot = lock(&self.shared).producers.remove(&producer);
                 for p in slot.into_iter().flat_map(|s| s.pending) {
-                    p.fail(|| SendError::Lost(unanswered.clone()));
+                    p.fail(|| {
+                        SendError::Lost(
+                            "the broker closed the producer without answering this entry".into(),
+                        )
+                    });
                 }
-            }
-            Err(Unanswered::Timeout) => self.close(format!(
-                "no answer to closing producer {producer} ({why}) within {:?}",
-                self.timeout
-            )),
-            // The connection ended: closing it here too fails what waited
-            // on it before the close counts as settled (the writer may
-            // have gone before the reader noticed).
-            Err(Unanswered::Lost(e)) => {
-                self.close(format!("while closing producer {producer}: {e}"))
+                return;
+            };
+            // The producer may still be open at the broker, with writes:
+            // as an unanswered close, the caller moves on and the
+            // connection and the fence stay; the close is asked again (a
+            // producer the broker no longer has, it reports closed).
+            tracing::warn!(
+                topic,
+                producer,
+                error = ?proto::ServerError::try_from(e.error).unwrap_or(proto::ServerError::UnknownError),
+                message = %e.message,
+                "the broker refused to close the producer; asking again"
+            );
+            close.heard.cancel();
+            tokio::select! {
+                _ = tokio::time::sleep(self.timeout) => {}
+                _ = self.closed.cancelled() => {
+                    self.close(format!("while closing producer {producer}: connection closed"));
+                    return;
+                }
             }
         }
     }
 
     /// Closes every producer on the connection at the broker, as
-    /// [`Conn::close_producer`] does, and then the connection: at the end
-    /// of a term, and when the broker has been silent for long.
+    /// [`Conn::close_producer`] does, and then the connection, once every
+    /// close has settled: at the end of a term, and when the broker has
+    /// been silent for long. A close the broker does not answer keeps the
+    /// connection (in the background, the term over) until it does, or
+    /// until the broker has been silent for long ([`Conn::read`]), or the
+    /// process stops.
     pub fn shut(&self, why: String) {
         let producers: Vec<u64> = lock(&self.shared).producers.keys().copied().collect();
-        let closes: Vec<CancellationToken> = producers
+        let closes: Vec<Close> = producers
             .into_iter()
             .map(|p| self.close_producer(p, &why))
             .collect();
         let me = self.clone();
         self.spawn(async move {
-            for done in closes {
-                done.cancelled().await;
+            for close in closes {
+                close.settled.cancelled().await;
             }
             me.close(why);
         });
@@ -822,7 +954,8 @@ impl Conn {
 
     /// Runs `task` on the connection's tracker; outside a runtime (a
     /// `Drop` while the process ends) there is nothing to await with, and
-    /// the connection is closed at once.
+    /// the connection is closed at once: the one case where a connection
+    /// goes with a close unanswered (see [`Conn::close_producer`]).
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         if tokio::runtime::Handle::try_current().is_ok() {
             self.tasks.spawn(task);
@@ -843,11 +976,19 @@ impl Conn {
         // under the same lock that [`Conn::close_producer`] marks the
         // producer closing under: no entry can go after the close, which
         // the broker would answer by dropping the connection or refusing.
-        let permit = self
-            .out
-            .reserve()
-            .await
-            .map_err(|_| SendError::Lost("connection lost".into()))?;
+        // Bounded: a broker that stopped reading fills the queue, and the
+        // publisher must hear of it, not wait for ever. The entry was not
+        // queued, so it never goes.
+        let permit = match tokio::time::timeout(self.timeout, self.out.reserve()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(SendError::Lost("connection lost".into())),
+            Err(_) => {
+                return Err(SendError::Lost(format!(
+                    "the connection's write queue stayed full for {:?} (the broker is not reading)",
+                    self.timeout
+                )))
+            }
+        };
         let c = command(Type::Send, |c| {
             c.send = Some(proto::CommandSend {
                 producer_id: producer,
@@ -1068,6 +1209,37 @@ pub(super) mod fake {
             .await;
         }
 
+        /// Answers a request with an error.
+        pub async fn error(&mut self, request_id: u64) {
+            self.reply(command(Type::Error, |c| {
+                c.error = Some(proto::CommandError {
+                    request_id,
+                    error: proto::ServerError::UnknownError as i32,
+                    message: "not now".into(),
+                })
+            }))
+            .await;
+        }
+
+        /// A ping, as a live broker sends one now and then.
+        pub async fn ping(&mut self) {
+            self.reply(command(Type::Ping, |c| c.ping = Some(Default::default())))
+                .await;
+        }
+
+        /// The bytes still in the stream, read raw until the client lets
+        /// go of it (EOF); what the codec had already taken out of the
+        /// stream is not counted. The write half is kept, as a broker's
+        /// would be.
+        pub async fn rest(self) -> std::io::Result<Vec<u8>> {
+            use tokio::io::AsyncReadExt;
+            let mut rd = self.rx.into_inner();
+            let mut rest = Vec::new();
+            rd.read_to_end(&mut rest).await?;
+            drop(self.tx);
+            Ok(rest)
+        }
+
         pub async fn success(&mut self, request_id: u64) {
             self.reply(command(Type::Success, |c| {
                 c.success = Some(proto::CommandSuccess {
@@ -1250,7 +1422,16 @@ mod tests {
 
     /// A connection to a [`fake::Broker`] over an in-memory stream.
     async fn connected(timeout: Duration) -> (Conn, fake::Broker<tokio::io::DuplexStream>) {
-        let (client, server) = tokio::io::duplex(1 << 20);
+        connected_through(timeout, 1 << 20).await
+    }
+
+    /// As [`connected`], over a stream that holds at most `pipe` bytes the
+    /// other end has not read.
+    async fn connected_through(
+        timeout: Duration,
+        pipe: usize,
+    ) -> (Conn, fake::Broker<tokio::io::DuplexStream>) {
+        let (client, server) = tokio::io::duplex(pipe);
         let target = Target {
             url: "pulsar://fake:6650".into(),
             proxy_to: None,
@@ -1324,7 +1505,7 @@ mod tests {
         broker.receipt(id, 1, 2).await;
         broker.refuse(id, 4).await;
         broker.success(close.request_id).await;
-        tokio::time::timeout(Duration::from_secs(10), done.cancelled())
+        tokio::time::timeout(Duration::from_secs(10), done.settled.cancelled())
             .await
             .expect("the close settles once answered");
         assert!(matches!(r1.try_recv(), Ok(Ok(()))));
@@ -1336,26 +1517,190 @@ mod tests {
         assert!(closes_settled(topic, Duration::ZERO).await);
     }
 
-    /// A close the broker does not answer: the connection is dropped once
-    /// the operation timeout has passed, not before, and not never; what
-    /// was in flight fails as lost, and the fence lifts.
+    /// A close the broker does not answer within the operation timeout
+    /// (a stalled bookie): the caller hears at the timeout that the close
+    /// is in doubt, but the connection stays, and with it the broker's
+    /// exclusive access and this process's fence, for as long as the
+    /// broker is alive; a receipt the broker writes meanwhile still
+    /// reaches its waiter; the late answer then settles the close. Before,
+    /// the connection was dropped at the timeout, which frees the topic at
+    /// the broker with the producer's writes still pending, and the fence
+    /// lifted with it: the next producer read a tail those writes then
+    /// landed behind.
     #[tokio::test(start_paused = true)]
-    async fn an_unanswered_close_drops_the_connection_after_the_timeout() {
+    async fn an_unanswered_close_keeps_the_connection_and_the_fence_until_it_is_answered() {
         let topic = "persistent://public/default/close-unanswered";
+        let timeout = Duration::from_secs(3);
+        let (conn, mut broker) = connected(timeout).await;
+        let id = producer_on(&conn, &mut broker, topic).await;
+        let (w1, mut r1) = oneshot::channel();
+        let (w2, mut r2) = oneshot::channel();
+        conn.send(id, entry(1, 1), vec![w1]).await.unwrap();
+        conn.send(id, entry(2, 3), vec![w2]).await.unwrap();
+        for first in [1, 2] {
+            assert_eq!(broker.next().await.send.unwrap().sequence_id, first);
+        }
+        let started = tokio::time::Instant::now();
+        let close = conn.close_producer(id, "test");
+        let request = broker.next().await.close_producer.expect("CLOSE_PRODUCER");
+        close.heard.cancelled().await;
+        assert!(
+            started.elapsed() >= timeout,
+            "in doubt only after the timeout"
+        );
+        // Long past the timeout, the broker alive (it pings), the close
+        // still unanswered.
+        for _ in 0..4 {
+            tokio::time::sleep(timeout * 2).await;
+            broker.ping().await;
+        }
+        assert!(
+            !conn.is_closed(),
+            "the connection stays while the close is unanswered"
+        );
+        assert!(!close.settled.is_cancelled());
+        assert!(
+            !closes_settled(topic, Duration::ZERO).await,
+            "the topic stays fenced while the broker may hold the producer's writes"
+        );
+        assert!(r1.try_recv().is_err() && r2.try_recv().is_err());
+        broker.receipt(id, 1, 1).await;
+        broker.success(request.request_id).await;
+        tokio::time::timeout(timeout, close.settled.cancelled())
+            .await
+            .expect("the late answer settles the close");
+        assert!(
+            matches!(r1.try_recv(), Ok(Ok(()))),
+            "the late receipt reached its waiter"
+        );
+        assert!(matches!(r2.try_recv(), Ok(Err(Failure::Lost(_)))));
+        assert!(closes_settled(topic, Duration::ZERO).await);
+        assert!(!conn.is_closed());
+    }
+
+    /// The end of a term with a close the broker does not answer: the
+    /// connection outlives the term, closed neither at the timeout nor
+    /// ever while the broker answers pings, and goes once the broker has
+    /// been silent for [`DEAD_AFTER`] and an operation timeout more; then
+    /// the fence lifts. Nothing is kept for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_s_unanswered_close_keeps_the_connection_until_the_broker_goes_silent() {
+        let topic = "persistent://public/default/shut-unanswered";
         let timeout = Duration::from_secs(3);
         let (conn, mut broker) = connected(timeout).await;
         let id = producer_on(&conn, &mut broker, topic).await;
         let (w1, mut r1) = oneshot::channel();
         conn.send(id, entry(1, 1), vec![w1]).await.unwrap();
         assert!(broker.next().await.send.is_some());
-        let started = tokio::time::Instant::now();
-        let done = conn.close_producer(id, "test");
+        conn.shut("the term ended".into());
         assert!(broker.next().await.close_producer.is_some());
-        done.cancelled().await;
-        assert!(started.elapsed() >= timeout);
-        assert!(conn.is_closed());
-        assert!(matches!(r1.try_recv(), Ok(Err(Failure::Lost(_)))));
+        for _ in 0..4 {
+            tokio::time::sleep(timeout * 2).await;
+            broker.ping().await;
+        }
+        assert!(!conn.is_closed());
+        assert!(!closes_settled(topic, Duration::ZERO).await);
+        // Silent from now on.
+        let silent = tokio::time::Instant::now();
+        tokio::time::timeout(DEAD_AFTER * 2, conn.closed.cancelled())
+            .await
+            .expect("a silent broker's connection goes");
+        assert!(silent.elapsed() >= DEAD_AFTER + timeout);
         assert!(closes_settled(topic, Duration::ZERO).await);
+        assert!(matches!(r1.try_recv(), Ok(Err(Failure::Lost(_)))));
+        drop(broker);
+    }
+
+    /// A close the broker answers with an error: the producer may still be
+    /// open there, with writes. As an unanswered close, the caller moves
+    /// on, but the connection and the fence stay, and the close is asked
+    /// again until the broker accepts it. Before, the error counted as a
+    /// settled close: the fence lifted with the producer still open.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_close_keeps_the_fence_and_is_asked_again() {
+        let topic = "persistent://public/default/close-refused";
+        let timeout = Duration::from_secs(3);
+        let (conn, mut broker) = connected(timeout).await;
+        let id = producer_on(&conn, &mut broker, topic).await;
+        let (w1, mut r1) = oneshot::channel();
+        conn.send(id, entry(1, 2), vec![w1]).await.unwrap();
+        assert!(broker.next().await.send.is_some());
+        let close = conn.close_producer(id, "test");
+        let first = broker.next().await.close_producer.expect("CLOSE_PRODUCER");
+        broker.error(first.request_id).await;
+        close.heard.cancelled().await;
+        assert!(!close.settled.is_cancelled());
+        assert!(
+            !closes_settled(topic, Duration::ZERO).await,
+            "a refused close keeps the topic fenced"
+        );
+        let again = broker
+            .next()
+            .await
+            .close_producer
+            .expect("the close asked again");
+        assert_eq!(again.producer_id, id);
+        assert!(!conn.is_closed());
+        broker.receipt(id, 1, 2).await;
+        broker.success(again.request_id).await;
+        tokio::time::timeout(timeout, close.settled.cancelled())
+            .await
+            .expect("settled once accepted");
+        assert!(matches!(r1.try_recv(), Ok(Ok(()))));
+        assert!(closes_settled(topic, Duration::ZERO).await);
+    }
+
+    /// A broker that stops reading: a send that finds the write queue full
+    /// fails as lost within the operation timeout instead of waiting for
+    /// ever, and once the connection is closed (every waiter told its
+    /// entry is lost) the socket is let go of at once and nothing more is
+    /// written on it: the broker reads what was already in the pipe, not a
+    /// byte more, and then the end of the stream. Before, the writer's
+    /// write in progress could not be interrupted: it kept the socket open
+    /// and, once the broker read again, finished, and more queued frames
+    /// followed, after their waiters had been told they were lost.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_connection_writes_nothing_more_and_lets_go_of_the_socket() {
+        const PIPE: usize = 16 * 1024;
+        let timeout = Duration::from_secs(3);
+        let (conn, mut broker) = connected_through(timeout, PIPE).await;
+        let id = producer_on(
+            &conn,
+            &mut broker,
+            "persistent://public/default/stops-reading",
+        )
+        .await;
+        // The broker reads nothing more: the pipe fills, then the queue.
+        let mut receipts = Vec::new();
+        let full = tokio::time::timeout(timeout * 10, async {
+            for seq in 1.. {
+                let (w, r) = oneshot::channel();
+                let started = tokio::time::Instant::now();
+                match conn.send(id, entry(seq, seq), vec![w]).await {
+                    Ok(()) => receipts.push(r),
+                    Err(e) => return (e, started.elapsed()),
+                }
+            }
+            unreachable!()
+        })
+        .await
+        .expect("a send into a full queue gives up");
+        assert!(matches!(full.0, SendError::Lost(_)), "{:?}", full.0);
+        assert!(full.1 >= timeout);
+        assert!(receipts.len() >= WRITE_QUEUE);
+        conn.close("test".into());
+        for r in &mut receipts {
+            assert!(matches!(r.try_recv(), Ok(Err(Failure::Lost(_)))));
+        }
+        let rest = tokio::time::timeout(timeout, broker.rest())
+            .await
+            .expect("the socket is let go of at once")
+            .expect("read");
+        assert!(
+            rest.len() <= PIPE,
+            "{} bytes reached the broker after the close, more than the {PIPE} already in the pipe",
+            rest.len()
+        );
     }
 
     /// The end of a term ([`Conn::shut`]): every producer is closed at the

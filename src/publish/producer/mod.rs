@@ -55,7 +55,10 @@ impl Drop for Producers {
     /// The term's end: each connection closes its producers at the broker,
     /// hearing out their entries, and then itself ([`Conn::shut`]), in the
     /// background; the next term's producer on a topic waits for it
-    /// ([`conn::closes_settled`]).
+    /// ([`conn::closes_settled`]). A connection whose close the broker does
+    /// not answer stays open after the term, so that the broker keeps the
+    /// topic while that producer's writes are pending, until the broker
+    /// answers, goes silent for long, or the process stops.
     fn drop(&mut self) {
         for conn in self
             .conns
@@ -111,13 +114,14 @@ impl Producers {
         // This process's previous producer on the topic may still be
         // closing, with entries the broker has not persisted yet: exclusive
         // access taken now would let this producer read a tail that those
-        // entries then land behind, and send them again. Each close settles
-        // within the operation timeout (answered, or its connection
-        // dropped), so the bound here only guards against a close that
-        // never ran its course.
-        if !conn::closes_settled(topic, self.base.timeout * 2).await {
-            return Err(SendError::Lost(format!(
-                "an earlier producer on {topic} is still being closed"
+        // entries then land behind, and send them again. A close the broker
+        // has not answered stays under way (its connection kept, the broker
+        // holding the topic) for as long as the broker is alive and holds
+        // the producer's writes: the topic is held, by this process's
+        // earlier producer, and tried again soon.
+        if !conn::closes_settled(topic, self.base.timeout).await {
+            return Err(SendError::HeldElsewhere(format!(
+                "an earlier producer of this node on {topic} is still being closed (the broker has not answered the close)"
             )));
         }
         let conn = self.conn(url, proxy_to).await?;
@@ -202,13 +206,15 @@ impl Producer {
                     // Closing the producer at the broker settles every
                     // entry on it, this one too: the broker answers each
                     // before it answers the close, so this learns whether
-                    // the entry landed or was refused. Only a close not
-                    // answered in time drops the connection, and then the
-                    // entry fails as lost (or as refused, if a later one
-                    // overtook it). Dropping the connection at once, as
-                    // before, freed the topic with the entry possibly
-                    // still on its way to the log.
+                    // the entry landed or was refused. A close not
+                    // answered in time leaves the entry in doubt (lost,
+                    // or refused if a later one overtook it), and the
+                    // connection open, so that the broker keeps the topic
+                    // until the entry has settled. Dropping the
+                    // connection, as before, freed the topic with the
+                    // entry possibly still on its way to the log.
                     conn.close_producer(id, &format!("no receipt within {wait:?}"))
+                        .heard
                         .cancelled()
                         .await;
                     rx.try_recv().ok()
