@@ -246,3 +246,66 @@ fn refused_messages_a_dead_leader_held_are_sent_late() {
     );
     assert_eq!(code, 0, "{report}");
 }
+
+/// The last ledger of the topic holds 101,000 foreign entries of one
+/// message each (the topic unloaded first, as after a broker restart): more
+/// than the tail read takes ([`firstseen::publish::tail::MAX_ENTRIES`]). It
+/// stops at its bound, or at its time, without finding the cluster's
+/// messages in the ledger before, and the publisher resumes after the
+/// committed watermark: every message once, nothing wedged.
+#[test]
+fn a_last_ledger_of_more_entries_than_the_bound_ends_in_the_watermark() {
+    let Some(pulsar) =
+        shared_pulsar("a_last_ledger_of_more_entries_than_the_bound_ends_in_the_watermark")
+    else {
+        return;
+    };
+    let entries = firstseen::publish::tail::MAX_ENTRIES as usize + 1_000;
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("many-foreign-entries");
+    let mut node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+    replay(mqtt.port, &["--limit", "1000", "--pace", "max"]);
+    let first = hfp_pairs(Some(1000)).len() as u64;
+    node.wait_published(first, Duration::from_secs(60));
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+    let path = topic.strip_prefix("persistent://").unwrap();
+    let out = Command::new("curl")
+        .args(["-sSf", "-X", "PUT"])
+        .arg(format!(
+            "{}/admin/v2/persistent/{path}/unload",
+            pulsar.admin_url
+        ))
+        .output()
+        .expect("curl runs");
+    assert!(out.status.success(), "unload: {out:?}");
+    let script = r#"
+import logging, os, sys, pulsar
+url, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log = logging.getLogger("w"); log.setLevel(logging.ERROR)
+client = pulsar.Client(url, logger=log, operation_timeout_seconds=30)
+# An entry per message.
+producer = client.create_producer(topic, batching_enabled=False,
+    max_pending_messages=5000, block_if_queue_full=True)
+for _ in range(n):
+    producer.send_async(b"x", None)
+producer.flush()
+producer.close()
+os._exit(0)
+"#;
+    let status = Command::new("python3")
+        .args(["-c", script, &pulsar.url, &topic, &entries.to_string()])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the foreign writer wrote");
+    replay(mqtt.port, &["--skip", "1000", "--pace", "max"]);
+    node.restart();
+    node.wait_published(HFP_DISTINCT, Duration::from_secs(120));
+    assert!(
+        node.metric("firstseen_tail_cut_short_total") >= 1.0,
+        "the tail read stopped at its bound: {}",
+        node.log_tail(30)
+    );
+    let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
+    assert_exactly_once(&read, &hfp_pairs(None));
+}
