@@ -73,7 +73,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "firstseen_tail_cut_short_total",
         "counter",
-        "Tail reads that reached their bound without finding a message of the cluster's: the publisher resumed after the committed watermark",
+        "Tail reads that reached their bound (entries or time) before finding a message of the cluster's, or before reading back to the committed watermark: the publisher resumed after the watermark",
     ),
     (
         "firstseen_publish_writes_pending_total",
