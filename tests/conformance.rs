@@ -665,22 +665,30 @@ fn a_topic_in_both_spellings_is_one_topic() {
 }
 
 /// Exclusive access handed over with writes pending, on the model: the
-/// topic's storage stalls, the holder's connection drops with entries
-/// sent; another producer takes the topic at once and reads a tail
-/// without them; they land later, before its own entries. The real
-/// broker's side needs a stalled bookie (`tests/fence.rs`).
+/// topic's storage stalls for 7 s, the holder's connection drops with
+/// entries sent; another producer takes the topic at once. Without the
+/// admin API (no fence) it reads a tail without them, and they land later,
+/// before its own entries: some sequences twice (what tests/fence.rs saw on
+/// the real broker without the fence). With it, the adapter gives the
+/// topic up (`WritesPending`) until they have landed, and nothing is
+/// twice. The real broker's side needs a stalled bookie: tests/fence.rs.
 #[test]
 fn a_dropped_connection_frees_the_topic_with_writes_pending_on_the_model() {
-    let topic = "persistent://public/default/conformance-pending";
-    let outcomes = model_outcomes(true, |m| async move {
+    const TOPIC: &str = "persistent://public/default/conformance-pending";
+    let handover = |m: Model| async move {
         let mut log = Log::default();
         let a = m.broker().connect().await.unwrap();
-        let mut p = acquire::<Model>(&mut log, "acquire", &a, topic)
-            .await
-            .unwrap();
+        let Some(mut p) = acquire::<Model>(&mut log, "acquire", &a, TOPIC).await else {
+            return log.0;
+        };
         let first = entry::<Model>(&mut log, &a, &mut p, 1..=4, 100).await;
         receipts(&mut log, first).await;
-        lock(&m.world).pulsar.stall(topic, true);
+        lock(&m.world).pulsar.stall(TOPIC, true);
+        let world = m.world.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            lock(&world).pulsar.stall(TOPIC, false);
+        });
         let pending = entry::<Model>(&mut log, &a, &mut p, 5..=8, 100).await;
         {
             let mut w = lock(&m.world);
@@ -688,27 +696,18 @@ fn a_dropped_connection_frees_the_topic_with_writes_pending_on_the_model() {
         }
         receipts(&mut log, pending).await;
         let b = m.broker().connect().await.unwrap();
-        let mut q = acquire::<Model>(&mut log, "acquire elsewhere", &b, topic)
-            .await
-            .unwrap();
-        let tail = b.last_seq(topic, 8, true).await.map(|t| t.seq);
+        let Some(mut q) = acquire::<Model>(&mut log, "acquire elsewhere", &b, TOPIC).await else {
+            return log.0;
+        };
+        let tail = b.last_seq(TOPIC, 8, true).await.map(|t| t.seq);
         log.say(format!("tail {tail:?}"));
         let from = tail.ok().flatten().unwrap_or(0) + 1;
         let next = entry::<Model>(&mut log, &b, &mut q, from..=from + 3, 100).await;
-        lock(&m.world).pulsar.stall(topic, false);
         receipts(&mut log, next).await;
-        log.read("topic", &m.read(topic).await);
+        log.read("topic", &m.read(TOPIC).await);
         drop((p, q));
         log.0
-    });
-    for o in &outcomes {
-        eprintln!("{}\n", o.join("\n"));
-    }
-    let handed_over = |o: &Vec<String>| o.iter().any(|l| l == "acquire elsewhere: Ok");
-    assert!(
-        outcomes.iter().all(handed_over),
-        "the topic was free at once"
-    );
+    };
     // Some of the dropped producer's writes landed after the tail was
     // read: their sequences are in the topic twice.
     let twice = |o: &Vec<String>| {
@@ -720,8 +719,25 @@ fn a_dropped_connection_frees_the_topic_with_writes_pending_on_the_model() {
             .collect();
         seqs.len() > seqs.iter().collect::<BTreeSet<_>>().len()
     };
+    let unfenced = model_outcomes(false, handover);
     assert!(
-        outcomes.iter().any(twice),
+        unfenced
+            .iter()
+            .all(|o| o.iter().any(|l| l == "acquire elsewhere: Ok")),
+        "the topic was free at once: {unfenced:#?}"
+    );
+    assert!(
+        unfenced.iter().any(twice),
         "the model never lands a dropped producer's pending writes after the next one read the tail"
+    );
+    let fenced = model_outcomes(true, handover);
+    for o in &fenced {
+        assert!(!twice(o), "fenced, yet twice:\n{}", o.join("\n"));
+    }
+    assert!(
+        fenced.iter().any(|o| o
+            .iter()
+            .any(|l| l == "acquire elsewhere: WritesPending then Ok")),
+        "the fence never held: {fenced:#?}"
     );
 }

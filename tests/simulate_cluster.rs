@@ -18,8 +18,11 @@
 //!   takes the lowest free id, so ids come back into use at once (an ack
 //!   meant for an earlier connection would hit another message).
 //!   The nemesis drops a node's connection, or restarts the broker.
-//! - **Pulsar** (`tests/sim/pulsar.rs`): exclusive producers, receipts lost
-//!   with the connection, a prefix of the queue persisted anyway.
+//! - **Pulsar** (`tests/sim/pulsar.rs`, held to the real broker by
+//!   tests/conformance.rs): exclusive producers, entries judged one by
+//!   one, a closed producer heard out, a dropped connection's writes
+//!   landing later; the nemesis also unloads topics, stalls their storage
+//!   and gives them policies that refuse batched entries.
 //! - **Clocks** (`Clock`): each node's wall clock is the simulated time from
 //!   a fixed epoch, plus the skew the nemesis gives it.
 //!
@@ -1082,10 +1085,11 @@ enum Fault {
     /// receipts outlive the operation timeout, closes go unanswered and
     /// connections drop with writes pending.
     PulsarStall(usize, Duration),
-    /// Pulsar topic `TOPICS[i]` gets its own `maxMessageSize` (bytes as the
-    /// model counts them: about 320 a message here), which producers that
-    /// hold it do not know: batched entries are refused, later ones land.
-    PulsarPolicy(usize, Option<usize>),
+    /// Pulsar topic `TOPICS[i]` gets its own `maxMessageSize` for a while
+    /// (bytes as the model counts them: about 320 a message here), which
+    /// producers that hold it do not know: batched entries are refused,
+    /// later ones land.
+    PulsarPolicy(usize, usize, Duration),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -1168,9 +1172,10 @@ fn pulsar_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             0 => Fault::PulsarUnload(topic),
             1 => Fault::PulsarPolicy(
                 topic,
-                [None, Some(2_000), Some(8_000)][rng.below(3) as usize],
+                [2_000, 8_000][rng.below(2) as usize],
+                rng.ms(100, 3_000),
             ),
-            _ => Fault::PulsarStall(topic, rng.ms(10, 8_000)),
+            _ => Fault::PulsarStall(topic, rng.ms(10, 6_000)),
         };
         faults.push((at, fault));
     }
@@ -1637,8 +1642,9 @@ fn run_seed(
                     lock(&world).pulsar.stall(TOPICS[t], true);
                     heals.push((Instant::now() + for_, Fault::PulsarStall(t, for_)));
                 }
-                Fault::PulsarPolicy(t, bytes) => {
-                    lock(&world).pulsar.set_policy(TOPICS[t], bytes);
+                Fault::PulsarPolicy(t, bytes, for_) => {
+                    lock(&world).pulsar.set_policy(TOPICS[t], Some(bytes));
+                    heals.push((Instant::now() + for_, Fault::PulsarPolicy(t, bytes, for_)));
                 }
                 Fault::Pause(id, for_) => {
                     if !pauses_on() {
@@ -1766,14 +1772,14 @@ async fn heal(
                 lock(world).pulsar.down = false;
                 lock(world).log("Pulsar is back".into());
             }
+            Fault::PulsarPolicy(t, ..) => {
+                lock(world).pulsar.set_policy(TOPICS[t], None);
+            }
             Fault::PulsarStall(t, _) => {
                 lock(world).pulsar.stall(TOPICS[t], false);
                 lock(world).log(format!("{}: storage answers again", TOPICS[t]));
             }
-            Fault::PulsarCut(_)
-            | Fault::PowerAll(_)
-            | Fault::PulsarUnload(_)
-            | Fault::PulsarPolicy(..) => {}
+            Fault::PulsarCut(_) | Fault::PowerAll(_) | Fault::PulsarUnload(_) => {}
             Fault::Pause(id, _) => {
                 lock(world).pauses[&id].send_replace(false);
                 lock(world).log(format!("node {id} resumed"));
