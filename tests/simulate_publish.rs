@@ -433,7 +433,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
     rt.block_on(async move {
         let mut rng = Rng(seed);
         let mut plan = schedule(&mut rng);
-        plan.extend(broker_schedule(&mut Rng(seed ^ 0xb40c_e4)));
+        plan.extend(broker_schedule(&mut Rng(seed ^ 0x00b4_0ce4)));
         plan.sort_by_key(|(at, _)| *at);
         let mut views = BTreeMap::new();
         let mut receivers = BTreeMap::new();
