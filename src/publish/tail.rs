@@ -445,11 +445,29 @@ impl Tail {
 /// one lies after it: once the read has passed a non-late message numbered
 /// at most one past the watermark (or the topic's start), it has seen every
 /// message of ours between the watermark and the tail that the topic holds.
+///
+/// Except that anyone can write a copy of a proven message again later (a
+/// replay, [`super::proof`]), and a leader that resumed too early sent some
+/// again: such a message lies after higher ones, and says nothing of where
+/// the watermark lies. Counted, one old message copied to the end of the
+/// topic during an election stopped the read before the dead leader's
+/// messages, and all of them went again, late. So a message is a witness
+/// ([`Landed::covered`]) only if the read has passed, before it, a non-late
+/// message of ours and none numbered above it: the cluster's messages
+/// before it, in order, not merely the first of ours in what was read.
 #[derive(Debug)]
 struct Landed {
     watermark: u64,
-    /// The lowest non-late sequence of ours read.
-    floor: Option<u64>,
+    /// Possible witnesses, one per window (the highest in it at most one
+    /// past the watermark with nothing higher before it in the window),
+    /// and whether one still needs a non-late message of ours before it.
+    /// One that a window read later (lying before it) shows to come after
+    /// a higher message is dropped.
+    witnesses: Vec<(u64, bool)>,
+    /// This window's: the highest non-late sequence read so far in it, and
+    /// its possible witness.
+    window_high: Option<u64>,
+    window_witness: Option<(u64, bool)>,
     /// Sequences above the watermark read, late or not, as runs
     /// `(first, last)`, in the order read until [`Landed::compact`].
     runs: Vec<(u64, u64)>,
@@ -461,15 +479,27 @@ impl Landed {
     fn new(watermark: u64) -> Self {
         Self {
             watermark,
-            floor: None,
+            witnesses: Vec::new(),
+            window_high: None,
+            window_witness: None,
             runs: Vec::new(),
             compacted: 0,
         }
     }
 
+    /// Counts message `seq` of ours, read after the ones before it in its
+    /// window (a window is read forward, windows back from the end).
     fn add(&mut self, seq: u64, late: bool) {
         if !late {
-            self.floor = Some(self.floor.map_or(seq, |f| f.min(seq)));
+            // Nothing higher before it in the window, and at most one past
+            // the watermark: it may be a witness, the later the better (the
+            // fewer messages before it can be higher). The first of ours in
+            // the window has nothing of ours before it read yet.
+            let after_higher = self.window_high.is_some_and(|h| h > seq);
+            if !after_higher && seq <= self.watermark.saturating_add(1) {
+                self.window_witness = Some((seq, self.window_high.is_none()));
+            }
+            self.window_high = self.window_high.max(Some(seq));
         }
         if seq <= self.watermark {
             return;
@@ -500,11 +530,26 @@ impl Landed {
         self.compacted = self.runs.len();
     }
 
+    /// Ends a window: everything in it lies before the windows read so
+    /// far.
+    fn end_window(&mut self) {
+        if let Some(high) = self.window_high.take() {
+            // A witness after a higher message is a replay or a resend; one
+            // after messages of ours none higher has what it lacked.
+            self.witnesses.retain(|&(seq, _)| seq >= high);
+            for (_, alone) in &mut self.witnesses {
+                *alone = false;
+            }
+        }
+        self.witnesses.extend(self.window_witness.take());
+    }
+
     /// Whether what was read holds every message of ours numbered above
-    /// the watermark.
+    /// the watermark: it passed a witness, a non-late message numbered at
+    /// most one past the watermark, before which it read messages of ours
+    /// and none numbered higher. Windows count once ended.
     fn covered(&self) -> bool {
-        self.floor
-            .is_some_and(|f| f <= self.watermark.saturating_add(1))
+        self.witnesses.iter().any(|&(_, alone)| !alone)
     }
 
     /// The sequences in (watermark, `tail`] not read, as ranges in order.
@@ -737,6 +782,9 @@ impl Scan<'_> {
                 break false;
             }
         };
+        if let Some(landed) = self.landed.as_mut() {
+            landed.end_window();
+        }
         close(consumer).await;
         Ok(done)
     }
@@ -926,10 +974,12 @@ mod tests {
         for s in [8, 9, 10] {
             l.add(s, false);
         }
+        l.end_window();
         assert!(!l.covered(), "7 and below not read yet");
         for s in [3, 4, 5, 6] {
             l.add(s, false);
         }
+        l.end_window();
         assert!(l.covered());
         assert_eq!(l.missing(10), vec![(7, 7)]);
     }
@@ -944,15 +994,100 @@ mod tests {
         for (s, late) in [(7, true), (8, false), (9, false), (10, false)] {
             l.add(s, late);
         }
-        for s in [5, 6] {
+        l.end_window();
+        for s in [4, 5, 6] {
             l.add(s, false);
         }
+        l.end_window();
         assert!(l.covered());
         assert_eq!(l.missing(10), Vec::<(u64, u64)>::new());
         // Late messages alone do not cover anything below them.
         let mut only_late = Landed::new(0);
         only_late.add(1, true);
+        only_late.end_window();
         assert!(!only_late.covered());
+    }
+
+    /// The review's replay (G2): the leader died with watermark 100 and
+    /// tail 300; during the election an outsider copied proven message 1
+    /// to the end of the topic. The first window (the last 64 entries)
+    /// holds 238..=300 and the copy. Counted, the copy stopped the read
+    /// there, and 101..=237, all in the topic, were reported missing and
+    /// went again, late. It lies after higher messages: no witness.
+    #[test]
+    fn a_replayed_old_message_at_the_end_does_not_stop_the_read() {
+        let mut l = Landed::new(100);
+        for s in 238..=300 {
+            l.add(s, false);
+        }
+        l.add(1, false);
+        l.end_window();
+        assert!(!l.covered(), "the copy of 1 says nothing of 101..=237");
+        // The window before: the rest of the dead leader's messages, and
+        // the watermark's.
+        for s in 90..=237 {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(l.covered());
+        assert_eq!(l.missing(300), Vec::<(u64, u64)>::new());
+    }
+
+    /// Replays placed so that they are the first of ours in a window, or
+    /// several of them in order, or a copy of the watermark's own message:
+    /// none is a witness while the window read before it (lying before
+    /// them) holds a higher message; and what they copy is in the topic,
+    /// so it is not missing.
+    #[test]
+    fn replays_at_a_window_s_start_are_no_witness_until_what_lies_before() {
+        // A copy of the watermark's message first in the last window
+        // (foreign entries after it, not counted).
+        let mut l = Landed::new(100);
+        l.add(100, false);
+        l.end_window();
+        assert!(!l.covered(), "nothing of ours read before the copy");
+        for s in 180..=300 {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(!l.covered(), "300 lies before the copy of 100");
+        for s in 95..=179 {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(l.covered());
+        assert_eq!(l.missing(300), Vec::<(u64, u64)>::new());
+
+        // Several replays after the tail, in order, and a late message.
+        let mut l = Landed::new(10);
+        for (s, late) in [
+            (12, false),
+            (14, false),
+            (13, true),
+            (3, false),
+            (4, false),
+            (5, false),
+        ] {
+            l.add(s, late);
+        }
+        l.end_window();
+        assert!(!l.covered(), "3, 4, 5 lie after 14");
+        for s in [10, 11] {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(l.covered());
+        assert_eq!(l.missing(14), Vec::<(u64, u64)>::new());
+
+        // A replay of a message that is not in (watermark, tail] makes
+        // nothing present: 2 stays missing.
+        let mut l = Landed::new(0);
+        for s in [1, 3, 1] {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(!l.covered(), "1 first of the read, its copy after 3");
+        assert_eq!(l.missing(3), vec![(2, 2)]);
     }
 
     /// Nothing reaches down to the watermark (the first message was
@@ -964,6 +1099,7 @@ mod tests {
         for s in [2, 3, 6] {
             l.add(s, false);
         }
+        l.end_window();
         assert!(!l.covered(), "1 may lie before");
         assert_eq!(l.missing(6), vec![(1, 1), (4, 5)]);
         // Above the tail is not the read's business: the producer resumes
@@ -985,7 +1121,7 @@ mod tests {
         }
         assert!(l.runs.len() <= 4096, "{}", l.runs.len());
         l.add(1, false);
-        assert!(l.covered());
+        l.end_window();
         assert_eq!(l.missing(5), vec![(2, 2), (4, 4)]);
     }
 
