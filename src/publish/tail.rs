@@ -452,20 +452,26 @@ impl Tail {
 /// the watermark lies. Counted, one old message copied to the end of the
 /// topic during an election stopped the read before the dead leader's
 /// messages, and all of them went again, late. So a message is a witness
-/// ([`Landed::covered`]) only if the read has passed, before it, a non-late
-/// message of ours and none numbered above it: the cluster's messages
-/// before it, in order, not merely the first of ours in what was read.
+/// ([`Landed::covered`]) only if no non-late message of ours read before it
+/// is numbered higher, and another one read sets it in order: one before
+/// it numbered lower, or one after it numbered higher. One message written
+/// at the end, alone or after the cluster's, is never a witness: before a
+/// window's first message nothing is read yet, and the cluster's messages
+/// after it are only those written later. (Two proven messages copied in
+/// order are: nothing in the topic tells them from the cluster's own.)
 #[derive(Debug)]
 struct Landed {
     watermark: u64,
-    /// Possible witnesses, one per window (the highest in it at most one
-    /// past the watermark with nothing higher before it in the window),
-    /// and whether one still needs a non-late message of ours before it.
-    /// One that a window read later (lying before it) shows to come after
-    /// a higher message is dropped.
+    /// Possible witnesses, one per window read (the best of it), and
+    /// whether one is set in order. One that a window read later (lying
+    /// before it) shows to come after a higher message is dropped.
     witnesses: Vec<(u64, bool)>,
-    /// This window's: the highest non-late sequence read so far in it, and
-    /// its possible witness.
+    /// The highest non-late sequence in the windows read (lying after this
+    /// one).
+    read_high: Option<u64>,
+    /// This window's: the lowest and highest non-late sequences read so far
+    /// in it, and its possible witness.
+    window_low: Option<u64>,
     window_high: Option<u64>,
     window_witness: Option<(u64, bool)>,
     /// Sequences above the watermark read, late or not, as runs
@@ -480,6 +486,8 @@ impl Landed {
         Self {
             watermark,
             witnesses: Vec::new(),
+            read_high: None,
+            window_low: None,
             window_high: None,
             window_witness: None,
             runs: Vec::new(),
@@ -491,14 +499,23 @@ impl Landed {
     /// window (a window is read forward, windows back from the end).
     fn add(&mut self, seq: u64, late: bool) {
         if !late {
+            // A higher one after the window's witness sets it in order.
+            if let Some((w, in_order)) = self.window_witness.as_mut() {
+                *in_order |= seq > *w;
+            }
             // Nothing higher before it in the window, and at most one past
-            // the watermark: it may be a witness, the later the better (the
-            // fewer messages before it can be higher). The first of ours in
-            // the window has nothing of ours before it read yet.
+            // the watermark: it may be a witness, the higher the better (a
+            // window read later is less likely to hold one above it); one
+            // above the window's witness has it before, lower.
             let after_higher = self.window_high.is_some_and(|h| h > seq);
             if !after_higher && seq <= self.watermark.saturating_add(1) {
-                self.window_witness = Some((seq, self.window_high.is_none()));
+                let lower_before = self.window_low.is_some_and(|l| l < seq);
+                self.window_witness = match self.window_witness {
+                    Some((w, in_order)) if w == seq => Some((w, in_order || lower_before)),
+                    _ => Some((seq, lower_before)),
+                };
             }
+            self.window_low = Some(self.window_low.map_or(seq, |l| l.min(seq)));
             self.window_high = self.window_high.max(Some(seq));
         }
         if seq <= self.watermark {
@@ -533,23 +550,28 @@ impl Landed {
     /// Ends a window: everything in it lies before the windows read so
     /// far.
     fn end_window(&mut self) {
-        if let Some(high) = self.window_high.take() {
+        let (low, high) = (self.window_low.take(), self.window_high.take());
+        if let (Some(low), Some(high)) = (low, high) {
             // A witness after a higher message is a replay or a resend; one
-            // after messages of ours none higher has what it lacked.
+            // after a lower one is set in order.
             self.witnesses.retain(|&(seq, _)| seq >= high);
-            for (_, alone) in &mut self.witnesses {
-                *alone = false;
+            for (seq, in_order) in &mut self.witnesses {
+                *in_order |= low < *seq;
             }
         }
-        self.witnesses.extend(self.window_witness.take());
+        if let Some((seq, in_order)) = self.window_witness.take() {
+            let higher_after = self.read_high.is_some_and(|h| h > seq);
+            self.witnesses.push((seq, in_order || higher_after));
+        }
+        self.read_high = self.read_high.max(high);
     }
 
     /// Whether what was read holds every message of ours numbered above
-    /// the watermark: it passed a witness, a non-late message numbered at
-    /// most one past the watermark, before which it read messages of ours
-    /// and none numbered higher. Windows count once ended.
+    /// the watermark: it passed a witness (see [`Landed`]), a non-late
+    /// message numbered at most one past the watermark. Windows count once
+    /// ended.
     fn covered(&self) -> bool {
-        self.witnesses.iter().any(|&(_, alone)| !alone)
+        self.witnesses.iter().any(|&(_, in_order)| in_order)
     }
 
     /// The sequences in (watermark, `tail`] not read, as ranges in order.
@@ -1079,15 +1101,42 @@ mod tests {
         assert!(l.covered());
         assert_eq!(l.missing(14), Vec::<(u64, u64)>::new());
 
-        // A replay of a message that is not in (watermark, tail] makes
-        // nothing present: 2 stays missing.
+        // A replay makes present only what it copies: 2 stays missing (the
+        // first 1, with 3 after it, is a witness; its copy is none).
         let mut l = Landed::new(0);
         for s in [1, 3, 1] {
             l.add(s, false);
         }
         l.end_window();
-        assert!(!l.covered(), "1 first of the read, its copy after 3");
+        assert!(l.covered());
         assert_eq!(l.missing(3), vec![(2, 2)]);
+
+        // Two copies of one message are not in order with each other.
+        let mut l = Landed::new(100);
+        for s in [50, 50] {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(!l.covered());
+    }
+
+    /// The cluster's own messages need nothing read before them: the dead
+    /// leader's 101..=300 after foreign entries (its predecessor, the
+    /// watermark's message, far before them) end the read in one window.
+    #[test]
+    fn the_watermark_s_successor_with_higher_ones_after_it_is_a_witness() {
+        let mut l = Landed::new(100);
+        for s in 101..=300 {
+            l.add(s, false);
+        }
+        l.end_window();
+        assert!(l.covered());
+        assert_eq!(l.missing(300), Vec::<(u64, u64)>::new());
+        // Alone it may be a copy: the read goes on.
+        let mut l = Landed::new(100);
+        l.add(101, false);
+        l.end_window();
+        assert!(!l.covered());
     }
 
     /// Nothing reaches down to the watermark (the first message was
