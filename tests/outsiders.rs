@@ -412,3 +412,62 @@ fn a_leaked_old_secret_cannot_forge_a_tail_past_its_cut_off() {
     assert_eq!(out.status.code(), Some(0), "{report}");
     assert!(report.contains("forged          300"), "{report}");
 }
+
+/// The review of issue 48's cut-off: it was the last sequence assigned at
+/// the rotation, which covers an outbox backlog that was never published
+/// under the old secret. Pulsar is unreachable while 1,000 lines of the
+/// capture are acked into the outbox under the old secret; the node stops,
+/// is rotated, and someone holding the leaked old secret writes proven
+/// messages for every sequence the backlog holds before the node comes
+/// back. With the last assigned as the cut-off, they were all the
+/// cluster's: the tail was the backlog's last sequence and the watermark
+/// trimmed the real messages unpublished. The cut-off is now the committed
+/// watermark (0 here): every real message goes once, the forged ones are
+/// foreign.
+#[test]
+fn a_leaked_old_secret_cannot_forge_a_backlog_left_at_the_rotation() {
+    let Some(pulsar) =
+        shared_pulsar("a_leaked_old_secret_cannot_forge_a_backlog_left_at_the_rotation")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("leaked-backlog");
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.secret");
+    let new = dir.path().join("new.secret");
+    std::fs::write(&old, "the secret before the rotation, which leaked").unwrap();
+    std::fs::write(&new, "the secret after the rotation, which did not leak").unwrap();
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.config.cluster.secret_file = Some(old.clone());
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    let mut node = Node::start(spec);
+    wait_level(&node, 2);
+    let sent = replay(mqtt.port, &["--limit", "1000", "--pace", "max"]).published;
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= sent as f64
+    });
+    let backlog = hfp_pairs(Some(1000)).len() as u64;
+    assert!(node.terminate(Duration::from_secs(30)).is_some());
+
+    let leaked = firstseen::cluster::wire::ClusterKey::from_secret(&std::fs::read(&old).unwrap());
+    forge_with_old_secret(&pulsar, &topic, &leaked, 1..=backlog);
+    node.spec.config.cluster.secret_file = Some(new.clone());
+    node.spec.config.cluster.previous_secret_files = vec![old.clone()];
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    node.wait_published(backlog, Duration::from_secs(120));
+    let read = read_back_with(&pulsar, &topic, &["--skip-key-prefix", "0000000000f0f0"]);
+    assert_exactly_once(&read, &hfp_pairs(Some(1000)));
+    let record = node
+        .data_dir()
+        .join(firstseen::publish::proof::RETIRED_FILE);
+    let cutoffs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(
+        cutoffs[leaked.cluster_id()][&topic].as_u64(),
+        Some(0),
+        "{cutoffs}"
+    );
+}

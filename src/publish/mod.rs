@@ -415,9 +415,12 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let topics = self.outbox.topics()?;
             self.ours.proofs().retired().record(
                 &unrecorded,
-                topics.iter().map(|(t, st)| (t.as_str(), st.last_seq)),
+                // The committed watermark, not the last assigned: what is
+                // assigned and unpublished goes under the new secret
+                // (`proof::Retired`).
+                topics.iter().map(|(t, st)| (t.as_str(), st.published_seq)),
             )?;
-            tracing::info!(secrets = ?unrecorded, topics = topics.len(), "cut-offs of the previous secrets recorded: their proofs hold up to the sequences assigned by now");
+            tracing::info!(secrets = ?unrecorded, topics = topics.len(), "cut-offs of the previous secrets recorded: their proofs hold up to each topic's committed watermark");
         }
         let session = self.broker.connect().await?;
         let mut topics: BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>> =

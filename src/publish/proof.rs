@@ -26,9 +26,10 @@
 //! moved to another topic or sequence, or with a property changed, fails
 //! it. A secret the cluster had before a rotation
 //! (`cluster.previous_secret_files`) proves only up to its cut-off on each
-//! topic ([`Retired`]): the last sequence assigned before the cluster ran
-//! under the new secret. Someone holding a leaked old secret can then make
-//! proofs only for sequences the cluster had already written under it.
+//! topic ([`Retired`]): the topic's committed watermark when the node
+//! first led under the new secret. Someone holding a leaked old secret can
+//! then make proofs only for sequences already known to be in the topic,
+//! which no publisher resumes below anyway.
 //!
 //! What a proof cannot stop: the same message written again at the end of
 //! its topic (a replay). Its sequence is one the cluster already wrote, so
@@ -196,21 +197,27 @@ pub type Cutoffs = BTreeMap<String, u64>;
 /// A secret is rotated for the whole cluster at once (peers authenticate
 /// each other with the current secret only, so a node on the old one
 /// cannot work with nodes on the new one). Its cut-off on a topic is the
-/// last sequence assigned there before the first entry committed under
-/// the new secret. A node records it as it starts to lead with the secret
-/// listed in `cluster.previous_secret_files` and no record of it, after a
-/// read barrier (every entry committed before then applied), for every
-/// topic the state knows; a topic it does not know gets 0. The publisher
-/// reads no tail, and takes no producer, before the record is on disk.
+/// topic's committed watermark (`published_seq`) when the node first leads
+/// with the secret listed in `cluster.previous_secret_files` and no record
+/// of it, after a read barrier (every entry committed before then
+/// applied), for every topic the state knows; a topic it does not know gets
+/// 0. The publisher reads no tail, and takes no producer, before the record
+/// is on disk.
 ///
-/// Kept per node, not replicated, which leaves a window: the record holds
-/// what was assigned when this node first led after the rotation, which
-/// may be more than the cut-off (entries the cluster committed under the
-/// new secret before then: those of an earlier leader, or of this one's
-/// first moments). Someone holding the old secret could forge those
-/// sequences, and this node's tail read would count them. A node whose
-/// record is lost records again, later. `verify` reads the record of the
-/// node whose config it is given.
+/// Why the watermark and not the last sequence assigned: everything
+/// assigned and not yet published at the rotation is published under the
+/// new secret, so the old one never proves it; with the last assigned as
+/// the cut-off, an outbox backlog left at the rotation (Pulsar slow or
+/// down) could be forged with a leaked old secret, taken for the tail and
+/// trimmed unpublished (the review found it; `tests/outsiders.rs`,
+/// `a_leaked_old_secret_cannot_forge_a_backlog_left_at_the_rotation`). A
+/// sequence at or below the watermark is in the topic, and no publisher
+/// resumes below the watermark, so a forgery there moves nothing. The cost:
+/// messages the old secret did write above the watermark (receipts that
+/// came back after the last watermark before the stop) count as foreign,
+/// and go again: at most the last publisher's batches in flight, once per
+/// rotation. Kept per node, not replicated: a node that first leads later
+/// records a later watermark, which is as safe.
 #[derive(Clone, Debug, Default)]
 pub struct Retired {
     inner: Arc<Mutex<RetiredInner>>,
@@ -258,8 +265,10 @@ impl Retired {
     }
 
     /// Records, for each of `ids` without a record, `topics` (a topic and
-    /// the last sequence assigned on it) as its cut-offs, and keeps the
-    /// record on disk before it counts. A record, once made, never changes.
+    /// its committed watermark) as its cut-offs, and keeps the record on
+    /// disk before it counts. A record, once made, never changes. Two
+    /// spellings of one topic in the state are one topic here; the higher
+    /// watermark counts (both are in the topic).
     pub fn record<'a>(
         &self,
         ids: &[String],
@@ -273,10 +282,11 @@ impl Retired {
         if missing.is_empty() {
             return Ok(());
         }
-        let at: Cutoffs = topics
-            .into_iter()
-            .map(|(t, seq)| (canonical_topic(t).into_owned(), seq))
-            .collect();
+        let mut at = Cutoffs::new();
+        for (t, seq) in topics {
+            let e = at.entry(canonical_topic(t).into_owned()).or_insert(seq);
+            *e = (*e).max(seq);
+        }
         let mut next = inner.cutoffs.clone();
         for id in missing {
             next.insert(id.clone(), at.clone());
