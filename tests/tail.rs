@@ -309,3 +309,110 @@ os._exit(0)
     let read = read_back_with(&pulsar, &topic, &["--skip-key", ""]);
     assert_exactly_once(&read, &hfp_pairs(None));
 }
+
+/// Copies the message numbered `seq` in `topic` (properties, key, payload:
+/// its proof holds) to the topic's end with the official client, as anyone
+/// with a producer on the topic can while no node holds it.
+fn replay_message(pulsar: &Pulsar, topic: &str, seq: u64) {
+    let script = r#"
+import logging, os, sys, pulsar
+url, topic, seq = sys.argv[1], sys.argv[2], sys.argv[3]
+log = logging.getLogger("w"); log.setLevel(logging.ERROR)
+client = pulsar.Client(url, logger=log, operation_timeout_seconds=30)
+reader = client.create_reader(topic, pulsar.MessageId.earliest)
+while True:
+    m = reader.read_next(timeout_millis=30000)
+    if m.properties().get("firstseen-seq") == seq:
+        break
+producer = client.create_producer(topic, batching_enabled=False)
+producer.send(m.data(), properties=m.properties(), partition_key=m.partition_key())
+producer.close()
+print("copied", flush=True)
+os._exit(0)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &pulsar.url, topic, &seq.to_string()])
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "the copier: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "copied");
+}
+
+/// The review's replay (G2): a leader dies with everything published but
+/// none of its `Published` entries committed (its watermark 0), 1,500
+/// entries of one message each in the topic; before the next publisher
+/// comes, an outsider copies proven message 1 to the topic's end. The tail
+/// read's first window (the last 64 entries) holds 1438..=1500 and the
+/// copy. Counted as the watermark's witness, the copy stopped the read
+/// there, and 2..=1437 went again, late. Now it lies after higher messages
+/// and counts for nothing: every key once, apart from the copy.
+///
+/// The uncommitted watermark is the node's data directory as it was before
+/// it published (a copy taken while it was stopped): what a successor
+/// holds when the leader's `Published` entries never reached a majority.
+#[test]
+fn a_replayed_message_at_the_end_sends_nothing_again() {
+    let Some(pulsar) = shared_pulsar("a_replayed_message_at_the_end_sends_nothing_again") else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("replayed-at-the-end");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    // One message per entry: the dead leader's run spans many windows.
+    spec.config.pulsar.publish_batch = 1;
+    // First no broker: the whole capture waits in the outbox.
+    let real_url = spec.config.pulsar.url.clone();
+    spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
+    let mut node = Node::start(spec);
+    wait_until(Duration::from_secs(30), "cluster level 2", || {
+        node.status().is_some_and(|s| s.level.cluster >= 2)
+    });
+    let sent = replay(mqtt.port, &["--limit", "1500", "--pace", "max"]).published;
+    wait_until(Duration::from_secs(60), "every message acked", || {
+        node.metric("firstseen_acks_total") >= sent as f64
+    });
+    node.terminate(Duration::from_secs(20)).expect("stops");
+    let want = hfp_pairs(Some(1500));
+    let n = want.len() as u64;
+    let data = node.data_dir();
+    let saved = data.with_file_name("data-before-publishing");
+    let cp = |from: &std::path::Path, to: &std::path::Path| {
+        let _ = std::fs::remove_dir_all(to);
+        let status = Command::new("cp").arg("-a").arg(from).arg(to).status();
+        assert!(status.expect("cp runs").success(), "cp -a {from:?} {to:?}");
+    };
+    cp(&data, &saved);
+    node.spec.config.pulsar.url = real_url;
+    node.restart();
+    node.wait_published(n, Duration::from_secs(120));
+    node.kill9();
+    cp(&saved, &data);
+    replay_message(&pulsar, &topic, 1);
+    node.restart();
+    node.wait_published(n, Duration::from_secs(120));
+    let read = read_back(&pulsar, &topic);
+    // The copy is the last message; without it, every key once in order.
+    let mut seen = std::collections::BTreeSet::new();
+    let again: Vec<u64> = read
+        .seqs
+        .iter()
+        .flatten()
+        .filter(|s| !seen.insert(**s))
+        .copied()
+        .collect();
+    assert_eq!(
+        (read.count, read.keys_with_copies),
+        (n + 1, 1),
+        "sent again: {} sequences, the first {:?}; {}",
+        again.len(),
+        &again[..again.len().min(10)],
+        node.log_tail(20)
+    );
+    assert_eq!(read.distinct_keys, n);
+    let mut want_seqs: Vec<Option<u64>> = (1..=n).map(Some).collect();
+    want_seqs.push(Some(1));
+    assert!(read.seqs == want_seqs, "not 1..={n} then the copy of 1");
+    assert_eq!(node.metric("firstseen_published_late_total"), 0.0);
+    let got: std::collections::BTreeSet<(String, String)> = read.pairs.iter().cloned().collect();
+    assert_eq!(got, want);
+}
