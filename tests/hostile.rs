@@ -414,17 +414,7 @@ fn a_message_the_broker_refuses_is_sent_late_and_then_set_aside() {
     assert!(node.metric("firstseen_set_aside_total") >= 1.0);
     // A message is late when a higher sequence came before it.
     let read = read_back(&pulsar, &topic);
-    let mut highest = 0;
-    let late: Vec<u64> = read
-        .seqs
-        .iter()
-        .flatten()
-        .filter_map(|&s| {
-            let came_late = s < highest;
-            highest = highest.max(s);
-            came_late.then_some(s)
-        })
-        .collect();
+    let late = read.late();
     assert!(
         !late.is_empty(),
         "the refused ones come late: {:?}",
@@ -563,17 +553,7 @@ fn entries_the_broker_refuses_by_their_last_id_do_not_stall_the_topic() {
         node.log_tail(40)
     );
     let read = read_back(&pulsar, &topic);
-    let mut highest = 0;
-    let late: Vec<u64> = read
-        .seqs
-        .iter()
-        .flatten()
-        .filter_map(|&s| {
-            let came_late = s < highest;
-            highest = highest.max(s);
-            came_late.then_some(s)
-        })
-        .collect();
+    let late = read.late();
     assert_exactly_once_with_late(&read, &want, &late);
     let (code, report) = verify(
         &pulsar,

@@ -225,17 +225,7 @@ fn refused_messages_a_dead_leader_held_are_sent_late() {
     let want = hfp_pairs(Some(1500));
     node.wait_published(want.len() as u64, Duration::from_secs(180));
     let read = read_back(&pulsar, &topic);
-    let mut highest = 0;
-    let late: Vec<u64> = read
-        .seqs
-        .iter()
-        .flatten()
-        .filter_map(|&s| {
-            let came_late = s < highest;
-            highest = highest.max(s);
-            came_late.then_some(s)
-        })
-        .collect();
+    let late = read.late();
     eprintln!("late: {} messages", late.len());
     assert_exactly_once_with_late(&read, &want, &late);
     let (code, report) = verify(

@@ -18,6 +18,22 @@ pub struct ReadBack {
     pub envelope_problems: Vec<String>,
 }
 
+impl ReadBack {
+    /// The sequences that came late: after a higher one, in the order read.
+    pub fn late(&self) -> Vec<u64> {
+        let mut highest = 0;
+        self.seqs
+            .iter()
+            .flatten()
+            .filter_map(|&s| {
+                let came_late = s < highest;
+                highest = highest.max(s);
+                came_late.then_some(s)
+            })
+            .collect()
+    }
+}
+
 pub fn read_back(pulsar: &Pulsar, topic: &str) -> ReadBack {
     read_back_with(pulsar, topic, &[])
 }
