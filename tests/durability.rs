@@ -738,7 +738,12 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     // Small entries and a snapshot every 10 while the broker is down: the
     // log is purged past the unpublished messages' entries (the outbox hold
     // keeps them until they are published).
-    spec.config.batch.max_messages = 50;
+    // Ten messages an entry, so that the feed makes about a hundred entries
+    // and several snapshots: openraft keeps `snapshot_logs` entries behind
+    // a snapshot, so only a later one purges the first messages' entries.
+    // With 50, the feed sometimes made one snapshot, nothing was purged,
+    // and the check below found no deletions to recover from.
+    spec.config.batch.max_messages = 10;
     spec.config.cluster.snapshot_logs = 10;
     let mut node = Node::start(spec);
     node.wait_ready();
@@ -770,13 +775,30 @@ fn a_state_older_than_the_log_deletions_catches_up_by_re_applying_the_log() {
     // the entries the messages were read from are deleted. No snapshot
     // after this point, so the log still starts where the old state needs.
     node.spec.config.cluster.snapshot_logs = 100_000;
+    // The reaper says at debug level what it deleted; the test waits for
+    // that rather than for a fixed three seconds after the last receipt.
+    node.spec.env.push((
+        "RUST_LOG".into(),
+        "info,pulsar=warn,openraft=warn,firstseen_raft::log_store::reaper=debug".into(),
+    ));
     own.restart();
     node.restart();
     node.wait_ready();
     node.wait_published(first, Duration::from_secs(60));
-    // The reaper deletes a second or so after the hold moves.
-    std::thread::sleep(Duration::from_secs(3));
+    let this_start = |log: &str| log.rsplit("===== start #").next().unwrap_or("").to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !this_start(&std::fs::read_to_string(node.log_path()).unwrap_or_default())
+        .contains("purged log entries deleted")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reaper deleted nothing in 60 s after the outbox drained: {}",
+            node.log_tail(60)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     node.terminate(Duration::from_secs(20)).expect("stops");
+    node.spec.env.pop();
 
     // The state comes back as it was before the broker returned.
     std::fs::remove_dir_all(&state).unwrap();
