@@ -169,6 +169,18 @@ pub struct PulsarSession {
 }
 
 impl PulsarSession {
+    /// What a tail read of `topic` is told: a few operation timeouts for
+    /// the whole read, enough for a busy topic's last ledger and bounded
+    /// whatever is in it.
+    fn tail_query<'a>(&self, topic: &'a str, assigned: u64, strict: bool) -> tail::TailQuery<'a> {
+        tail::TailQuery {
+            topic,
+            assigned,
+            strict,
+            budget: self.wait.saturating_mul(3),
+        }
+    }
+
     /// Waits, holding `topic`'s exclusive producer, until the broker holds
     /// no write of the topic it has taken and not yet persisted, at most
     /// one operation timeout; fails with [`SendError::WritesPending`] after
@@ -288,15 +300,12 @@ impl Session for PulsarSession {
         assigned: u64,
         strict: bool,
     ) -> Result<tail::Tail, Error> {
-        let q = tail::TailQuery {
-            topic,
-            assigned,
-            strict,
-            // A few operation timeouts for the whole read: enough for a
-            // busy topic's last ledger, bounded whatever is in it.
-            budget: self.wait.saturating_mul(3),
-        };
-        tail::last_seq(&self.client, &self.ours, q).await
+        tail::last_seq(
+            &self.client,
+            &self.ours,
+            self.tail_query(topic, assigned, strict),
+        )
+        .await
     }
 
     async fn read_tail(
@@ -306,12 +315,7 @@ impl Session for PulsarSession {
         watermark: u64,
         strict: bool,
     ) -> Result<tail::Tail, Error> {
-        let q = tail::TailQuery {
-            topic,
-            assigned,
-            strict,
-            budget: self.wait.saturating_mul(3),
-        };
+        let q = self.tail_query(topic, assigned, strict);
         tail::landed(&self.client, &self.ours, q, watermark).await
     }
 
