@@ -69,16 +69,9 @@ pub struct Message<'a> {
 
 /// A topic as the broker names it: `my-topic` is
 /// `persistent://public/default/my-topic`. A proof made for one spelling
-/// holds for the other.
-pub fn canonical_topic(topic: &str) -> std::borrow::Cow<'_, str> {
-    if topic.contains("://") {
-        std::borrow::Cow::Borrowed(topic)
-    } else if topic.matches('/').count() == 2 {
-        std::borrow::Cow::Owned(format!("persistent://{topic}"))
-    } else {
-        std::borrow::Cow::Owned(format!("persistent://public/default/{topic}"))
-    }
-}
+/// holds for the other. Kept in the store crate, whose state names topics
+/// by it from cluster level 3.
+pub use firstseen_store::topic::canonical as canonical_topic;
 
 /// The keys proofs are made with, derived from a cluster secret: one per
 /// version, so that a proof of one version is never one of the other.

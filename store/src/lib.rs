@@ -16,8 +16,8 @@
 //!    databases: sled's flush, then `fdatasync` of their files.
 //!
 //! [`level`] is the cluster level: which of these formats and rules every
-//! member has agreed to. [`sync`] holds the one mutex-poisoning policy of
-//! every firstseen crate.
+//! member has agreed to; [`topic`] the one name of a Pulsar topic.
+//! [`sync`] holds the one mutex-poisoning policy of every firstseen crate.
 //!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
@@ -29,6 +29,7 @@ pub mod model;
 pub mod record;
 pub mod state;
 pub mod sync;
+pub mod topic;
 pub mod window;
 
 pub use model::*;
