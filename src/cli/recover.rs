@@ -64,13 +64,14 @@ pub async fn run(args: Args) -> ExitCode {
         }
     };
     // Who the old cluster is, by its own log.
-    let members: Vec<(NodeId, String)> = match members_of(&mut storage).await {
+    let old = match old_cluster(&mut storage).await {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    let members = &old.members;
     // The old cluster still commits if a majority of it runs: this node
     // plus the others that answer.
     let key = match crate::cluster::load_key(&config.cluster, &config.node.cx()) {
@@ -102,7 +103,12 @@ pub async fn run(args: Args) -> ExitCode {
         Arc::new(crate::cluster::liveness::Liveness::new()),
         tasks.clone(),
     );
-    let others: Vec<&(NodeId, String)> = members.iter().filter(|(id, _)| *id != me).collect();
+    // Only voters make a quorum: a learner answering says nothing of
+    // whether the old cluster can still commit, so learners are not asked.
+    let others: Vec<&(NodeId, String)> = members
+        .iter()
+        .filter(|(id, _)| *id != me && old.voters().contains(id))
+        .collect();
     let mut alive = BTreeSet::from([me]);
     for (id, addr) in &others {
         let r = peers
@@ -119,10 +125,11 @@ pub async fn run(args: Args) -> ExitCode {
     }
     peers.close();
     tasks.close();
-    if alive.len() * 2 > members.len() {
+    if still_has_quorum(&old.configs, &alive) {
         eprintln!(
-            "error: the cluster still has a quorum: nodes {alive:?} of {:?} answer. Start this node normally; it rejoins. recover is for a survivor whose cluster has lost its majority for good",
-            members.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+            "error: the cluster still has a quorum: nodes {:?} of its voters {:?} answer. Start this node normally; it rejoins. recover is for a survivor whose cluster has lost its majority for good",
+            alive.intersection(&old.voters()).collect::<Vec<_>>(),
+            old.voters()
         );
         return ExitCode::from(1);
     }
@@ -143,13 +150,73 @@ pub async fn run(args: Args) -> ExitCode {
     }
 }
 
-/// The members of the cluster the storage's log ends in, with their peer
-/// addresses.
-async fn members_of(
+/// The cluster the storage's log ends in: its members with their peer
+/// addresses (voters and learners), and its voter configurations (one, or
+/// two during a joint change).
+struct OldCluster {
+    members: Vec<(NodeId, String)>,
+    configs: Vec<BTreeSet<NodeId>>,
+}
+
+impl OldCluster {
+    fn voters(&self) -> BTreeSet<NodeId> {
+        self.configs.iter().flatten().copied().collect()
+    }
+}
+
+async fn old_cluster(
     storage: &mut firstseen_raft::Storage,
-) -> Result<Vec<(NodeId, String)>, firstseen_raft::recover::RecoverError> {
+) -> Result<OldCluster, firstseen_raft::recover::RecoverError> {
     let m = firstseen_raft::recover::membership(storage)
         .await?
         .ok_or(firstseen_raft::recover::RecoverError::NoMembership)?;
-    Ok(m.nodes().map(|(id, n)| (*id, n.addr.clone())).collect())
+    Ok(OldCluster {
+        members: m.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
+        configs: m.get_joint_config().clone(),
+    })
+}
+
+/// Whether the old cluster can still commit with the members in `alive`
+/// running: a majority of the voters of each of its configurations (two
+/// during a joint change) answers. Learners never count, on either side:
+/// they do not vote. Counted among the members, as before, a learner made
+/// the denominator larger, so a survivor whose voters still had a
+/// majority was recovered anyway (issue 49 item 3).
+fn still_has_quorum(configs: &[BTreeSet<NodeId>], alive: &BTreeSet<NodeId>) -> bool {
+    !configs.is_empty()
+        && configs
+            .iter()
+            .all(|voters| voters.intersection(alive).count() * 2 > voters.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    /// Voters 1, 2, 3 and learners 4, 5: node 1 with voter 2 answering is
+    /// a majority of the voters, whatever the learners do. Counted among
+    /// all five members (the old rule), 2 of 5 was no quorum and the
+    /// survivor was recovered beside a cluster that still commits.
+    #[test]
+    fn only_voters_make_the_quorum() {
+        let voters = vec![set(&[1, 2, 3])];
+        assert!(still_has_quorum(&voters, &set(&[1, 2])));
+        // Learners answering make no quorum of their own.
+        assert!(!still_has_quorum(&voters, &set(&[1, 4, 5])));
+        assert!(!still_has_quorum(&voters, &set(&[1])));
+    }
+
+    /// During a joint change both configurations must have a majority for
+    /// the old cluster to commit.
+    #[test]
+    fn a_joint_membership_needs_a_majority_of_each() {
+        let joint = vec![set(&[1, 2, 3]), set(&[3, 4, 5])];
+        assert!(!still_has_quorum(&joint, &set(&[1, 2])));
+        assert!(still_has_quorum(&joint, &set(&[1, 3, 4])));
+        assert!(!still_has_quorum(&[], &set(&[1])));
+    }
 }
