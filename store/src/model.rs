@@ -287,6 +287,15 @@ pub enum Command {
     /// `keep_bytes`, the leader's `outbox.set_aside_max_bytes`, stamped so
     /// that every node keeps the same). Committed before the marker is sent.
     SetAside(Box<SetAside>),
+    /// The cluster's generation becomes `generation`: appended by
+    /// `firstseen recover --force-new-cluster` after the membership of the
+    /// survivor alone, one above the survivor's own, so that the cluster it
+    /// starts tells its messages from those of the cluster it came from
+    /// (each message's proof covers it). Never goes back. Only a recovered
+    /// cluster has one: a node of a release without generations cannot
+    /// read the entry, and members are added to a recovered cluster with
+    /// the release that recovered it.
+    Generation { generation: u64 },
 }
 
 /// What [`Command::SetAside`] carries, and what the store keeps.
@@ -351,7 +360,10 @@ impl Command {
                 observations,
                 ..
             } => Some((*stamped_ms, *window_ms, observations)),
-            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
+            Command::Published { .. }
+            | Command::Level { .. }
+            | Command::SetAside(_)
+            | Command::Generation { .. } => None,
         }
     }
 
@@ -392,7 +404,10 @@ impl Command {
             | Command::ObserveWithProperties { observations, .. }
             | Command::ObserveSlim { observations, .. }
             | Command::ObserveKinds { observations, .. } => Some(observations),
-            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
+            Command::Published { .. }
+            | Command::Level { .. }
+            | Command::SetAside(_)
+            | Command::Generation { .. } => None,
         }
     }
 
@@ -403,7 +418,10 @@ impl Command {
             | Command::ObserveWithProperties { observations, .. }
             | Command::ObserveSlim { observations, .. }
             | Command::ObserveKinds { observations, .. } => Some(observations),
-            Command::Published { .. } | Command::Level { .. } | Command::SetAside(_) => None,
+            Command::Published { .. }
+            | Command::Level { .. }
+            | Command::SetAside(_)
+            | Command::Generation { .. } => None,
         }
     }
 }

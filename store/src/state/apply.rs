@@ -127,6 +127,10 @@ impl Memory {
             }
             Some(Command::Level { level }) => self.raise_level(*level)?,
             Some(Command::SetAside(s)) => self.aside.keep(s, self.head.totals.clock_ms)?,
+            Some(Command::Generation { generation }) => {
+                self.generation = self.generation.max(*generation);
+                Response::None
+            }
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {
@@ -747,6 +751,34 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("level 3"), "{e}");
         assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// A recovery's generation is applied, never goes back, survives a
+    /// restart and travels in the snapshot (a member added to a recovered
+    /// cluster learns it so).
+    #[test]
+    fn the_generation_is_kept_across_a_restart_and_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = super::super::testing::reopenable(dir.path());
+            let s = crate::StateStore::open(&db).unwrap();
+            assert_eq!(s.generation(), 0);
+            s.apply(Some(&Command::Generation { generation: 2 }), 1, b"1")
+                .unwrap();
+            s.apply(Some(&Command::Generation { generation: 1 }), 2, b"2")
+                .unwrap();
+            assert_eq!(s.generation(), 2, "never goes back");
+            s.flush().unwrap();
+        }
+        let db = super::super::testing::reopenable(dir.path());
+        let s = crate::StateStore::open(&db).unwrap();
+        assert_eq!(s.generation(), 2);
+        let mut buf = Vec::new();
+        s.export(&mut buf, &mut |_| unreachable!("no outbox"))
+            .unwrap();
+        let b = store();
+        b.import(&mut buf.as_slice()).unwrap();
+        assert_eq!(b.generation(), 2);
     }
 
     /// The collisions a route's sender could craft: a `payload` key equal

@@ -54,6 +54,9 @@ impl StateStore {
         let levels = (inner.levels != crate::level::Levels::default())
             .then(|| encode(&inner.levels))
             .transpose()?;
+        let generation = (inner.generation != 0)
+            .then(|| encode(&inner.generation))
+            .transpose()?;
         let expired_below = inner.head.expired_below;
         let first_unwritten = inner.first_unwritten();
         let delete = inner.written_from..expired_below.min(first_unwritten);
@@ -145,6 +148,9 @@ impl StateStore {
                 meta_t.insert(META_HEAD, head.as_slice())?;
                 if let Some(levels) = &levels {
                     meta_t.insert(META_LEVEL, levels.as_slice())?;
+                }
+                if let Some(generation) = &generation {
+                    meta_t.insert(super::META_GENERATION, generation.as_slice())?;
                 }
                 Ok(())
             })

@@ -40,6 +40,10 @@ pub(super) struct Memory {
     /// The cluster level. Kept apart from the head (whose encoding every
     /// release before levels reads), and written only once it rose.
     pub(super) levels: crate::level::Levels,
+    /// The cluster's generation ([`crate::Command::Generation`]): 0 until a
+    /// recovery started one. Kept apart from the head, like the level, and
+    /// written only once it is not 0.
+    pub(super) generation: u64,
     /// Messages sent as markers, kept whole (`aside.rs`).
     pub(super) aside: super::aside::Aside,
     pub(super) index: Index,

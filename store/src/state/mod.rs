@@ -62,6 +62,8 @@ pub use snapshot::ResolveEntry;
 const META_HEAD: &[u8] = b"head";
 /// The cluster level ([`crate::level::Levels`]), once it rose above the base.
 const META_LEVEL: &[u8] = b"level";
+/// The cluster's generation (a `u64`), once a recovery started one.
+const META_GENERATION: &[u8] = b"generation";
 /// Present while a snapshot is being imported (see `import_with_progress`).
 const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
@@ -180,6 +182,10 @@ impl StateStore {
             Some(raw) => decode(&raw)?,
             None => Default::default(),
         };
+        let generation: u64 = match self.meta.get(META_GENERATION)? {
+            Some(raw) => decode(&raw)?,
+            None => 0,
+        };
         // A state of a level this release does not know is not opened: its
         // log holds entries it cannot apply.
         crate::level::check(levels.level)?;
@@ -233,6 +239,7 @@ impl StateStore {
             written_from: written_from.unwrap_or(head.expired_below),
             head,
             levels,
+            generation,
             aside: aside::Aside::load(&self.aside)?,
             index,
             runs,

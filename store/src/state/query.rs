@@ -110,6 +110,12 @@ impl StateStore {
             .collect())
     }
 
+    /// The cluster's generation: 0 for a cluster never recovered, one more
+    /// with each `firstseen recover --force-new-cluster` it came through.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
     /// The cluster level this state applies entries at.
     pub fn level(&self) -> u32 {
         self.lock().levels.level
