@@ -12,6 +12,14 @@
 //! its only copy) and applies what it had not applied yet. The group grows
 //! back with `firstseen members add`.
 //!
+//! It also starts a new generation of the cluster: an entry
+//! ([`crate::Command::Generation`]) one above the survivor's after the
+//! membership. Every message the recovered cluster publishes carries its
+//! generation in its proof, so that the two clusters stay apart in Pulsar:
+//! a leader of the old cluster (cut off, not gone, when the operator
+//! recovered) that finds a newer generation at the end of a topic stops
+//! publishing there.
+//!
 //! What it cannot give back: an entry the lost members committed and this
 //! node never received. A leader has every committed entry, so recover the
 //! node that led, or the one with the longest log. And the lost members must
@@ -36,6 +44,9 @@ pub struct Forced {
     /// The last entry of the log before it (every one of them is now this
     /// group's to commit).
     pub last_before: Option<LogId<NodeId>>,
+    /// The generation the recovered cluster starts (its entry follows the
+    /// membership's).
+    pub generation: u64,
 }
 
 /// Why the survivor cannot be made a cluster of one.
@@ -79,6 +90,23 @@ pub async fn membership(
     Ok((m.voter_ids().count() > 0).then(|| m.clone()))
 }
 
+/// The generation the survivor is in: the higher of its applied state's
+/// and any [`crate::Command::Generation`] in its log not applied yet.
+pub async fn generation(storage: &mut Storage) -> Result<u64, RecoverError> {
+    let mut generation = storage.state.generation();
+    let state = storage.log.get_log_state().await?;
+    if let Some(last) = state.last_log_id {
+        let first = state.last_purged_log_id.map_or(0, |l| l.index + 1);
+        let entries = storage.log.try_get_log_entries(first..=last.index).await?;
+        for e in &entries {
+            if let EntryPayload::Normal(crate::Command::Generation { generation: g }) = &e.payload {
+                generation = generation.max(*g);
+            }
+        }
+    }
+    Ok(generation)
+}
+
 /// Makes the node whose storage is `storage` (opened, and not running) the
 /// only member of its cluster, keeping its log and state. Blocking in the
 /// sense that the node must not run meanwhile.
@@ -110,6 +138,7 @@ pub async fn force_single(
         .max(last.map_or(0, |l| l.leader_id.term))
         + 1;
     let index = last.map_or(0, |l| l.index + 1);
+    let generation = generation(storage).await? + 1;
     // The vote first: a node that voted for itself in a term above every
     // one its log has seen is that term's leader, and the entry below is
     // its own.
@@ -122,11 +151,19 @@ pub async fn force_single(
         log_id: LogId::new(CommittedLeaderId::new(term, me), index),
         payload: EntryPayload::Membership(single),
     };
-    storage.log.blocking_append([entry]).await?;
+    // The new generation in the same append: a crash between the two
+    // would leave a cluster of one in the old generation, publishing
+    // beside the cluster it came from as if it were it.
+    let next = Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(term, me), index + 1),
+        payload: EntryPayload::Normal(crate::Command::Generation { generation }),
+    };
+    storage.log.blocking_append([entry, next]).await?;
     Ok(Forced {
         before,
         term,
         index,
         last_before: last,
+        generation,
     })
 }

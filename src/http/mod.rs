@@ -81,6 +81,9 @@ pub struct AppState {
     /// Whether publishing stands still with messages waiting: fed by
     /// [`gauges`] once a second, read by readiness.
     pub publishing: Mutex<crate::publish::stall::StallWatch>,
+    /// The topics this node's publisher gave up to a newer generation of
+    /// its cluster (`publish::tail::Superseded`): read by readiness.
+    pub superseded: crate::publish::tail::Superseded,
 }
 
 /// Serves the API on `listener` until `shutdown`.

@@ -294,6 +294,13 @@ impl AppState {
         if let Some(reason) = self.disk.reason() {
             return Err(NotReady::DiskLow(reason));
         }
+        if let Some((topic, found)) = self.superseded.all().into_iter().next() {
+            return Err(NotReady::Superseded {
+                topic,
+                ours: found.ours,
+                newer: found.newer,
+            });
+        }
         if let ("leader", _) = self.role(&m) {
             if let Some(stalled) = self
                 .publishing_stalled()
@@ -330,4 +337,11 @@ pub enum NotReady {
     PublishingStalled { secs: u64 },
     #[error("upstream {0} is not connected")]
     UpstreamDown(String),
+    /// The publisher gave a topic up for good (`publish::tail::Superseded`).
+    #[error("topic {topic} holds messages of generation {newer} of this cluster, newer than its own {ours}: a cluster recovered from this one publishes there, and this one no longer does (stop one of the two clusters for good)")]
+    Superseded {
+        topic: String,
+        ours: u64,
+        newer: u64,
+    },
 }

@@ -115,6 +115,7 @@ pub async fn run(
             .data_dir
             .join(crate::publish::proof::RETIRED_FILE),
     )?);
+    let superseded = ours.superseded().clone();
     let (tx, rx) = mpsc::channel(INGEST_QUEUE);
     let core = Core::build(
         &config,
@@ -176,6 +177,7 @@ pub async fn run(
         liveness: cluster.liveness.clone(),
         timing: cluster.timing,
         publishing: Default::default(),
+        superseded,
         levels: core.level_gate.clone(),
         reloader: reloader.clone(),
     });

@@ -365,6 +365,11 @@ fn outgoing(
     if how.late {
         properties.push((props::LATE.to_string(), "true".to_string()));
     }
+    // Generation 0 writes nothing: a cluster never recovered writes what
+    // it wrote before generations.
+    if how.generation > 0 {
+        properties.push((props::GENERATION.to_string(), how.generation.to_string()));
+    }
     match how.set_aside {
         // The marker carries no MQTT 5 properties: they may be what made
         // the message too large.
@@ -423,6 +428,15 @@ mod proven {
     /// Message 5 as the publisher writes it: in the transitdata envelope
     /// (the format's properties), with an MQTT 5 property, late or not.
     fn written(ours: &Ours, late: bool) -> (pulsar::proto::MessageMetadata, Vec<u8>) {
+        written_in(ours, late, 0)
+    }
+
+    /// As `written`, by a cluster of generation `generation`.
+    fn written_in(
+        ours: &Ours,
+        late: bool,
+        generation: u64,
+    ) -> (pulsar::proto::MessageMetadata, Vec<u8>) {
         let m = OutboxMessage {
             key: [7; 32],
             mqtt_topic: "sensors/1".into(),
@@ -438,6 +452,7 @@ mod proven {
             set_aside: None,
             late,
             format: Format::Transitdata,
+            generation,
         };
         let out = outgoing(TOPIC, 5, m, how, ours.proofs());
         let meta = pulsar::proto::MessageMetadata {
@@ -504,6 +519,32 @@ mod proven {
         raw.properties
             .retain(|kv| kv.key != crate::publish::format::SCHEMA);
         assert_eq!(o.origin(TOPIC, &raw, &body, Some(9)), Origin::Forged);
+    }
+
+    /// A recovered cluster's messages carry its generation under the
+    /// proof; generation 0 writes no property (what a cluster never
+    /// recovered wrote before generations), and the generation taken off
+    /// or changed makes the message forged.
+    #[test]
+    fn the_generation_is_written_and_proven() {
+        let o = ours();
+        let (plain, body) = written_in(&o, false, 0);
+        assert_eq!(props::get(&plain, props::GENERATION), None);
+        assert_eq!(o.generation_above(TOPIC, &plain, &body, 0), None);
+        let (meta, body) = written_in(&o, false, 2);
+        assert_eq!(props::get(&meta, props::GENERATION), Some("2"));
+        assert_eq!(o.origin(TOPIC, &meta, &body, Some(9)), Origin::Proven(5));
+        assert_eq!(o.generation_above(TOPIC, &meta, &body, 1), Some(2));
+        assert_eq!(o.generation_above(TOPIC, &meta, &body, 2), None);
+        let mut changed = meta.clone();
+        set(&mut changed, props::GENERATION, "3");
+        assert_eq!(o.origin(TOPIC, &changed, &body, Some(9)), Origin::Forged);
+        assert_eq!(o.generation_above(TOPIC, &changed, &body, 0), None);
+        let mut taken_off = meta.clone();
+        taken_off
+            .properties
+            .retain(|kv| kv.key != props::GENERATION);
+        assert_eq!(o.origin(TOPIC, &taken_off, &body, Some(9)), Origin::Forged);
     }
 }
 
@@ -677,6 +718,10 @@ impl Outbox for StateOutbox {
 
     fn level(&self) -> u32 {
         self.state.level()
+    }
+
+    fn generation(&self) -> u64 {
+        self.state.generation()
     }
 
     fn topic(&self, topic: &str) -> Result<TopicState, Error> {

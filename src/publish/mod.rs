@@ -180,6 +180,8 @@ pub fn build<B: Broker + 'static>(
 enum TermEnd {
     /// Not (or no longer) the leader, or the lease could not be confirmed.
     LostLease,
+    /// The topics were renamed (cluster level 3): lead again at once.
+    Renamed,
     Shutdown,
 }
 
@@ -206,6 +208,8 @@ struct TopicPublisher<P> {
     late_failed: Option<u64>,
     /// How this topic's messages are written.
     format: format::Format,
+    /// The cluster's generation, as applied when the producer was taken.
+    generation: u64,
 }
 
 impl<P> TopicPublisher<P> {
@@ -224,6 +228,7 @@ impl<P> TopicPublisher<P> {
             limit: None,
             late_failed: None,
             format,
+            generation: 0,
         }
     }
 
@@ -380,6 +385,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             tracing::info!(term, "leading: publisher starting");
             match self.lead(term).await {
                 Ok(TermEnd::Shutdown) => break,
+                Ok(TermEnd::Renamed) => {}
                 Ok(TermEnd::LostLease) => {
                     tracing::info!(term, "publisher stopped: leadership lease not confirmed");
                     // Still "leader" in its own eyes but without a quorum:
@@ -425,12 +431,25 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         let session = self.broker.connect().await?;
         let mut topics: BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>> =
             BTreeMap::new();
+        let named = self.outbox.level() >= firstseen_store::level::NAMES;
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(TermEnd::Shutdown);
             }
             if self.group.leadership() != (term, Some(self.node_id)) {
                 return Ok(TermEnd::LostLease);
+            }
+            if !named && self.outbox.level() >= firstseen_store::level::NAMES {
+                // The rise to level 3 moved topics held under a short name
+                // to their full one: a publisher of the old name would keep
+                // the topic's exclusive producer from the new one. Every
+                // producer goes, and the next pass starts as a new term
+                // does, reading each topic's tail.
+                tracing::info!(
+                    term,
+                    "cluster level 3: topics go by their full names; publisher starts again"
+                );
+                return Ok(TermEnd::Renamed);
             }
             if self.disk.is_low() {
                 tracing::warn!(
@@ -462,6 +481,11 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                     }
                 }
                 if st.published_seq >= st.last_seq && tp.in_flight.is_empty() {
+                    continue;
+                }
+                // Another cluster, recovered from this one, publishes here:
+                // never again from this one (`tail::Superseded`).
+                if self.ours.superseded().contains(&tp.topic) {
                     continue;
                 }
                 if tp.retry_at.is_some_and(|t| Instant::now() < t) {
@@ -514,6 +538,15 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                     tp.fail(&e).await;
                 }
             }
+        }
+    }
+
+    /// Stops publishing `topic` for good: it holds proven messages of
+    /// generation `newer`, above this cluster's `ours`.
+    fn give_up(&self, topic: &str, ours: u64, newer: u64) {
+        if self.ours.superseded().record(topic, ours, newer) {
+            metrics::counter!("firstseen_publish_superseded_total").increment(1);
+            tracing::error!(topic, generation = ours, newer_generation = newer, "this cluster stops publishing this topic: it holds messages of a newer generation of this cluster, written by a cluster recovered from this one's data (`firstseen recover --force-new-cluster` on a member this cluster was cut off from). Two clusters with one secret cannot publish one topic without losing or doubling messages. Decide which cluster lives: stop this one for good (never start its members again on their data), or stop the recovered one and restart this one's nodes. This node reports not ready and publishes nothing more to this topic until it restarts");
         }
     }
 
@@ -616,6 +649,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             set_aside,
             late: true,
             format: tp.format,
+            generation: tp.generation,
         };
         let receipt = session.send(producer, n, m, how).await?;
         session.flush(producer).await?;
@@ -661,6 +695,15 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let tail = session
                 .read_tail(&tp.topic, assigned.last_seq, watermark, strict)
                 .await?;
+            let generation = self.outbox.generation();
+            if tail::superseded(generation, tail.generation) {
+                // The producer goes (closed at the broker): the newer
+                // cluster may take the topic.
+                drop(producer);
+                self.give_up(&tp.topic, generation, tail.generation);
+                return Ok(false);
+            }
+            tp.generation = generation;
             if tail.foreign > 0 {
                 metrics::counter!("firstseen_foreign_messages_total").increment(tail.foreign);
                 tracing::warn!(topic = %tp.topic, foreign = tail.foreign, forged = tail.forged, tail = ?tail.seq, "messages this cluster did not write found at the end of the topic; skipped");
@@ -740,6 +783,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 set_aside,
                 late: false,
                 format: tp.format,
+                generation: tp.generation,
             };
             match session.send(producer, seq, m, how).await {
                 Ok(receipt) => receipts.push_back(receipt),

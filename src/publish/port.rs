@@ -38,6 +38,10 @@ pub struct Sending {
     /// transitdata's consumers skip as a message of no schema they know
     /// rather than parse an empty payload.
     pub format: super::format::Format,
+    /// The cluster's generation (`firstseen-generation`, written when not
+    /// 0): what the publisher's outbox was applied at when it took the
+    /// topic.
+    pub generation: u64,
 }
 
 /// The broker (Pulsar).
@@ -171,6 +175,12 @@ pub trait Outbox: Send + Sync {
     /// from level 2 only proven messages count at the end of a topic.
     fn level(&self) -> u32 {
         firstseen_store::level::BASE
+    }
+
+    /// The cluster's generation (`firstseen_store::Command::Generation`):
+    /// 0 for a cluster never recovered with `--force-new-cluster`.
+    fn generation(&self) -> u64 {
+        0
     }
 
     /// One topic's last assigned and last published sequence.

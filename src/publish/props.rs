@@ -23,6 +23,14 @@ pub const LATE: &str = "firstseen-late";
 /// MAC over the topic, sequence, key, marker flag, body and every other
 /// property (v2; v1, from builds before it, left the properties out).
 pub const PROOF: &str = "firstseen-proof";
+/// The generation of the cluster that wrote the message, when it is not 0:
+/// one more with each `firstseen recover --force-new-cluster` the cluster
+/// came through (`firstseen_store::Command::Generation`). Covered by the
+/// v2 proof, as every property is. A message without it is of generation
+/// 0. A leader that finds a proven message of a newer generation at the end
+/// of a topic stops publishing there: a cluster recovered from its own
+/// data publishes there now (`super::tail::Superseded`).
+pub const GENERATION: &str = "firstseen-generation";
 
 /// The most bytes firstseen's own properties and Pulsar's message metadata
 /// add to a message beyond what `dedup.max_message_bytes` counts (the MQTT
@@ -103,6 +111,7 @@ mod tests {
             (NODE, u64_max.as_str()),
             (FIRST_SEEN_MS, u64_max.as_str()),
             (PROOF, &"f".repeat(32)),
+            (GENERATION, u64_max.as_str()),
         ];
         let named: usize = own.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
             + MQTT_TOPIC.len()

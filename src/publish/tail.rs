@@ -115,6 +115,63 @@ pub struct Ours {
     /// (what releases before the node kept a secret of its own named it).
     names: Vec<String>,
     proofs: ProofKeys,
+    /// The topics this node found superseded (shared by every clone).
+    superseded: Superseded,
+}
+
+/// The topics where this node found a proven message of a newer generation
+/// than its cluster's, with that generation: a cluster recovered from this
+/// one's data (`firstseen recover --force-new-cluster` on a member cut off
+/// from it, not gone) publishes there, with the same secret. Both cannot
+/// publish one topic: each would take the other's proven messages for its
+/// own tail and skip or repeat what it lacks, and both have the same
+/// upstream feed. The older one gives the topic up, for good: only the
+/// operator can tell which cluster is to live (this one has to be stopped,
+/// or the other), so nothing here lets go of the record but a restart, and
+/// a restart finds the newer generation in the topic again. Read by
+/// readiness. Shared by every clone.
+#[derive(Clone, Debug, Default)]
+pub struct Superseded {
+    inner: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Found>>>,
+}
+
+/// What a superseded topic's tail read found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// This cluster's generation.
+    pub ours: u64,
+    /// The newer one found in the topic.
+    pub newer: u64,
+}
+
+impl Superseded {
+    /// Records that `topic` holds a proven message of generation `newer`,
+    /// above this cluster's `ours`. Returns whether it is new.
+    pub fn record(&self, topic: &str, ours: u64, newer: u64) -> bool {
+        firstseen_store::sync::lock(&self.inner)
+            .insert(topic.to_string(), Found { ours, newer })
+            .is_none()
+    }
+
+    /// Whether `topic` was found superseded.
+    pub fn contains(&self, topic: &str) -> bool {
+        firstseen_store::sync::lock(&self.inner).contains_key(topic)
+    }
+
+    /// Every superseded topic.
+    pub fn all(&self) -> Vec<(String, Found)> {
+        firstseen_store::sync::lock(&self.inner)
+            .iter()
+            .map(|(t, f)| (t.clone(), *f))
+            .collect()
+    }
+}
+
+/// Whether a leader of generation `ours` must stop publishing a topic whose
+/// tail read found proven messages of generation up to `found`: another
+/// cluster, recovered from this one, publishes there.
+pub fn superseded(ours: u64, found: u64) -> bool {
+    found > ours
 }
 
 /// Where a message read from a topic comes from, as far as the cluster can
@@ -155,7 +212,13 @@ impl Ours {
             prefix: names[0].clone(),
             names,
             proofs: ProofKeys::new(current, previous),
+            superseded: Superseded::default(),
         }
+    }
+
+    /// The topics this node found superseded (shared by every clone).
+    pub fn superseded(&self) -> &Superseded {
+        &self.superseded
     }
 
     /// With the previous secrets' cut-offs in `retired` (shared by every
@@ -200,28 +263,7 @@ impl Ours {
         }
         match props::get(meta, props::PROOF) {
             Some(proof) => {
-                let claim = Claim {
-                    topic,
-                    seq,
-                    key: &key,
-                    marker: props::get(meta, props::SET_ASIDE).is_some(),
-                    body,
-                };
-                // Every property counts (a v2 proof covers them all).
-                let properties: Vec<(&str, &str)> = meta
-                    .properties
-                    .iter()
-                    .map(|kv| (kv.key.as_str(), kv.value.as_str()))
-                    .collect();
-                let message = Message {
-                    claim,
-                    properties: &properties,
-                };
-                // A previous secret without a recorded cut-off proves as
-                // before cut-offs: only `verify` without the node's record
-                // meets one (it says so), as the publisher reads no tail
-                // until the record is made.
-                if self.proofs.verifies(&message, proof) {
+                if self.proves(topic, meta, body, seq, &key, proof) {
                     Origin::Proven(seq)
                 } else {
                     Origin::Forged
@@ -230,6 +272,64 @@ impl Ours {
             None if self.named(&meta.producer_name) => Origin::Named(seq),
             None => Origin::Foreign,
         }
+    }
+
+    /// Whether `proof` is the cluster's proof of message (`meta`, `body`),
+    /// numbered `seq` with key `key`.
+    fn proves(
+        &self,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        seq: u64,
+        key: &[u8; 32],
+        proof: &str,
+    ) -> bool {
+        let claim = Claim {
+            topic,
+            seq,
+            key,
+            marker: props::get(meta, props::SET_ASIDE).is_some(),
+            body,
+        };
+        // Every property counts (a v2 proof covers them all).
+        let properties: Vec<(&str, &str)> = meta
+            .properties
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+            .collect();
+        let message = Message {
+            claim,
+            properties: &properties,
+        };
+        // A previous secret without a recorded cut-off proves as before
+        // cut-offs: only `verify` without the node's record meets one (it
+        // says so), as the publisher reads no tail until the record is
+        // made.
+        self.proofs.verifies(&message, proof)
+    }
+
+    /// The generation of message (`meta`, `body`) when it carries one
+    /// (`firstseen-generation`) above `above` and the cluster's proof:
+    /// whatever its sequence, since a cluster recovered from this one
+    /// numbers on from its own survivor's sequences. Only a holder of the
+    /// secret can write one; a generation property without a proof that
+    /// holds is no one's.
+    pub fn generation_above(
+        &self,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        above: u64,
+    ) -> Option<u64> {
+        let generation = props::get(meta, props::GENERATION)?.parse::<u64>().ok()?;
+        if generation <= above {
+            return None;
+        }
+        let seq = props::get(meta, props::SEQ)?.parse::<u64>().ok()?;
+        let key = props::get(meta, props::KEY).and_then(super::proof::key_of)?;
+        let proof = props::get(meta, props::PROOF)?;
+        (seq != 0 && self.proves(topic, meta, body, seq, &key, proof)).then_some(generation)
     }
 }
 
@@ -316,6 +416,97 @@ mod ours_after_a_rotation {
         assert_eq!(tail.seq, Some(9));
     }
 
+    /// Message `seq` of generation `generation`, proven by `by` (v2).
+    fn of_generation(by: &Ours, seq: u64, generation: u64) -> MessageMetadata {
+        let key = [4u8; 32];
+        let mut properties = vec![
+            (props::SEQ.to_string(), seq.to_string()),
+            (props::KEY.to_string(), hex::encode(key)),
+            (props::GENERATION.to_string(), generation.to_string()),
+        ];
+        let view: Vec<(&str, &str)> = properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let proof = by.proofs().prove(&Message {
+            claim: Claim {
+                topic: TOPIC,
+                seq,
+                key: &key,
+                marker: false,
+                body: b"b",
+            },
+            properties: &view,
+        });
+        properties.push((props::PROOF.to_string(), proof));
+        MessageMetadata {
+            producer_name: "anyone".into(),
+            properties: properties
+                .into_iter()
+                .map(|(key, value)| KeyValue { key, value })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Issue 49 item 3: a cluster recovered from a member this one was cut
+    /// off from publishes into the same topic with the same secret. Its
+    /// proven messages tell their generation whatever their sequence
+    /// (above what this cluster assigned, too: they are then no tail of
+    /// this one's), and a leader of an older generation gives the topic
+    /// up. A generation without a proof that holds (written by someone
+    /// without the secret, or changed on a real message) counts for
+    /// nothing: it would let anyone stop the cluster.
+    #[test]
+    fn the_tail_read_learns_the_newest_proven_generation() {
+        let ours = Ours::new(&ClusterKey::from_secret(b"s"), &[], false);
+        let outsider = Ours::new(&ClusterKey::from_secret(b"x"), &[], false);
+        let assigned = 20;
+        let mut tail = Tail::default();
+        tail.classify(
+            &ours,
+            TOPIC,
+            &of_generation(&ours, 5, 0),
+            b"b",
+            assigned,
+            true,
+        );
+        assert_eq!((tail.seq, tail.generation), (Some(5), 0));
+        // Numbered past what this cluster assigned: not its tail (forged
+        // for that purpose), but of a newer generation all the same.
+        tail.classify(
+            &ours,
+            TOPIC,
+            &of_generation(&ours, 30, 1),
+            b"b",
+            assigned,
+            true,
+        );
+        assert_eq!((tail.seq, tail.generation), (Some(5), 1));
+        assert!(superseded(0, tail.generation));
+        assert!(!superseded(1, tail.generation));
+        assert!(!superseded(2, tail.generation));
+
+        let mut tail = Tail::default();
+        tail.classify(
+            &ours,
+            TOPIC,
+            &of_generation(&outsider, 6, 9),
+            b"b",
+            assigned,
+            true,
+        );
+        let mut changed = of_generation(&ours, 7, 1);
+        for kv in &mut changed.properties {
+            if kv.key == props::GENERATION {
+                kv.value = "8".into();
+            }
+        }
+        tail.classify(&ours, TOPIC, &changed, b"b", assigned, true);
+        assert_eq!((tail.generation, tail.forged), (0, 2));
+        assert!(!superseded(0, tail.generation));
+    }
+
     /// Messages written by builds before v2 (a v1 proof) count as ours at
     /// level 2, beside v2 ones: the change loses or doubles nothing.
     #[test]
@@ -364,6 +555,11 @@ pub struct Tail {
     /// Of those, messages made to look like ours (firstseen's properties
     /// with a proof that does not hold, or a sequence never assigned).
     pub forged: u64,
+    /// The highest generation (`firstseen-generation`) of the proven
+    /// messages read, whatever their sequence: 0 when none carries one. A
+    /// newer one than the cluster's means a cluster recovered from this
+    /// one publishes here ([`superseded`]).
+    pub generation: u64,
     /// The read stopped at its bounds ([`MAX_ENTRIES`], or the time given)
     /// before it found a message of ours, or before it had read back to the
     /// watermark (see `missing`): `seq` is `None`, and the publisher
@@ -414,6 +610,9 @@ impl Tail {
         // when a refused entry's messages all went late at the end of the
         // topic, and the next producer sent the ones after it again.
         let late = props::get(meta, props::LATE).is_some();
+        if let Some(g) = ours.generation_above(topic, meta, body, self.generation) {
+            self.generation = g;
+        }
         let seq = match ours.origin(topic, meta, body, Some(assigned)) {
             Origin::Proven(seq) => seq,
             Origin::Named(seq) if !strict => seq,
