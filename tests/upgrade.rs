@@ -200,14 +200,20 @@ fn a_rolling_upgrade_from_the_previous_release_keeps_every_message_once() {
         .unwrap();
     assert!(out.status.success(), "firstseen upgrade: {out:?}");
     for id in 1..=3 {
-        wait_until(Duration::from_secs(30), "level 2 on every node", || {
-            c.node(id).status().is_some_and(|s| s.level.cluster == 2)
-        });
+        wait_until(
+            Duration::from_secs(30),
+            "this release's level on every node",
+            || {
+                c.node(id)
+                    .status()
+                    .is_some_and(|s| s.level.cluster == firstseen_store::level::SUPPORTED)
+            },
+        );
     }
     std::thread::sleep(Duration::from_secs(2));
     let stall = sampler.longest_stall(began, Instant::now());
     eprintln!(
-        "upgrade: the level raised to 2: commits stood still at most {} ms",
+        "upgrade: the level raised: commits stood still at most {} ms",
         stall.as_millis()
     );
     steps.push(("level raised".into(), stall));
@@ -263,8 +269,9 @@ fn a_node_too_old_for_the_cluster_s_level_refuses_to_start_and_says_so() {
     let topic = unique_topic("too-old");
     let mut node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
     node.wait_ready();
-    wait_until(Duration::from_secs(30), "level 2", || {
-        node.status().is_some_and(|s| s.level.cluster == 2)
+    let supported = firstseen_store::level::SUPPORTED;
+    wait_until(Duration::from_secs(30), "this release's level", || {
+        node.status().is_some_and(|s| s.level.cluster == supported)
     });
     replay(mqtt.port, &["--limit", "500", "--pace", "max"]);
     let want = hfp_pairs(Some(500)).len() as u64;
@@ -284,14 +291,17 @@ fn a_node_too_old_for_the_cluster_s_level_refuses_to_start_and_says_so() {
             .unwrap();
         db.sync().unwrap();
     };
-    set_level(3);
+    set_level(supported + 1);
     let (status, log) = node.restart_expecting_refusal(Duration::from_secs(30));
     assert!(!status.success());
     assert!(
-        log.contains("the cluster runs at level 3, and this release supports levels 1 to 2"),
+        log.contains(&format!(
+            "the cluster runs at level {}, and this release supports levels 1 to {supported}",
+            supported + 1
+        )),
         "{log}"
     );
-    set_level(2);
+    set_level(supported);
     node.restart();
     node.wait_ready();
     assert_eq!(node.status().unwrap().totals.window_keys, want);

@@ -116,12 +116,12 @@ pub async fn run(args: Args) -> ExitCode {
         from.map_or(i64::MIN, |f| f.saturating_sub(margin)),
         to.map_or(i64::MAX, |t| t.saturating_add(margin)),
     );
-    let mut comparison = Comparison::new(
-        args.key.into(),
-        (&args.a_name, &args.a),
-        (&args.b_name, &args.b),
-    );
-    for (side, topic) in [&args.a, &args.b].into_iter().enumerate() {
+    // By the broker's name, so a short spelling reads and reports as the
+    // full one (and a proof is checked against the name it was made for).
+    let a = crate::publish::proof::canonical_topic(&args.a).into_owned();
+    let b = crate::publish::proof::canonical_topic(&args.b).into_owned();
+    let mut comparison = Comparison::new(args.key.into(), (&args.a_name, &a), (&args.b_name, &b));
+    for (side, topic) in [&a, &b].into_iter().enumerate() {
         let read = crate::verify::read::compare_topic(
             &client,
             topic,

@@ -117,7 +117,6 @@ pub async fn run(args: Args) -> ExitCode {
             Ok(c) => {
                 if topics.is_empty() {
                     topics = c.routes.iter().map(|r| r.pulsar_topic.clone()).collect();
-                    topics.dedup();
                 }
                 let rule = one_rule.unwrap_or_else(|| KeyRule::Routes(Route::all(&c.routes)));
                 let keys = match config_keys(&c) {
@@ -188,6 +187,14 @@ pub async fn run(args: Args) -> ExitCode {
         eprintln!("error: no topic to verify (use --topic)");
         return ExitCode::from(2);
     }
+    // By the broker's name: `--topic fs` and the full spelling are one
+    // topic, audited once and reported under one name.
+    let mut named = std::collections::HashSet::new();
+    let topics: Vec<String> = topics
+        .iter()
+        .map(|t| crate::publish::proof::canonical_topic(t).into_owned())
+        .filter(|t| named.insert(t.clone()))
+        .collect();
     let mut clean = true;
     let mut reports = Vec::new();
     for topic in &topics {

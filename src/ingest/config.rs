@@ -359,12 +359,30 @@ pub fn check_routes(routes: &[RouteConfig], p: &mut Problems) {
                 "must be a Pulsar topic name",
             );
         }
+        // One topic, one spelling: below cluster level 3 the state names a
+        // topic as written, and two spellings of one topic made two
+        // outboxes, two sequences and two publishers fighting over its
+        // exclusive producer (issue 49). Refused at every level: the file
+        // is checked where the cluster's level is not known (`firstseen
+        // check`, a node's start), and one spelling is all a file needs.
+        if let Some((j, other)) = routes[..i].iter().enumerate().find(|(_, o)| {
+            o.pulsar_topic != r.pulsar_topic
+                && firstseen_store::topic::same(&o.pulsar_topic, &r.pulsar_topic)
+        }) {
+            p.add(
+                format!("routes[{i}].pulsar_topic"),
+                format!(
+                    "`{}` is the topic routes[{j}].pulsar_topic names `{}` ({}): write it the same way in both routes",
+                    r.pulsar_topic,
+                    other.pulsar_topic,
+                    firstseen_store::topic::canonical(&r.pulsar_topic)
+                ),
+            );
+        }
         // One topic, one format: its readers decode every message alike.
-        if let Some((j, other)) = routes[..i]
-            .iter()
-            .enumerate()
-            .find(|(_, o)| o.pulsar_topic == r.pulsar_topic && o.format != r.format)
-        {
+        if let Some((j, other)) = routes[..i].iter().enumerate().find(|(_, o)| {
+            firstseen_store::topic::same(&o.pulsar_topic, &r.pulsar_topic) && o.format != r.format
+        }) {
             p.add(
                 format!("routes[{i}].format"),
                 format!(
@@ -416,5 +434,47 @@ impl UpstreamAddr {
             port: url.port().unwrap_or(default_port),
             tls,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(routes: &[RouteConfig]) -> Vec<crate::problem::Problem> {
+        let mut p = Problems::default();
+        check_routes(routes, &mut p);
+        p.into_vec()
+    }
+
+    /// `fs` and `persistent://public/default/fs` are one topic: two routes
+    /// that spell it two ways are refused, naming both routes.
+    #[test]
+    fn one_topic_spelled_two_ways_is_refused() {
+        let full = "persistent://public/default/fs";
+        for short in ["fs", "public/default/fs"] {
+            let p = problems(&[
+                RouteConfig::new("/a/#", full),
+                RouteConfig::new("/b/#", short),
+            ]);
+            assert_eq!(p.len(), 1, "{p:?}");
+            let text = format!("{p:?}");
+            assert!(
+                text.contains("routes[1].pulsar_topic") && text.contains("routes[0]"),
+                "{text}"
+            );
+            assert!(text.contains(full) && text.contains(short), "{text}");
+        }
+        // One spelling twice, or two topics, is fine.
+        assert!(problems(&[
+            RouteConfig::new("/a/#", "fs"),
+            RouteConfig::new("/b/#", "fs")
+        ])
+        .is_empty());
+        assert!(problems(&[
+            RouteConfig::new("/a/#", "fs"),
+            RouteConfig::new("/b/#", "t/n/fs")
+        ])
+        .is_empty());
     }
 }

@@ -147,13 +147,16 @@ pub async fn run(
         },
         rx,
     );
-    let reloader = Arc::new(reload::Reloader::new(
-        config_path,
-        config.clone(),
-        routes,
-        core.formats.clone(),
-        upstreams.iter().map(|u| u.subscriptions.clone()).collect(),
-    ));
+    let reloader = Arc::new(
+        reload::Reloader::new(
+            config_path,
+            config.clone(),
+            routes,
+            core.formats.clone(),
+            upstreams.iter().map(|u| u.subscriptions.clone()).collect(),
+        )
+        .with_state(cluster.state.clone()),
+    );
     let app = Arc::new(AppState {
         node_id: config.node.id,
         zone: config.node.zone.clone(),

@@ -34,6 +34,18 @@ pub enum ReloadError {
     NotLive(Vec<String>),
     #[error("the node was started without a config file to read again")]
     NoFile,
+    /// A route names a topic in another spelling than the cluster's state
+    /// or the running routes do, while the cluster is below level 3
+    /// (`firstseen_store::level::NAMES`): the state would hold the topic
+    /// twice, with two sequences and two publishers.
+    #[error("routes[{route}].pulsar_topic `{new}` is the topic the {held_by} names `{old}`, spelled another way; the cluster runs at level {level}, below {names}, where a topic's spelling names its outbox, sequence and publisher, so the change would make one Pulsar topic two (messages skipped or sent twice): keep the spelling `{old}` until the cluster reaches level {names} (`firstseen status` shows it; every member must run a release that has it); nothing was applied", names = firstseen_store::level::NAMES)]
+    Spelling {
+        route: usize,
+        new: String,
+        old: String,
+        held_by: &'static str,
+        level: u32,
+    },
 }
 
 /// What a reload changed.
@@ -102,6 +114,40 @@ pub struct Reloader {
     formats: Formats,
     /// Per upstream, in the config's order.
     subscriptions: Vec<crate::ingest::LiveSubscriptions>,
+    /// The cluster's state, for its level and the topics it holds: below
+    /// level 3 a topic's spelling may not change.
+    state: Option<firstseen_store::StateStore>,
+}
+
+/// The first route of `new` that names a topic in another spelling than
+/// `held` does (the running routes' topics, or the state's, as `held_by`
+/// says), below cluster level 3. At level 3 the state names every topic by
+/// its canonical name, and a spelling changes nothing.
+pub fn spelling_change<'a>(
+    level: u32,
+    held: impl IntoIterator<Item = &'a str> + Clone,
+    held_by: &'static str,
+    new: &Config,
+) -> Result<(), ReloadError> {
+    if level >= firstseen_store::level::NAMES {
+        return Ok(());
+    }
+    for (route, r) in new.routes.iter().enumerate() {
+        let other = held
+            .clone()
+            .into_iter()
+            .find(|t| *t != r.pulsar_topic && firstseen_store::topic::same(t, &r.pulsar_topic));
+        if let Some(old) = other {
+            return Err(ReloadError::Spelling {
+                route,
+                new: r.pulsar_topic.clone(),
+                old: old.to_string(),
+                held_by,
+                level,
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Reloader {
@@ -118,7 +164,14 @@ impl Reloader {
             routes,
             formats,
             subscriptions,
+            state: None,
         }
+    }
+
+    /// Checks each reload against the cluster's level and topics in `state`.
+    pub fn with_state(mut self, state: firstseen_store::StateStore) -> Self {
+        self.state = Some(state);
+        self
     }
 
     /// Reads the file, and applies it if only live settings changed.
@@ -129,6 +182,34 @@ impl Reloader {
         let refused = live_changes(&running, &new);
         if !refused.is_empty() {
             return Err(ReloadError::NotLive(refused));
+        }
+        if let Some(state) = &self.state {
+            let level = state.level();
+            let running_topics: Vec<&str> = running
+                .routes
+                .iter()
+                .map(|r| r.pulsar_topic.as_str())
+                .collect();
+            spelling_change(
+                level,
+                running_topics.iter().copied(),
+                "running routes",
+                &new,
+            )?;
+            // A topic no route names any more is still in the state, with
+            // its sequence and its unpublished messages.
+            let held: Vec<String> = state
+                .topics()
+                .map_err(|e| ReloadError::Load(format!("the state's topics: {e}")))?
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect();
+            spelling_change(
+                level,
+                held.iter().map(String::as_str),
+                "cluster's state",
+                &new,
+            )?;
         }
         let mut applied = Applied::default();
         if !routes_equal(&running, &new) {
@@ -182,6 +263,29 @@ pulsar_topic = "persistent://public/default/t"
             Vec::new(),
         )
         .unwrap()
+    }
+
+    /// Below level 3 a topic keeps its spelling: a reload that would name
+    /// it otherwise is refused, naming both spellings. From level 3 the
+    /// spelling changes nothing, and is applied.
+    #[test]
+    fn a_topic_keeps_its_spelling_below_level_three() {
+        let mut b = config();
+        b.routes[0].pulsar_topic = "t".into();
+        let running = ["persistent://public/default/t"];
+        for level in [1, 2] {
+            let e = spelling_change(level, running, "running routes", &b).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("`t`") && text.contains("`persistent://public/default/t`"),
+                "{text}"
+            );
+            assert!(text.contains("nothing was applied"), "{text}");
+        }
+        assert!(spelling_change(3, running, "running routes", &b).is_ok());
+        // Another topic, or the same spelling, is no change.
+        assert!(spelling_change(2, ["u", "t"], "cluster's state", &b).is_ok());
+        assert!(spelling_change(2, ["public/default/t"], "cluster's state", &b).is_err());
     }
 
     #[test]

@@ -42,8 +42,24 @@ pub struct Stripped {
 /// holds. Moves the payloads out; copies none. From cluster level 2 a copy
 /// is the same message as another when key, kind and Pulsar topic are the
 /// same, and a slim copy keeps its topic (apply finds its message by it).
+///
+/// From cluster level 3 every copy's Pulsar topic is first written as its
+/// canonical name (`fs` as `persistent://public/default/fs`): the entry
+/// then names each topic one way, whatever spelling each node's routes
+/// use. Apply names topics the same way at that level, so an entry written
+/// by a leader that had not applied the rise yet means the same; below it
+/// the entry carries the spelling as written, as every older release does.
 pub fn strip(batch: &mut Batch, held: &[bool], level: u32) -> Stripped {
     let scoped = level >= firstseen_store::level::KINDS;
+    if level >= firstseen_store::level::NAMES {
+        for obs in &mut batch.observations {
+            if let std::borrow::Cow::Owned(name) =
+                firstseen_store::topic::canonical(&obs.pulsar_topic)
+            {
+                obs.pulsar_topic = name;
+            }
+        }
+    }
     let mut seen: HashSet<Key> = HashSet::with_capacity(batch.len());
     let mut out = Stripped::default();
     let kinds: Vec<KeyKind> = (0..batch.len()).map(|i| batch.kind(i)).collect();
@@ -201,5 +217,46 @@ mod tests {
         assert_eq!(s.positions, vec![3]);
         assert_eq!(b.observations[3].pulsar_topic, "p/1");
         assert!(b.observations[3].payload.is_empty());
+    }
+
+    /// The entry of a batch with copies spelled `fs` and in full: below
+    /// level 3 its bytes are what they always were (the spelling as
+    /// written: a node of an older release applies it the same way); from
+    /// level 3 every copy names the topic canonically, and the second
+    /// spelling is the same message.
+    #[test]
+    fn from_level_three_the_entry_names_each_topic_canonically() {
+        let full = "persistent://public/default/fs";
+        let mk = || {
+            let mut b = Batch::default();
+            let mut short = obs(1, 1);
+            short.pulsar_topic = "fs".into();
+            let mut long = obs(1, 2);
+            long.pulsar_topic = full.into();
+            b.push_kind(short, None, KeyKind::TopicPayload);
+            b.push_kind(long, None, KeyKind::TopicPayload);
+            b
+        };
+        // Level 1 knows no topics in the window: one key is one message,
+        // and the first copy keeps its spelling.
+        let mut b = mk();
+        let s = strip(&mut b, &[false; 2], 1);
+        assert_eq!(s.positions, vec![1]);
+        assert_eq!(b.observations[0], mk().observations[0]);
+        // Level 2: two topics, and the entry's bytes are those of the
+        // batch as it came.
+        let mut b = mk();
+        let s = strip(&mut b, &[false; 2], 2);
+        assert!(s.positions.is_empty());
+        assert_eq!(
+            bincode::serialize(&b.into_command_at(2, 7, 9, s.positions)).unwrap(),
+            bincode::serialize(&mk().into_command_at(2, 7, 9, Vec::new())).unwrap(),
+            "level 2: the log's bytes do not change"
+        );
+        let mut b = mk();
+        let s = strip(&mut b, &[false; 2], 3);
+        assert_eq!(s.positions, vec![1], "one message from level 3");
+        assert_eq!(b.observations[0].pulsar_topic, full);
+        assert_eq!(b.observations[1].pulsar_topic, full);
     }
 }

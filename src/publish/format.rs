@@ -74,17 +74,24 @@ impl Format {
 pub struct Formats(Arc<std::sync::RwLock<HashMap<String, Format>>>);
 
 impl Formats {
+    /// The table, by each topic's canonical name: the publisher asks by
+    /// the state's name, which from cluster level 3 is the canonical one
+    /// whatever spelling the route used.
     pub fn new(by_topic: impl IntoIterator<Item = (String, Format)>) -> Self {
         Self(Arc::new(std::sync::RwLock::new(
-            by_topic.into_iter().collect(),
+            by_topic
+                .into_iter()
+                .map(|(t, f)| (firstseen_store::topic::canonical(&t).into_owned(), f))
+                .collect(),
         )))
     }
 
+    /// The format of `pulsar_topic`, in any spelling.
     pub fn of(&self, pulsar_topic: &str) -> Format {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(pulsar_topic)
+            .get(firstseen_store::topic::canonical(pulsar_topic).as_ref())
             .copied()
             .unwrap_or_default()
     }

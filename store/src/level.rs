@@ -21,8 +21,13 @@ pub const BASE: u32 = 1;
 /// Copies carry their kind, and the window is scoped by topic and kind.
 pub const KINDS: u32 = 2;
 
+/// Topics are named by their canonical name ([`crate::topic::canonical`]):
+/// `fs` and `persistent://public/default/fs` are one topic in the window,
+/// the outbox, the sequences and the publishers.
+pub const NAMES: u32 = 3;
+
 /// The highest level this release runs.
-pub const SUPPORTED: u32 = KINDS;
+pub const SUPPORTED: u32 = NAMES;
 
 /// The lowest level this release runs: it reads every format of the
 /// release before levels.

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use super::memory::{Head, Memory, PendingRecord};
 use super::{corrupt, StateStore};
 use crate::index::{Index, Slot};
-use crate::level::{Levels, KINDS};
+use crate::level::{Levels, KINDS, NAMES};
 use crate::model::{
     Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response,
 };
@@ -64,6 +64,42 @@ fn dec_seen(c: &mut Coverage) {
     c.seen = c.seen.saturating_sub(1);
 }
 
+/// How apply looks a copy up: at which level, and which older forms of
+/// its key the window may still hold.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Scope {
+    pub(super) level: u32,
+    /// Records from before level 2 may remain: look a copy up by its bare
+    /// key too.
+    pub(super) bare: bool,
+    /// Records from before level 3 may remain: look a copy up under the
+    /// identities of its topic's other spellings too.
+    pub(super) names: bool,
+}
+
+impl Memory {
+    /// The [`Scope`] of the next lookup.
+    pub(super) fn scope(&self) -> Scope {
+        let level = self.levels.level;
+        let expired_below = self.head.expired_below;
+        Scope {
+            level,
+            bare: level >= KINDS && expired_below < self.levels.bare_below,
+            names: level >= NAMES && expired_below < self.names_below,
+        }
+    }
+}
+
+/// The name the state gives `topic` at `level`: from level 3 its canonical
+/// name ([`crate::topic::canonical`]), below it the spelling as written.
+pub(super) fn topic_name(level: u32, topic: &str) -> std::borrow::Cow<'_, str> {
+    if level >= NAMES {
+        crate::topic::canonical(topic)
+    } else {
+        std::borrow::Cow::Borrowed(topic)
+    }
+}
+
 /// Where the window holds a copy: the key its first copy was stored under,
 /// if one is held.
 ///
@@ -73,29 +109,39 @@ fn dec_seen(c: &mut Coverage) {
 /// message first seen before it is still a duplicate after it. A copy of
 /// unknown kind (proposed before its node saw the level rise) is held under
 /// its bare key, and may find its message under any kind's identity.
-pub(super) fn locate(
-    index: &Index,
-    level: u32,
-    bare: bool,
-    obs: &Observation,
-    kind: KeyKind,
-) -> Option<Key> {
+///
+/// From level 3 the topic is its canonical name; while records from before
+/// the level rose may remain (`names`), a copy is also looked up under the
+/// identities of the topic's other spellings (`fs` for
+/// `persistent://public/default/fs`), so a message first seen under a short
+/// name before the rise is still a duplicate under the full one after it.
+pub(super) fn locate(index: &Index, scope: Scope, obs: &Observation, kind: KeyKind) -> Option<Key> {
     let held = |k: Key| index.get(&k).is_some().then_some(k);
-    if level < KINDS {
+    if scope.level < KINDS {
         return held(obs.key);
     }
+    let topic = topic_name(scope.level, &obs.pulsar_topic);
+    let spellings: Vec<String> = if scope.names && !obs.pulsar_topic.is_empty() {
+        crate::topic::other_spellings(&topic)
+    } else {
+        Vec::new()
+    };
+    let names = || std::iter::once(topic.as_ref()).chain(spellings.iter().map(String::as_str));
     if kind != KeyKind::Unknown {
-        return held(window::identity(&obs.pulsar_topic, kind, &obs.key))
-            .or_else(|| bare.then(|| held(obs.key)).flatten());
+        return names()
+            .find_map(|t| held(window::identity(t, kind, &obs.key)))
+            .or_else(|| scope.bare.then(|| held(obs.key)).flatten());
     }
     held(obs.key).or_else(|| {
         // A slim copy from before kinds has no topic: it comes back
         // Missing, and the leader sends it again whole.
         (!obs.pulsar_topic.is_empty())
             .then(|| {
-                KeyKind::KNOWN
-                    .iter()
-                    .find_map(|k| held(window::identity(&obs.pulsar_topic, *k, &obs.key)))
+                names().find_map(|t| {
+                    KeyKind::KNOWN
+                        .iter()
+                        .find_map(|k| held(window::identity(t, *k, &obs.key)))
+                })
             })
             .flatten()
     })
@@ -106,7 +152,7 @@ fn storage_key(level: u32, obs: &Observation, kind: KeyKind) -> Key {
     if level < KINDS || kind == KeyKind::Unknown {
         obs.key
     } else {
-        window::identity(&obs.pulsar_topic, kind, &obs.key)
+        window::identity(&topic_name(level, &obs.pulsar_topic), kind, &obs.key)
     }
 }
 
@@ -123,9 +169,17 @@ impl Memory {
         let response = match cmd {
             None => Response::None,
             Some(Command::Published { pulsar_topic, seq }) => {
-                self.published(disk, pulsar_topic, *seq)?
+                let topic = topic_name(self.levels.level, pulsar_topic).into_owned();
+                self.published(disk, &topic, *seq)?
             }
-            Some(Command::Level { level }) => self.raise_level(*level)?,
+            Some(Command::Level { level }) => self.raise_level(disk, *level)?,
+            Some(Command::SetAside(s)) if self.levels.level >= NAMES => {
+                let named = crate::model::SetAside {
+                    pulsar_topic: crate::topic::canonical(&s.pulsar_topic).into_owned(),
+                    ..(**s).clone()
+                };
+                self.aside.keep(&named, self.head.totals.clock_ms)?
+            }
             Some(Command::SetAside(s)) => self.aside.keep(s, self.head.totals.clock_ms)?,
             Some(Command::Generation { generation }) => {
                 self.generation = self.generation.max(*generation);
@@ -183,9 +237,15 @@ impl Memory {
     /// The cluster's level rises to `level`; an older or equal one changes
     /// nothing. Refused, before anything changes, when this release does
     /// not know it.
-    fn raise_level(&mut self, level: u32) -> Result<Response, StoreError> {
+    fn raise_level(&mut self, disk: &impl Written, level: u32) -> Result<Response, StoreError> {
         crate::level::check(level)?;
         if level > self.levels.level {
+            if self.levels.level < NAMES && level >= NAMES {
+                // Fallible reads first, inside: nothing changed on error.
+                self.name_topics(disk)?;
+                // Every record so far may hold a topic's other spellings.
+                self.names_below = self.head.totals.records;
+            }
             self.levels = Levels {
                 level,
                 // Every record so far holds bare keys.
@@ -213,6 +273,7 @@ impl Memory {
         let Memory {
             head,
             levels,
+            names_below,
             index,
             pending,
             masks,
@@ -255,7 +316,7 @@ impl Memory {
         let mut new_items: Vec<Item> = Vec::new();
         let mut new_masks: Vec<u64> = Vec::new();
         // Per topic: first sequence, then (position, charge) per message.
-        let mut new_runs: BTreeMap<&str, (u64, RunMessages)> = BTreeMap::new();
+        let mut new_runs: BTreeMap<std::borrow::Cow<'_, str>, (u64, RunMessages)> = BTreeMap::new();
         let mut outcomes = Vec::with_capacity(observations.len());
         let mut slim = slim.iter().copied().peekable();
         let level = levels.level;
@@ -263,9 +324,13 @@ impl Memory {
             let is_slim = slim.next_if_eq(&(pos as u32)).is_some();
             // Per copy: a bare key stored by an earlier copy of this entry
             // counts too.
-            let bare = level >= KINDS && *expired_below < levels.bare_below;
+            let scope = Scope {
+                level,
+                bare: level >= KINDS && *expired_below < levels.bare_below,
+                names: level >= NAMES && *expired_below < *names_below,
+            };
             let kind = cmd.kind(pos);
-            let found = locate(index, level, bare, obs, kind);
+            let found = locate(index, scope, obs, kind);
             if is_slim && found.is_none() {
                 // Without its payload it cannot be the first copy: nothing
                 // changes, and the leader sends it again whole.
@@ -307,7 +372,8 @@ impl Memory {
                 });
                 continue;
             }
-            let state = topics.entry(obs.pulsar_topic.clone()).or_default();
+            let topic = topic_name(level, &obs.pulsar_topic);
+            let state = topics.entry(topic.clone().into_owned()).or_default();
             state.last_seq += 1;
             let seq = state.last_seq;
             let charge = window::outbox_charge(&obs.mqtt_topic, &obs.payload, cmd.properties(pos));
@@ -333,7 +399,7 @@ impl Memory {
             });
             new_masks.push(0);
             new_runs
-                .entry(obs.pulsar_topic.as_str())
+                .entry(topic)
                 .or_insert((seq, Vec::new()))
                 .1
                 .push((pos as u32, charge));
@@ -364,7 +430,7 @@ impl Memory {
             totals.records += 1;
         }
         for (topic, (first, messages)) in new_runs {
-            let key = window::outbox_key(topic, first);
+            let key = window::outbox_key(&topic, first);
             runs.insert(
                 key.clone(),
                 Run {
@@ -747,9 +813,9 @@ mod tests {
             .unwrap();
         assert_eq!(s.level(), 2, "never goes back");
         let e = s
-            .apply(Some(&Command::Level { level: 3 }), 3, b"3")
+            .apply(Some(&Command::Level { level: 4 }), 3, b"3")
             .unwrap_err();
-        assert!(e.to_string().contains("level 3"), "{e}");
+        assert!(e.to_string().contains("level 4"), "{e}");
         assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
     }
 
@@ -883,7 +949,7 @@ mod tests {
             assert_eq!(s.level(), 2);
             // As a later release would leave it.
             let later = crate::level::Levels {
-                level: 3,
+                level: crate::level::SUPPORTED + 1,
                 bare_below: 0,
             };
             db.open_tree("sm_meta")
@@ -894,6 +960,6 @@ mod tests {
         }
         let db = super::super::testing::reopenable(dir.path());
         let e = crate::StateStore::open(&db).unwrap_err();
-        assert!(e.to_string().contains("the cluster runs at level 3"), "{e}");
+        assert!(e.to_string().contains("the cluster runs at level 4"), "{e}");
     }
 }

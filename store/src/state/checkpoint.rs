@@ -57,6 +57,10 @@ impl StateStore {
         let generation = (inner.generation != 0)
             .then(|| encode(&inner.generation))
             .transpose()?;
+        // Only once the level rose to 3 over a state with records.
+        let names = (inner.names_below != 0)
+            .then(|| encode(&inner.names_below))
+            .transpose()?;
         let expired_below = inner.head.expired_below;
         let first_unwritten = inner.first_unwritten();
         let delete = inner.written_from..expired_below.min(first_unwritten);
@@ -145,9 +149,15 @@ impl StateStore {
                 for k in &inner.inline_gone {
                     inline_t.remove(k.as_slice())?;
                 }
+                for (k, raw) in &inner.inline_new {
+                    inline_t.insert(k.as_slice(), raw.as_slice())?;
+                }
                 meta_t.insert(META_HEAD, head.as_slice())?;
                 if let Some(levels) = &levels {
                     meta_t.insert(META_LEVEL, levels.as_slice())?;
+                }
+                if let Some(names) = &names {
+                    meta_t.insert(super::META_NAMES, names.as_slice())?;
                 }
                 if let Some(generation) = &generation {
                     meta_t.insert(super::META_GENERATION, generation.as_slice())?;
@@ -161,6 +171,7 @@ impl StateStore {
         inner.runs_new.clear();
         inner.runs_gone.clear();
         inner.inline_gone.clear();
+        inner.inline_new.clear();
         inner.aside.new.clear();
         inner.aside.gone.clear();
         inner.dirty = false;

@@ -40,6 +40,11 @@ pub(super) struct Memory {
     /// The cluster level. Kept apart from the head (whose encoding every
     /// release before levels reads), and written only once it rose.
     pub(super) levels: crate::level::Levels,
+    /// Window records below this id may hold identities made with a
+    /// topic's spelling as written (before cluster level 3): until they
+    /// have expired, a copy is also looked up under its topic's other
+    /// spellings. Kept in the meta tree (`META_NAMES`) once set.
+    pub(super) names_below: u64,
     /// The cluster's generation ([`crate::Command::Generation`]): 0 until a
     /// recovery started one. Kept apart from the head, like the level, and
     /// written only once it is not 0.
@@ -57,6 +62,10 @@ pub(super) struct Memory {
     pub(super) runs_new: BTreeSet<Vec<u8>>,
     pub(super) runs_gone: BTreeSet<Vec<u8>>,
     pub(super) inline_gone: Vec<Vec<u8>>,
+    /// Inline outbox records to write: (sled key, encoded message). Only
+    /// the rise to level 3 makes any, when it moves a topic's messages to
+    /// its canonical name.
+    pub(super) inline_new: Vec<(Vec<u8>, Vec<u8>)>,
     /// First record id that may still be in sled.
     pub(super) written_from: u64,
     pub(super) dirty: bool,

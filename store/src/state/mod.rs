@@ -37,6 +37,7 @@ mod apply;
 mod aside;
 mod checkpoint;
 mod memory;
+mod names;
 mod query;
 mod snapshot;
 #[cfg(test)]
@@ -64,6 +65,9 @@ const META_HEAD: &[u8] = b"head";
 const META_LEVEL: &[u8] = b"level";
 /// The cluster's generation (a `u64`), once a recovery started one.
 const META_GENERATION: &[u8] = b"generation";
+/// Where window records may still hold a topic's other spellings
+/// (`Memory::names_below`), once the level rose to 3.
+const META_NAMES: &[u8] = b"names";
 /// Present while a snapshot is being imported (see `import_with_progress`).
 const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
@@ -182,6 +186,10 @@ impl StateStore {
             Some(raw) => decode(&raw)?,
             None => Default::default(),
         };
+        let names_below: u64 = match self.meta.get(META_NAMES)? {
+            Some(raw) => decode(&raw)?,
+            None => 0,
+        };
         let generation: u64 = match self.meta.get(META_GENERATION)? {
             Some(raw) => decode(&raw)?,
             None => 0,
@@ -239,6 +247,7 @@ impl StateStore {
             written_from: written_from.unwrap_or(head.expired_below),
             head,
             levels,
+            names_below,
             generation,
             aside: aside::Aside::load(&self.aside)?,
             index,

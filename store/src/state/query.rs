@@ -147,9 +147,7 @@ impl StateStore {
                 node: 0,
                 received_ms: 0,
             };
-            let bare = inner.levels.level >= crate::level::KINDS
-                && inner.head.expired_below < inner.levels.bare_below;
-            super::apply::locate(&inner.index, inner.levels.level, bare, &probe, kind)
+            super::apply::locate(&inner.index, inner.scope(), &probe, kind)
         };
         match found {
             Some(k) => self.lookup(&k),
@@ -189,11 +187,9 @@ impl StateStore {
     /// [`crate::Outcome::Missing`]).
     pub fn held<'a>(&self, copies: impl Iterator<Item = (&'a Observation, KeyKind)>) -> Vec<bool> {
         let inner = self.lock();
-        let level = inner.levels.level;
-        let bare =
-            level >= crate::level::KINDS && inner.head.expired_below < inner.levels.bare_below;
+        let scope = inner.scope();
         copies
-            .map(|(o, k)| super::apply::locate(&inner.index, level, bare, o, k).is_some())
+            .map(|(o, k)| super::apply::locate(&inner.index, scope, o, k).is_some())
             .collect()
     }
 
