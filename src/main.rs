@@ -128,10 +128,18 @@ enum Command {
 fn init_logging(format: LogFormat, quiet_clients: bool) {
     // A node logs the Pulsar client's reconnects; the one-shot commands only
     // its errors, so that their output stays the report.
+    //
+    // openraft is off: it logs every failed heartbeat, replication retry
+    // and leadership check at WARN or ERROR, hundreds of lines a minute
+    // while one zone is down, none of which asks anything of a person.
+    // firstseen says the same once (`cluster::peers`: one line when a peer
+    // goes, a reminder a minute, one when it is back; the counts in
+    // /metrics), and a storage error openraft meets comes back to firstseen
+    // as an error it logs. `RUST_LOG=info,openraft=warn` brings them back.
     let default = if quiet_clients {
-        "info,pulsar=error,openraft=warn,sled=warn"
+        "info,pulsar=error,openraft=off,sled=warn"
     } else {
-        "info,pulsar=warn,openraft=warn,sled=warn"
+        "info,pulsar=warn,openraft=off,sled=warn"
     };
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;

@@ -150,13 +150,67 @@ impl Conn {
 }
 
 /// Reconnect state of one link.
+#[derive(Default)]
 struct Backoff {
     failures: u32,
     until: Option<Instant>,
     last_error: Option<CallError>,
+    /// When the first failed dial of this outage was, and when it was last
+    /// reported: what the log says about a peer that stays away.
+    down_since: Option<Instant>,
+    reported: Option<Instant>,
+}
+
+/// How often a peer that stays unreachable is mentioned again in the log.
+/// One line when it goes, one when it is back, and this reminder between:
+/// a zone that is down for an hour is sixty lines, not tens of thousands.
+const UNREACHABLE_REMINDER: Duration = Duration::from_secs(60);
+
+/// What to log about a dial's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outage {
+    /// The first failure after the peer was reachable.
+    Began,
+    /// Still failing, and the last line about it is a reminder old.
+    Continues { down_for: Duration, attempts: u32 },
+    /// Reachable again after failures.
+    Ended { down_for: Duration, attempts: u32 },
 }
 
 impl Backoff {
+    /// Records a failed dial at `now`; what to log, if anything.
+    fn failed(&mut self, now: Instant) -> Option<Outage> {
+        self.failures = self.failures.saturating_add(1);
+        let since = *self.down_since.get_or_insert(now);
+        match self.reported {
+            None => {
+                self.reported = Some(now);
+                Some(Outage::Began)
+            }
+            Some(last) if now.duration_since(last) >= UNREACHABLE_REMINDER => {
+                self.reported = Some(now);
+                Some(Outage::Continues {
+                    down_for: now.duration_since(since),
+                    attempts: self.failures,
+                })
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Records a dial that got through at `now`; what to log, if anything.
+    fn succeeded(&mut self, now: Instant) -> Option<Outage> {
+        let attempts = std::mem::take(&mut self.failures);
+        self.until = None;
+        self.last_error = None;
+        self.reported = None;
+        let since = self.down_since.take()?;
+        Some(Outage::Ended {
+            down_for: now.duration_since(since),
+            attempts,
+        })
+    }
+
     fn delay(failures: u32, random: u64) -> Duration {
         let base = BACKOFF_MIN
             .saturating_mul(1u32 << failures.min(10))
@@ -251,11 +305,7 @@ impl Peers {
                     addr: addr.to_string(),
                     conn: Mutex::new(None),
                     dial: Mutex::new(None),
-                    backoff: Mutex::new(Backoff {
-                        failures: 0,
-                        until: None,
-                        last_error: None,
-                    }),
+                    backoff: Mutex::new(Backoff::default()),
                 })
             })
             .clone()
@@ -353,21 +403,46 @@ impl Peers {
                     let conn = self.spawn_conn(link.addr.clone(), stream, peer, seals);
                     *lock(&link.conn) = Some(conn.clone());
                     let mut b = lock(&link.backoff);
-                    if b.failures > 0 {
-                        tracing::info!(peer = %link.addr, node = peer, "peer connection restored");
+                    if let Some(Outage::Ended { down_for, attempts }) = b.succeeded(Instant::now())
+                    {
+                        metrics::gauge!("firstseen_peer_unreachable", "node" => link.node.to_string())
+                            .set(0.0);
+                        tracing::info!(
+                            peer = %link.addr,
+                            node = peer,
+                            down_secs = down_for.as_secs(),
+                            attempts,
+                            "peer reachable again"
+                        );
                     }
-                    b.failures = 0;
-                    b.until = None;
-                    b.last_error = None;
                     Ok(conn)
                 }
                 Err(e) => {
                     let mut b = lock(&link.backoff);
                     let delay = Backoff::delay(b.failures, getrandom::u64().unwrap_or(0));
-                    b.failures = b.failures.saturating_add(1);
-                    b.until = Some(Instant::now() + delay);
-                    if b.failures == 1 {
-                        tracing::warn!(peer = %link.addr, error = %e, "peer unreachable; retrying with backoff");
+                    let now = Instant::now();
+                    b.until = Some(now + delay);
+                    metrics::counter!("firstseen_peer_dial_failures_total").increment(1);
+                    match b.failed(now) {
+                        Some(Outage::Began) => {
+                            metrics::gauge!("firstseen_peer_unreachable", "node" => link.node.to_string())
+                                .set(1.0);
+                            tracing::warn!(
+                                peer = %link.addr,
+                                node = link.node,
+                                error = %e,
+                                "peer unreachable; retrying with backoff (reminded every minute while it lasts)"
+                            );
+                        }
+                        Some(Outage::Continues { down_for, attempts }) => tracing::warn!(
+                            peer = %link.addr,
+                            node = link.node,
+                            down_secs = down_for.as_secs(),
+                            attempts,
+                            error = %e,
+                            "peer still unreachable"
+                        ),
+                        _ => {}
                     }
                     b.last_error = Some(e.clone());
                     Err(e)
@@ -793,5 +868,47 @@ mod tests {
             );
         }
         assert!(Backoff::delay(3, 5) > Backoff::delay(1, 5));
+    }
+
+    /// A peer away for three minutes, dialled every second: one line when
+    /// it goes, one a minute while it stays away, one when it is back.
+    #[test]
+    fn an_outage_is_told_once_reminded_each_minute_and_ended_once() {
+        let start = Instant::now();
+        let mut b = Backoff::default();
+        let mut told = Vec::new();
+        for s in 0..180u64 {
+            if let Some(o) = b.failed(start + Duration::from_secs(s)) {
+                told.push((s, o));
+            }
+        }
+        let ended = b.succeeded(start + Duration::from_secs(180));
+        assert_eq!(told.len(), 3, "{told:?}");
+        assert_eq!(told[0], (0, Outage::Began));
+        assert_eq!(
+            told[1],
+            (
+                60,
+                Outage::Continues {
+                    down_for: Duration::from_secs(60),
+                    attempts: 61
+                }
+            )
+        );
+        assert_eq!(told[2].0, 120);
+        assert_eq!(
+            ended,
+            Some(Outage::Ended {
+                down_for: Duration::from_secs(180),
+                attempts: 180
+            })
+        );
+        // The next outage is told again from its start; a success with no
+        // outage before it says nothing.
+        assert_eq!(b.succeeded(start + Duration::from_secs(181)), None);
+        assert_eq!(
+            b.failed(start + Duration::from_secs(182)),
+            Some(Outage::Began)
+        );
     }
 }
