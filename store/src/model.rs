@@ -296,6 +296,31 @@ pub enum Command {
     /// read the entry, and members are added to a recovered cluster with
     /// the release that recovered it.
     Generation { generation: u64 },
+    /// A recovered cluster continues a topic after the messages its lost
+    /// members published and it never received (issue 49): their keys go
+    /// into the window, the outbox messages of one of those keys are
+    /// published already and leave the outbox, the others are numbered on
+    /// after the highest of them, and so is the topic's counter. Proposed
+    /// by a leader of a newer generation, from a tail read, before it
+    /// publishes anything on the topic. Only a recovered cluster proposes
+    /// one (see [`Command::Generation`]).
+    Rebase(Box<Rebase>),
+}
+
+/// What [`Command::Rebase`] carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebase {
+    pub pulsar_topic: String,
+    /// The topic's last assigned sequence when the leader read its outbox:
+    /// `drop` names nothing above it (copies first seen after the read are
+    /// checked by the leader's next read, and a rebase of their own).
+    pub assigned: u64,
+    /// The proven messages of an older generation of the cluster above the
+    /// topic's committed watermark, as (sequence, key).
+    pub older: Vec<(u64, Key)>,
+    /// The outbox's sequences (at most `assigned`) whose message has a key
+    /// among `older`'s: in Pulsar already.
+    pub drop: Vec<u64>,
 }
 
 /// What [`Command::SetAside`] carries, and what the store keeps.
@@ -363,7 +388,8 @@ impl Command {
             Command::Published { .. }
             | Command::Level { .. }
             | Command::SetAside(_)
-            | Command::Generation { .. } => None,
+            | Command::Generation { .. }
+            | Command::Rebase(_) => None,
         }
     }
 
@@ -407,7 +433,8 @@ impl Command {
             Command::Published { .. }
             | Command::Level { .. }
             | Command::SetAside(_)
-            | Command::Generation { .. } => None,
+            | Command::Generation { .. }
+            | Command::Rebase(_) => None,
         }
     }
 
@@ -421,7 +448,8 @@ impl Command {
             Command::Published { .. }
             | Command::Level { .. }
             | Command::SetAside(_)
-            | Command::Generation { .. } => None,
+            | Command::Generation { .. }
+            | Command::Rebase(_) => None,
         }
     }
 }

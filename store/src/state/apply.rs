@@ -181,6 +181,7 @@ impl Memory {
                 self.aside.keep(&named, self.head.totals.clock_ms)?
             }
             Some(Command::SetAside(s)) => self.aside.keep(s, self.head.totals.clock_ms)?,
+            Some(Command::Rebase(r)) => self.rebase(disk, r)?,
             Some(Command::Generation { generation }) => {
                 self.generation = self.generation.max(*generation);
                 Response::None

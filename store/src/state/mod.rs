@@ -39,6 +39,7 @@ mod checkpoint;
 mod memory;
 mod names;
 mod query;
+mod rebase;
 mod snapshot;
 #[cfg(test)]
 mod testing;

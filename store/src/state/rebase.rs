@@ -1,0 +1,353 @@
+//! A recovered cluster's topic continued after what its lost members
+//! published ([`crate::Command::Rebase`], issue 49).
+//!
+//! A survivor that lagged behind the cluster it came from assigned its own
+//! sequences to the messages it had, from its watermark on, while the lost
+//! members had published other messages under the same sequences. Its
+//! publisher reads those (proven, of an older generation, above the
+//! watermark) and commits a rebase before it publishes anything:
+//! - their keys go into the window, so that copies the upstream still
+//!   delivers (its session queued them while the node was down) are
+//!   duplicates;
+//! - outbox messages the leader found with one of their keys (`drop`) are
+//!   in Pulsar already, and leave the outbox as published;
+//! - the other outbox messages are numbered on after the highest of them,
+//!   in their order, and the topic's counter continues after them; the
+//!   watermark becomes that highest sequence.
+//!
+//! The leader reads the keys of the outbox (the log holds them; apply does
+//! not read the log), so `drop` is exact for the sequences it read (up to
+//! `assigned`). Copies first seen between its read and this entry are not
+//! checked here; the leader reads the outbox again after it and proposes a
+//! rebase with nothing `older` that drops what it finds (the numbering then
+//! closes up after the watermark).
+//!
+//! Window slots keep the sequence a message had when it was first seen:
+//! it is reported with its duplicates only, and nothing is published by it.
+//!
+//! Not done: a topic whose unpublished messages came inline with a snapshot
+//! (they live in the state's own tree under their sequence). The entry
+//! changes nothing then, and the publisher says so.
+
+use std::collections::BTreeSet;
+
+use super::apply::{locate, Written};
+use super::memory::{Memory, PendingRecord};
+use crate::index::Slot;
+use crate::model::{Key, KeyKind, Observation, Rebase, Response};
+use crate::record::{self, Item, Run};
+use crate::window;
+use crate::StoreError;
+
+impl Memory {
+    pub(super) fn rebase(
+        &mut self,
+        disk: &impl Written,
+        r: &Rebase,
+    ) -> Result<Response, StoreError> {
+        let topic = r.pulsar_topic.as_str();
+        let state = self.head.topics.get(topic).copied().unwrap_or_default();
+        let watermark = state.published_seq;
+        // The only fallible step, before anything changes.
+        if !disk
+            .inline(topic, watermark.saturating_add(1), u64::MAX)?
+            .is_empty()
+        {
+            return Ok(Response::None);
+        }
+        let older: Vec<(u64, Key)> = r
+            .older
+            .iter()
+            .copied()
+            .filter(|(seq, _)| *seq > watermark)
+            .collect();
+        let base = older
+            .iter()
+            .map(|(seq, _)| *seq)
+            .max()
+            .unwrap_or(0)
+            .max(watermark);
+        let drop: BTreeSet<u64> = r
+            .drop
+            .iter()
+            .copied()
+            .filter(|s| *s > watermark && *s <= r.assigned.min(state.last_seq))
+            .collect();
+        if base == watermark && drop.is_empty() {
+            return Ok(Response::None);
+        }
+
+        // The keys into the window, under their bare key (found by a copy
+        // of any kind: `locate`), in one record of their own.
+        let scope = self.scope();
+        let rec_id = self.head.totals.records;
+        let mut items: Vec<Item> = Vec::new();
+        let mut added: BTreeSet<Key> = BTreeSet::new();
+        for (seq, key) in &older {
+            let probe = Observation {
+                key: *key,
+                mqtt_topic: String::new(),
+                pulsar_topic: r.pulsar_topic.clone(),
+                payload: Vec::new(),
+                qos: 0,
+                retain: false,
+                node: 0,
+                received_ms: 0,
+            };
+            if locate(&self.index, scope, &probe, KeyKind::Unknown).is_some() || !added.insert(*key)
+            {
+                continue;
+            }
+            self.index.insert(
+                *key,
+                Slot {
+                    rec: rec_id,
+                    seq: *seq,
+                    mask: record::first_mask(record::UNTRACKED),
+                    item: items.len() as u32,
+                    node_bit: record::UNTRACKED,
+                },
+            );
+            items.push(Item {
+                key: *key,
+                node_bit: record::UNTRACKED,
+                seq: *seq,
+            });
+        }
+        let totals = &mut self.head.totals;
+        if !items.is_empty() {
+            totals.window_keys += items.len() as u64;
+            self.pending.push_back(PendingRecord {
+                rec: rec_id,
+                ts: totals.clock_ms,
+                masks: vec![0; items.len()],
+                items,
+            });
+            totals.records += 1;
+            // Looked up bare until it expires.
+            self.levels.bare_below = self.levels.bare_below.max(rec_id + 1);
+        }
+
+        // The outbox renumbered after `base`, in order, without `drop`.
+        let range = window::outbox_key(topic, 0)..=window::outbox_key(topic, u64::MAX);
+        let keys: Vec<Vec<u8>> = self.runs.range(range).map(|(k, _)| k.clone()).collect();
+        let mut next = base;
+        let mut rebuilt: Vec<(u64, Run)> = Vec::new();
+        for k in keys {
+            let first = window::outbox_seq(&k).unwrap_or_default();
+            let Some(run) = self.runs.remove(&k) else {
+                continue;
+            };
+            if !self.runs_new.remove(&k) {
+                self.runs_gone.insert(k);
+            }
+            let mut kept = Vec::with_capacity(run.messages.len());
+            for (i, (pos, charge)) in run.messages.iter().enumerate() {
+                let seq = first + i as u64;
+                // Published already, and counted so.
+                if seq <= watermark {
+                    continue;
+                }
+                if drop.contains(&seq) {
+                    totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
+                    totals.outbox_bytes = totals.outbox_bytes.saturating_sub(*charge);
+                    continue;
+                }
+                kept.push((*pos, *charge));
+            }
+            if kept.is_empty() {
+                continue;
+            }
+            let new_first = next + 1;
+            next += kept.len() as u64;
+            rebuilt.push((
+                new_first,
+                Run {
+                    log_index: run.log_index,
+                    first_seen_ms: run.first_seen_ms,
+                    messages: kept,
+                },
+            ));
+        }
+        for (first, run) in rebuilt {
+            let k = window::outbox_key(topic, first);
+            // The checkpoint writes new runs before it deletes gone ones.
+            self.runs_gone.remove(&k);
+            self.runs_new.insert(k.clone());
+            self.runs.insert(k, run);
+        }
+        let state = self.head.topics.entry(r.pulsar_topic.clone()).or_default();
+        state.published_seq = base;
+        state.last_seq = next;
+        Ok(Response::None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{obs, observe, store};
+    use crate::model::{Command, Outcome, Rebase, Response};
+
+    fn rebase(topic: &str, assigned: u64, older: Vec<(u64, u8)>, drop: Vec<u64>) -> Command {
+        Command::Rebase(Box::new(Rebase {
+            pulsar_topic: topic.into(),
+            assigned,
+            older: older.into_iter().map(|(s, k)| (s, [k; 32])).collect(),
+            drop,
+        }))
+    }
+
+    /// The survivor published up to 2 and holds 3..=6 (keys 3..=6); the
+    /// lost members published 3..=5 with keys 30, 4, 31. Key 4 (its 4) is
+    /// in Pulsar as 4; keys 30 and 31 are in the window now; 3, 5, 6 go as
+    /// 6, 7, 8, and the topic continues at 9. Nothing is lost (3, 5, 6
+    /// still go), nothing doubled (4 does not; 30 and 31 arriving again
+    /// are duplicates).
+    #[test]
+    fn the_outbox_continues_after_what_the_lost_members_published() {
+        let s = store();
+        let copies = (1..=6).map(|k| obs(k, 1, "t")).collect();
+        s.apply(Some(&observe(1_000, 60_000, copies)), 1, b"1")
+            .unwrap();
+        super::super::testing::publish(&s, "t", 2, 2);
+        s.apply(
+            Some(&rebase("t", 6, vec![(3, 30), (4, 4), (5, 31)], vec![4])),
+            3,
+            b"3",
+        )
+        .unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (5, 8));
+        let out: Vec<(u64, u8)> = s
+            .outbox_from("t", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, item)| match item {
+                crate::model::OutboxItem::InLog { pos, .. } => (seq, pos as u8 + 1),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(out, vec![(6, 3), (7, 5), (8, 6)]);
+        assert_eq!(s.totals().unwrap().outbox_messages, 3);
+        let again = observe(
+            2_000,
+            60_000,
+            vec![obs(30, 1, "t"), obs(31, 2, "t"), obs(9, 1, "t")],
+        );
+        let Response::Observed(o) = s.apply(Some(&again), 4, b"4").unwrap() else {
+            panic!()
+        };
+        assert!(matches!(o[0], Outcome::Duplicate { seq: 3, .. }), "{o:?}");
+        assert!(matches!(o[1], Outcome::Duplicate { seq: 5, .. }), "{o:?}");
+        assert_eq!(o[2], Outcome::FirstSeen { seq: 9 });
+        // The same entry again (a leader proposing twice) changes nothing.
+        s.apply(
+            Some(&rebase("t", 6, vec![(3, 30), (4, 4), (5, 31)], vec![4])),
+            5,
+            b"5",
+        )
+        .unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (5, 9));
+    }
+
+    /// Runs a checkpoint wrote before the rebase are renumbered on disk
+    /// too: the state after a restart is the same.
+    #[test]
+    fn a_rebase_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = super::super::testing::reopenable(dir.path());
+            let s = crate::StateStore::open(&db).unwrap();
+            for (i, k) in (1..=4u8).enumerate() {
+                let e = observe(1_000, 60_000, vec![obs(k, 1, "t")]);
+                s.apply(Some(&e), i as u64 + 1, &[i as u8]).unwrap();
+            }
+            s.flush().unwrap();
+            s.apply(
+                Some(&rebase("t", 4, vec![(1, 50), (2, 2)], vec![2])),
+                5,
+                b"5",
+            )
+            .unwrap();
+            s.flush().unwrap();
+        }
+        let db = super::super::testing::reopenable(dir.path());
+        let s = crate::StateStore::open(&db).unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (2, 5));
+        let runs: Vec<(u64, u64)> = s
+            .outbox_from("t", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, item)| match item {
+                crate::model::OutboxItem::InLog { log_index, .. } => (seq, log_index),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(runs, vec![(3, 1), (4, 3), (5, 4)]);
+        assert_eq!(s.totals().unwrap().outbox_messages, 3);
+        assert!(s
+            .lookup_copy("t", crate::model::KeyKind::Unknown, &[50; 32])
+            .unwrap()
+            .is_some());
+    }
+
+    /// At level 2 the keys go in bare, and a copy of any kind finds them;
+    /// a rebase with nothing older drops what it names and closes the
+    /// numbering up after the watermark. It survives a snapshot.
+    #[test]
+    fn at_level_two_and_with_nothing_older() {
+        use crate::model::KeyKind;
+        let s = store();
+        s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
+            .unwrap();
+        let copies: Vec<_> = (1..=4).map(|k| obs(k, 1, "t")).collect();
+        let kinds = vec![KeyKind::TopicPayload; copies.len()];
+        let kinded = Command::ObserveKinds {
+            stamped_ms: 1_000,
+            window_ms: 60_000,
+            observations: copies,
+            properties: Vec::new(),
+            slim: Vec::new(),
+            kinds,
+        };
+        s.apply(Some(&kinded), 2, b"2").unwrap();
+        s.apply(Some(&rebase("t", 4, vec![(1, 40)], vec![])), 3, b"3")
+            .unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (1, 5));
+        assert!(s
+            .lookup_copy("t", KeyKind::Payload, &[40; 32])
+            .unwrap()
+            .is_some());
+        s.apply(Some(&rebase("t", 5, vec![], vec![3])), 4, b"4")
+            .unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (1, 4));
+        let seqs: Vec<u64> = s
+            .outbox_from("t", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect();
+        assert_eq!(seqs, vec![2, 3, 4]);
+        let mut buf = Vec::new();
+        s.export(&mut buf, &mut |_| {
+            Ok(observe(
+                1_000,
+                60_000,
+                (1..=4).map(|k| obs(k, 1, "t")).collect(),
+            ))
+        })
+        .unwrap();
+        let b = store();
+        b.import(&mut buf.as_slice()).unwrap();
+        assert!(b
+            .lookup_copy("t", KeyKind::Payload, &[40; 32])
+            .unwrap()
+            .is_some());
+        let st = b.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (1, 4));
+    }
+}
