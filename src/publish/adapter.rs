@@ -698,6 +698,17 @@ impl Group for RaftGroup {
             .await
             .map_err(|e| Error::SetAside(e.to_string()))
     }
+
+    async fn rebase(&self, rebase: firstseen_store::Rebase) -> Result<(), Error> {
+        self.proposer
+            .coalescer
+            .append(firstseen_store::Command::Rebase(Box::new(rebase)))
+            .await
+            .map_err(|e| Error::Raft {
+                action: "commit a rebase".into(),
+                source: e.to_string().into(),
+            })
+    }
 }
 
 /// The outbox in the replicated state, payloads read from the Raft log.

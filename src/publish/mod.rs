@@ -541,6 +541,70 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         }
     }
 
+    /// Continues `topic` after `older`, the proven messages of the cluster
+    /// this one was recovered from above its watermark (what the lost
+    /// members published and the survivor never received): commits a
+    /// rebase with the outbox's messages of their keys (in Pulsar already),
+    /// then, for copies first seen meanwhile, rebases again until the
+    /// outbox holds none of their keys (from then on the window has them).
+    async fn rebase(
+        &self,
+        topic: &str,
+        older: &[(u64, firstseen_store::Key)],
+    ) -> Result<(), Error> {
+        let keys: std::collections::HashSet<firstseen_store::Key> =
+            older.iter().map(|(_, k)| *k).collect();
+        let after = older.iter().map(|(s, _)| *s).max().unwrap_or(0);
+        let (low, _) = older.iter().min().copied().unwrap_or_default();
+        let mut first = true;
+        // Each pass after the first finds only copies first seen between
+        // a read and its rebase: a few at most.
+        for _ in 0..8 {
+            let st = self.outbox.topic(topic)?;
+            let mut drop = Vec::new();
+            let mut from = st.published_seq + 1;
+            'read: loop {
+                let batch = self.outbox.read(topic, from, self.batch.max(1))?;
+                if batch.is_empty() {
+                    break;
+                }
+                for (seq, m) in batch {
+                    if seq > st.last_seq {
+                        break 'read;
+                    }
+                    if keys.contains(&m.key) {
+                        drop.push(seq);
+                    }
+                    from = seq + 1;
+                }
+            }
+            if !first && drop.is_empty() {
+                return Ok(());
+            }
+            let dropped = drop.len();
+            self.group
+                .rebase(firstseen_store::Rebase {
+                    pulsar_topic: topic.to_string(),
+                    assigned: st.last_seq,
+                    older: if first { older.to_vec() } else { Vec::new() },
+                    drop,
+                })
+                .await?;
+            let now = self.outbox.topic(topic)?;
+            if first && now.published_seq < after {
+                tracing::error!(topic, watermark = st.published_seq, older_up_to = after, "the topic's unpublished messages came with a snapshot, and this release cannot renumber those: nothing is published to this topic (the messages of the cluster this one was recovered from above the watermark would be skipped or doubled)");
+                return Err(Error::Raft {
+                    action: format!("rebase {topic}"),
+                    source: "unpublished messages from a snapshot cannot be renumbered".into(),
+                });
+            }
+            metrics::counter!("firstseen_publish_rebased_total").increment(1);
+            tracing::warn!(topic, older = if first { older.len() } else { 0 }, older_from = low, older_up_to = after, in_pulsar_already = dropped, watermark = now.published_seq, last_assigned = now.last_seq, "the topic holds messages the cluster this one was recovered from published and this node never received: their keys are in the window, this node's copies of them left the outbox as published, and its other messages are numbered after them");
+            first = false;
+        }
+        Ok(())
+    }
+
     /// Stops publishing `topic` for good: it holds proven messages of
     /// generation `newer`, above this cluster's `ours`.
     fn give_up(&self, topic: &str, ours: u64, newer: u64) {
@@ -692,10 +756,11 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             // Only now, holding exclusive access, is the tail stable.
             let strict = self.outbox.level() >= firstseen_store::level::KINDS;
             let watermark = assigned.published_seq;
+            let generation = self.outbox.generation();
+            self.ours.set_generation(generation);
             let tail = session
                 .read_tail(&tp.topic, assigned.last_seq, watermark, strict)
                 .await?;
-            let generation = self.outbox.generation();
             if tail::superseded(generation, tail.generation) {
                 // The producer goes (closed at the broker): the newer
                 // cluster may take the topic.
@@ -704,6 +769,18 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 return Ok(false);
             }
             tp.generation = generation;
+            if !tail.older.is_empty() {
+                // Nothing is sent before the rebase is applied; the next
+                // pass takes the topic again and reads it anew.
+                drop(producer);
+                if tail.cut_short {
+                    tracing::error!(topic = %tp.topic, watermark, found = tail.older.len(), "the topic holds messages of the cluster this one was recovered from above this cluster's watermark, and the tail read reached its bounds before it had read back to the watermark: nothing is published to this topic until a read gets there (the survivor lagged too far behind)");
+                    tp.retry_at = Some(Instant::now() + Duration::from_secs(5));
+                    return Ok(false);
+                }
+                self.rebase(&tp.topic, &tail.older).await?;
+                return Ok(true);
+            }
             if tail.foreign > 0 {
                 metrics::counter!("firstseen_foreign_messages_total").increment(tail.foreign);
                 tracing::warn!(topic = %tp.topic, foreign = tail.foreign, forged = tail.forged, tail = ?tail.seq, "messages this cluster did not write found at the end of the topic; skipped");

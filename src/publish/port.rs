@@ -164,6 +164,17 @@ pub trait Group: Send + Sync {
         &self,
         record: firstseen_store::SetAside,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Commits a rebase of a topic (`firstseen_store::Command::Rebase`) and
+    /// returns once it is applied. Only a recovered cluster (generation
+    /// above 0) asks; the models never are one.
+    fn rebase(
+        &self,
+        rebase: firstseen_store::Rebase,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = rebase;
+        async { Err(Error::LeaseLost) }
+    }
 }
 
 /// The replicated outbox: messages with a sequence, not yet published.

@@ -117,6 +117,9 @@ pub struct Ours {
     proofs: ProofKeys,
     /// The topics this node found superseded (shared by every clone).
     superseded: Superseded,
+    /// The cluster's generation, as the publisher last read it from the
+    /// state (shared by every clone; 0 until then, and in `verify`).
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The topics where this node found a proven message of a newer generation
@@ -213,7 +216,19 @@ impl Ours {
             names,
             proofs: ProofKeys::new(current, previous),
             superseded: Superseded::default(),
+            generation: Default::default(),
         }
+    }
+
+    /// The cluster's generation the tail read goes by: the publisher sets
+    /// it from the state before each read.
+    pub fn set_generation(&self, generation: u64) {
+        self.generation
+            .store(generation, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The topics this node found superseded (shared by every clone).
@@ -307,6 +322,30 @@ impl Ours {
         // says so), as the publisher reads no tail until the record is
         // made.
         self.proofs.verifies(&message, proof)
+    }
+
+    /// Message (`meta`, `body`) as (sequence, key), when it carries the
+    /// cluster's proof and is of a generation older than `own`, whatever
+    /// its sequence: the lost members of a recovered cluster numbered on
+    /// from where the survivor lagged.
+    fn of_older_generation(
+        &self,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        own: u64,
+    ) -> Option<(u64, [u8; 32])> {
+        let generation = match props::get(meta, props::GENERATION) {
+            Some(g) => g.parse::<u64>().ok()?,
+            None => 0,
+        };
+        if generation >= own {
+            return None;
+        }
+        let seq = props::get(meta, props::SEQ)?.parse::<u64>().ok()?;
+        let key = props::get(meta, props::KEY).and_then(super::proof::key_of)?;
+        let proof = props::get(meta, props::PROOF)?;
+        (seq != 0 && self.proves(topic, meta, body, seq, &key, proof)).then_some((seq, key))
     }
 
     /// The generation of message (`meta`, `body`) when it carries one
@@ -507,6 +546,42 @@ mod ours_after_a_rotation {
         assert!(!superseded(0, tail.generation));
     }
 
+    /// Issue 49 item 2: a survivor recovered (generation 1) with watermark
+    /// 3 and 5 messages assigned reads what its lost members published
+    /// (generation 0) up to 9. Above the watermark they are older, not its
+    /// tail, whatever their sequence (the old tail read called the ones
+    /// above 5 forged, and took the others for its own tail, skipping its
+    /// own messages); at or below it they are the lineage's, as before.
+    /// A cluster never recovered gathers nothing.
+    #[test]
+    fn a_recovered_cluster_tells_its_lost_members_messages_apart() {
+        let ours = Ours::new(&ClusterKey::from_secret(b"s"), &[], false);
+        ours.set_generation(1);
+        let mut tail = Tail {
+            older_above: Some(3),
+            ..Tail::default()
+        };
+        for seq in 1..=9 {
+            tail.classify(&ours, TOPIC, &of_generation(&ours, seq, 0), b"b", 5, true);
+        }
+        assert_eq!(tail.seq, Some(3));
+        assert_eq!(
+            tail.older.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            (4..=9).collect::<Vec<_>>()
+        );
+        assert_eq!((tail.forged, tail.generation), (0, 0));
+        // Its own messages after the rebase are of its generation: ours.
+        tail.classify(&ours, TOPIC, &of_generation(&ours, 10, 1), b"b", 12, true);
+        assert_eq!((tail.seq, tail.older.len()), (Some(10), 6));
+
+        let never = Ours::new(&ClusterKey::from_secret(b"s"), &[], false);
+        let mut tail = Tail::default();
+        for seq in 1..=9 {
+            tail.classify(&never, TOPIC, &of_generation(&never, seq, 0), b"b", 5, true);
+        }
+        assert_eq!((tail.seq, tail.older.len(), tail.forged), (Some(5), 0, 4));
+    }
+
     /// Messages written by builds before v2 (a v1 proof) count as ours at
     /// level 2, beside v2 ones: the change loses or doubles nothing.
     #[test]
@@ -560,6 +635,17 @@ pub struct Tail {
     /// newer one than the cluster's means a cluster recovered from this
     /// one publishes here ([`superseded`]).
     pub generation: u64,
+    /// Proven messages of an older generation than the cluster's numbered
+    /// above the committed watermark, as (sequence, key), in the order
+    /// read: what the lost members of a recovered cluster published and
+    /// its survivor never received (`firstseen_store::Command::Rebase`).
+    /// Gathered only by a read with a watermark, by a cluster of a
+    /// generation above 0. They are not the tail (its sequences are the
+    /// survivor's to renumber), but the read passes them as messages of
+    /// the cluster's lineage, back to the watermark.
+    pub older: Vec<(u64, [u8; 32])>,
+    /// Above which sequence [`Tail::older`] gathers (the watermark).
+    pub older_above: Option<u64>,
     /// The read stopped at its bounds ([`MAX_ENTRIES`], or the time given)
     /// before it found a message of ours, or before it had read back to the
     /// watermark (see `missing`): `seq` is `None`, and the publisher
@@ -612,6 +698,15 @@ impl Tail {
         let late = props::get(meta, props::LATE).is_some();
         if let Some(g) = ours.generation_above(topic, meta, body, self.generation) {
             self.generation = g;
+        }
+        if let Some(watermark) = self.older_above {
+            if let Some((seq, key)) = ours.of_older_generation(topic, meta, body, ours.generation())
+            {
+                if seq > watermark {
+                    self.older.push((seq, key));
+                    return Some((seq, late));
+                }
+            }
         }
         let seq = match ours.origin(topic, meta, body, Some(assigned)) {
             Origin::Proven(seq) => seq,
@@ -863,7 +958,10 @@ async fn read(
         ours,
         q: &q,
         deadline,
-        tail: Tail::default(),
+        tail: Tail {
+            older_above: watermark.filter(|_| ours.generation() > 0),
+            ..Tail::default()
+        },
         landed: watermark.map(Landed::new),
         entries: 0,
     };
