@@ -328,11 +328,22 @@ fn uses(at: &str, code: &str, known: &[(String, String)]) -> Vec<String> {
     let mut out = Vec::new();
     for (prefix, base) in [("crate::", Vec::new()), ("super::", parent.to_vec())] {
         for (i, _) in code.match_indices(prefix) {
-            // Not the tail of a longer name (`my_crate::`).
-            if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            // Not the tail of a longer name (`my_crate::`), nor the second
+            // `super` of a chain (the chain is read from its first).
+            if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
-            let rest = &code[i + prefix.len()..];
+            let mut rest = &code[i + prefix.len()..];
+            let mut base = base.clone();
+            // `super::super::x` is x in the grandparent: each further
+            // `super` goes one module up (missed before: the ingest adapter
+            // reached the aggregate config as `super::super::config`).
+            if prefix == "super::" {
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
+                }
+            }
             let head: String = rest
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
@@ -462,6 +473,7 @@ fn folder_arrows() -> std::collections::BTreeSet<(String, String)> {
 /// - No two stage folders import each other, however far round.
 /// - `tls/` imports no stage (the stages read their TLS settings from it).
 /// - The crate root imports no stage and not `node/`.
+/// - Neither `config/` nor `http/` imports `node/`, which builds from both.
 #[test]
 fn no_stage_folder_reaches_back() {
     let arrows = folder_arrows();
@@ -476,6 +488,11 @@ fn no_stage_folder_reaches_back() {
         }
         if from.is_empty() && (stage(to) || to == "node") {
             found.push(format!("the crate root imports {to}"));
+        }
+        // The node assembles the config and the HTTP API; neither names
+        // the node back (each pair imported the other before).
+        if (from == "config" || from == "http") && to == "node" {
+            found.push(format!("{from} imports node, which imports {from}"));
         }
     }
     // Circles among the stage folders.

@@ -15,6 +15,7 @@ use crate::publish::format::Formats;
 
 mod env;
 mod files;
+mod node;
 
 pub use crate::batch::config::BatchConfig;
 pub use crate::cluster::config::{ClusterConfig, MemberConfig, TlsConfig};
@@ -22,9 +23,9 @@ pub use crate::ingest::config::{
     DeadLetterConfig, DedupConfig, OversizePolicy, Protocol, RouteConfig, SubscriptionConfig,
     UpstreamConfig,
 };
-pub use crate::node::config::{HttpTlsConfig, NodeConfig};
 pub use crate::problem::{Problem, Problems};
 pub use crate::publish::config::{OAuth2Config, OutboxConfig, PulsarConfig};
+pub use node::{HttpTlsConfig, NodeConfig};
 
 /// The whole node configuration.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -48,12 +48,28 @@ pub fn admin_key(
     }
 }
 
+/// What `POST /admin/reload` reports: whether the routes changed, and the
+/// upstreams whose subscriptions did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reloaded {
+    pub routes: bool,
+    pub subscriptions: Vec<String>,
+}
+
+/// Reading the config file again, as `POST /admin/reload` asks. The node
+/// implements it (`node::reload::Reloader`): the API names nothing of the
+/// node that builds it, so the two do not import each other.
+pub trait Reload: Send + Sync {
+    /// What was applied, or why nothing was (shown to the caller as is).
+    fn reload(&self) -> Result<Reloaded, Box<dyn std::error::Error + Send + Sync>>;
+}
+
 /// What the handlers read.
 pub struct AppState {
     /// The cluster level: its status, and raising it (`/admin/upgrade`).
     pub levels: crate::propose::level::LevelGate,
     /// Reads the config file again (`POST /admin/reload`).
-    pub reloader: Arc<crate::node::reload::Reloader>,
+    pub reloader: Arc<dyn Reload>,
     pub node_id: u64,
     pub zone: String,
     pub raft: Raft,

@@ -7,9 +7,10 @@
 //! place this order is written out; [`run`] builds the list). The core
 //! that decides is built in [`core`], shared with the whole-cluster
 //! simulation; [`supervise`] makes the node fail fast when a task ends
-//! early; [`config`] is the `[node]` section.
+//! early. Its `[node]` section is declared with the aggregate config
+//! (`crate::config::NodeConfig`): the node reads the config, the config
+//! names nothing of the node.
 
-pub mod config;
 pub mod core;
 pub mod reload;
 pub mod stages;

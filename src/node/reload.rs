@@ -235,6 +235,17 @@ fn routes_equal(a: &Config, b: &Config) -> bool {
     toml::Value::try_from(&a.routes).ok() == toml::Value::try_from(&b.routes).ok()
 }
 
+/// The HTTP API's reload (`POST /admin/reload`) is this one.
+impl crate::http::Reload for Reloader {
+    fn reload(&self) -> Result<crate::http::Reloaded, Box<dyn std::error::Error + Send + Sync>> {
+        let a = Reloader::reload(self)?;
+        Ok(crate::http::Reloaded {
+            routes: a.routes,
+            subscriptions: a.subscriptions,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,7 +78,7 @@ pub fn options(u: &Upstream) -> Result<Options, crate::Error> {
         None => None,
     };
     Ok(Options {
-        v5: u.config.protocol == super::super::config::Protocol::V5,
+        v5: u.config.protocol == crate::ingest::config::Protocol::V5,
         client_id: u.client_id.clone(),
         host: addr.host,
         port: addr.port,
