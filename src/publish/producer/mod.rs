@@ -9,12 +9,21 @@
 //! flight keep a round trip out of every message's latency. That is what
 //! the Java and Go clients do, and what Benthos gets from the Go client.
 //!
-//! What is ours is the send path only: the connection ([`conn`]), the
-//! handshake with the same credentials as the crate's (`auth.rs`'s
-//! providers), the exclusive producer and its receipts, and the entries
-//! ([`entry`]). The frames are the crate's public codec and `proto` types;
-//! the topic lookup is the crate's client; the tail read and `verify` read
-//! with the crate's consumer, which splits batched entries by batch index.
+//! What is ours is the send path only, one idea per file, the protocol's
+//! state apart from its I/O as rumqtt keeps them:
+//! - `dial.rs`: the URL, TCP and TLS, and the handshake with the same
+//!   credentials as the crate's (`auth.rs`'s providers);
+//! - [`conn`]: the connection as the producers call it: requests, the
+//!   exclusive producers, sends, and closes at the broker;
+//! - `socket.rs`: the two tasks that own the socket (writer, reader);
+//! - `receipts.rs`: the entries in flight and how the broker's answers
+//!   settle them, and what a refusal means (no I/O, tested without a
+//!   socket);
+//! - [`entry`]: the batched entries themselves.
+//!
+//! The frames are the crate's public codec and `proto` types; the topic
+//! lookup is the crate's client; the tail read and `verify` read with the
+//! crate's consumer, which splits batched entries by batch index.
 //!
 //! Ordering and receipts keep the publisher's contract (`port.rs`): a
 //! producer's entries are persisted in the order they are sent, so a
@@ -22,7 +31,12 @@
 //! message's receipt is its entry's.
 
 pub mod conn;
+mod dial;
 pub mod entry;
+#[cfg(test)]
+mod fake;
+mod receipts;
+mod socket;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -32,8 +46,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::port::{Receipt, SendError};
-use conn::{Conn, Failure, Target};
+use conn::{Conn, Target};
 use entry::{Open, Outgoing};
+use receipts::{Failure, Waiter};
 
 /// Bytes kept free in an entry for its own metadata and the frame around
 /// it, below the broker's message limit.
@@ -158,7 +173,7 @@ pub struct Producer {
     topic: String,
     open: Open,
     /// The receipts of the messages in `open`.
-    waiters: Vec<conn::Waiter>,
+    waiters: Vec<Waiter>,
     /// The term's topics that go one message per entry.
     one_by_one_topics: Arc<Mutex<HashSet<String>>>,
     max_bytes: usize,
@@ -258,7 +273,6 @@ impl Producer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use conn::fake;
 
     fn message(seq: u64) -> Outgoing {
         Outgoing {
