@@ -13,6 +13,9 @@
 //! window's identity of its messages from then on (cluster level 2): copies
 //! of one message received on either side of the change can both be first.
 //! Change the routes of every node: each node routes what it receives.
+//! A topic's spelling (`fs` or `persistent://public/default/fs`) may change
+//! only from cluster level 3, where the state names every topic by its full
+//! name; below it the change is refused ([`ReloadError::Spelling`]).
 //!
 //! [`live_changes`] is the pure rule; [`Reloader`] reads and applies.
 

@@ -14,6 +14,10 @@
 //!   seen per topic. Messages the publisher sets aside are kept in the
 //!   replicated state ([`crate::Command::SetAside`]). The publisher trusts
 //!   only messages that carry the cluster's proof at the end of a topic.
+//! - **Level 3** ([`NAMES`]): a Pulsar topic has one name, its canonical
+//!   one ([`crate::topic::canonical`]): the leader writes copies' topics so,
+//!   apply names topics so, and the rise moves what the state held under
+//!   another spelling (`state/names.rs`).
 
 /// The level of a cluster that never agreed on one: every release reads it.
 pub const BASE: u32 = 1;
