@@ -132,3 +132,85 @@ fn a_lone_survivor_recovers_as_a_cluster_of_one_and_grows_back() {
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 }
+
+/// Issue 49 item 2: the survivor lagged. A follower is paused (SIGSTOP)
+/// while the other two commit and publish a part of the capture it never
+/// receives; those two are lost for good; the survivor is recovered while
+/// the rest of the capture queues upstream for it (its MQTT session is
+/// persistent, so the part it missed is queued too), then started. It
+/// reads what the lost members published above its watermark, takes their
+/// keys into its window and numbers its own messages after them: every
+/// key in Pulsar once, the sequence 1..=n in order. Before the rebase the
+/// survivor took the lost members' messages for its own tail (or called
+/// them forged), resumed below them, and published what they had again.
+#[test]
+fn a_lagging_survivor_continues_after_what_the_lost_members_published() {
+    let Some(pulsar) =
+        shared_pulsar("a_lagging_survivor_continues_after_what_the_lost_members_published")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("lagging");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let survivor = (1..=3).find(|id| *id != leader).unwrap();
+    let lost: Vec<u64> = (1..=3).filter(|id| *id != survivor).collect();
+
+    // The survivor lags: paused in the middle of the feed (so its outbox
+    // may hold messages the others publish), while the others commit and
+    // publish more.
+    let mut load = replay_cmd(mqtt.port, &["--pace", "2000", "--limit", "3000"])
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the survivor applied a part",
+        || c.node(survivor).published() > 800,
+    );
+    c.node(survivor).signal("-STOP");
+    let before = c.node(leader).published();
+    assert!(load.wait().unwrap().success());
+    wait_until(Duration::from_secs(60), "the others published it", || {
+        c.node(leader).status().is_some_and(|s| {
+            s.topics
+                .iter()
+                .any(|t| t.published_seq > before + 1_000 && t.backlog == 0)
+        })
+    });
+    let published_by_lost = c.node(leader).published();
+    for id in &lost {
+        c.node(*id).kill9();
+        c.node(*id).wipe();
+    }
+    // SIGKILL ends a stopped process too.
+    c.node(survivor).kill9();
+    let out = recover(c.node(survivor));
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("recover: {said}");
+    assert!(said.contains("generation 1"), "{said}");
+    // The rest of the capture queues upstream for the stopped survivor.
+    replay(mqtt.port, &["--pace", "max", "--skip", "3000"]);
+    c.node(survivor).restart();
+    c.node(survivor)
+        .wait_published(HFP_DISTINCT, Duration::from_secs(60));
+    eprintln!("the lost members published up to {published_by_lost}");
+    let back = read_back(&pulsar, &topic);
+    assert!(
+        back.late().is_empty(),
+        "sequences went backwards: {:?}",
+        &back.late()[..back.late().len().min(10)]
+    );
+    assert_exactly_once(&back, &hfp_pairs(None));
+    let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
+    assert_eq!(code, 0, "{report}");
+    let log = c.node(survivor).log_tail(400);
+    let rebased: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("numbered after them"))
+        .collect();
+    assert!(!rebased.is_empty(), "no rebase logged:\n{log}");
+    eprintln!("{}", rebased.join("\n"));
+}
