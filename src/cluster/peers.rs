@@ -1,6 +1,9 @@
 //! The client side of the peer protocol: one long-lived, authenticated,
 //! multiplexed connection per peer ([`Peers`], behind the [`Call`] trait).
-//! openraft's network factory on top of it is `network.rs`.
+//! openraft's network factory on top of it is `network.rs`. How a
+//! connection is made and proven (TCP, TLS, the handshake) is `peers/dial.rs`;
+//! how long a link waits after a failed dial, and what is logged about an
+//! outage, is `peers/backoff.rs`: each apart from the links' bookkeeping here.
 //!
 //! Each peer address has a [`Link`]. Its connection is dialled on first use,
 //! authenticated once, and then carries every request to that peer (Raft
@@ -28,15 +31,14 @@
 //! connection.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use firstseen_raft::NodeId;
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpSocket;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,12 +48,13 @@ use super::liveness::Liveness;
 use super::wire::{self, ClusterKey, Envelope, Reply, Request};
 use crate::tls::{BoxStream, PeerTls};
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+mod backoff;
+mod dial;
+use backoff::{Backoff, Outage};
+use dial::{Dialer, Seals};
+
 /// Frames queued for a connection's writer before callers wait.
 const WRITE_QUEUE: usize = 256;
-/// Reconnect backoff: first delay, and the most it grows to.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A connection from which nothing at all has come for this long, while a
 /// request waited, is dead without knowing it (no FIN, no RST). Longer than
 /// a heartbeat on purpose: a follower stalled 150 ms by a flush is slow, not
@@ -149,83 +152,6 @@ impl Conn {
     }
 }
 
-/// Reconnect state of one link.
-#[derive(Default)]
-struct Backoff {
-    failures: u32,
-    until: Option<Instant>,
-    last_error: Option<CallError>,
-    /// When the first failed dial of this outage was, and when it was last
-    /// reported: what the log says about a peer that stays away.
-    down_since: Option<Instant>,
-    reported: Option<Instant>,
-}
-
-/// How often a peer that stays unreachable is mentioned again in the log.
-/// One line when it goes, one when it is back, and this reminder between:
-/// a zone that is down for an hour is sixty lines, not tens of thousands.
-const UNREACHABLE_REMINDER: Duration = Duration::from_secs(60);
-
-/// What to log about a dial's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outage {
-    /// The first failure after the peer was reachable.
-    Began,
-    /// Still failing, and the last line about it is a reminder old.
-    Continues { down_for: Duration, attempts: u32 },
-    /// Reachable again after failures.
-    Ended { down_for: Duration, attempts: u32 },
-}
-
-impl Backoff {
-    /// Records a failed dial at `now`; what to log, if anything.
-    fn failed(&mut self, now: Instant) -> Option<Outage> {
-        self.failures = self.failures.saturating_add(1);
-        let since = *self.down_since.get_or_insert(now);
-        match self.reported {
-            None => {
-                self.reported = Some(now);
-                Some(Outage::Began)
-            }
-            Some(last) if now.duration_since(last) >= UNREACHABLE_REMINDER => {
-                self.reported = Some(now);
-                Some(Outage::Continues {
-                    down_for: now.duration_since(since),
-                    attempts: self.failures,
-                })
-            }
-            Some(_) => None,
-        }
-    }
-
-    /// Records a dial that got through at `now`; what to log, if anything.
-    fn succeeded(&mut self, now: Instant) -> Option<Outage> {
-        let attempts = std::mem::take(&mut self.failures);
-        self.until = None;
-        self.last_error = None;
-        self.reported = None;
-        let since = self.down_since.take()?;
-        Some(Outage::Ended {
-            down_for: now.duration_since(since),
-            attempts,
-        })
-    }
-
-    fn delay(failures: u32, random: u64) -> Duration {
-        let base = BACKOFF_MIN
-            .saturating_mul(1u32 << failures.min(10))
-            .min(BACKOFF_MAX);
-        // ±25% jitter, so the nodes of a cluster do not dial in step.
-        let quarter = base.as_millis() as u64 / 4;
-        let jitter = if quarter == 0 {
-            0
-        } else {
-            random % (2 * quarter + 1)
-        };
-        Duration::from_millis(base.as_millis() as u64 - quarter + jitter)
-    }
-}
-
 /// Everything about one member at one address.
 struct Link {
     /// The member this link reaches; a handshake that proves another one
@@ -242,13 +168,8 @@ struct Link {
 }
 
 struct Inner {
-    me: NodeId,
-    key: ClusterKey,
-    /// Outgoing connections come from this address when set, so that a
-    /// node's traffic has one source address (firewalls, and the fault
-    /// tests' proxies, rely on it).
-    source_ip: Option<IpAddr>,
-    tls: Option<PeerTls>,
+    /// How a connection to a peer is made and proven.
+    dialer: Dialer,
     /// One link per member and address: keyed by both, so that an address
     /// that moves from one member to another (a replaced node) is a new
     /// link, never the old member's connection.
@@ -279,10 +200,12 @@ impl Peers {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                me,
-                key,
-                source_ip,
-                tls,
+                dialer: Dialer {
+                    me,
+                    key,
+                    source_ip,
+                    tls,
+                },
                 links: Mutex::new(HashMap::new()),
                 liveness,
                 stop: CancellationToken::new(),
@@ -390,7 +313,7 @@ impl Peers {
     async fn dial_and_publish(self, link: Arc<Link>, done: watch::Sender<DialOutcome>) {
         metrics::counter!("firstseen_peer_connects_total").increment(1);
         let dialled = tokio::select! {
-            d = self.dial(link.node, &link.addr) => d,
+            d = self.inner.dialer.dial(link.node, &link.addr) => d,
             _ = self.inner.stop.cancelled() => {
                 *lock(&link.dial) = None;
                 return; // dropping `done` wakes the waiters
@@ -452,106 +375,6 @@ impl Peers {
             result
         };
         let _ = done.send(Some(result));
-    }
-
-    /// Connects, runs TLS if configured, and authenticates member `node`.
-    async fn dial(
-        &self,
-        node: NodeId,
-        addr: &str,
-    ) -> Result<(BoxStream, NodeId, Seals), CallError> {
-        let unreachable = |reason: String| CallError::Unreachable {
-            addr: addr.to_string(),
-            reason,
-        };
-        let target: SocketAddr = tokio::net::lookup_host(addr)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?
-            .next()
-            .ok_or_else(|| unreachable("no address".into()))?;
-        let socket = if target.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
-        }
-        .map_err(|e| unreachable(e.to_string()))?;
-        if let Some(ip) = self.inner.source_ip {
-            if ip.is_ipv4() == target.is_ipv4() {
-                socket
-                    .bind(SocketAddr::new(ip, 0))
-                    .map_err(|e| unreachable(e.to_string()))?;
-            }
-        }
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
-            .await
-            .map_err(|_| unreachable("connect timed out".into()))?
-            .map_err(|e| unreachable(e.to_string()))?;
-        let _ = tcp.set_nodelay(true);
-        // A peer that vanishes without a FIN (a cut cable, a paused VM) is
-        // noticed by TCP keepalive too, not only by request timeouts.
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(5))
-            .with_interval(Duration::from_secs(1));
-        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
-        let mut s: BoxStream = match &self.inner.tls {
-            Some(tls) => Box::new(
-                tokio::time::timeout(
-                    CONNECT_TIMEOUT,
-                    tls.connector.connect(tls.server_name.clone(), tcp),
-                )
-                .await
-                .map_err(|_| CallError::Handshake {
-                    addr: addr.into(),
-                    reason: "TLS handshake timed out".into(),
-                })?
-                .map_err(|e| CallError::Handshake {
-                    addr: addr.into(),
-                    reason: format!("TLS: {e}"),
-                })?,
-            ),
-            None => Box::new(tcp),
-        };
-        let (peer, seals) = tokio::time::timeout(CONNECT_TIMEOUT, self.handshake(&mut s, addr))
-            .await
-            .map_err(|_| CallError::Handshake {
-                addr: addr.into(),
-                reason: "timed out".into(),
-            })??;
-        if peer != node {
-            metrics::counter!("firstseen_peer_wrong_node_total").increment(1);
-            return Err(CallError::WrongPeer {
-                addr: addr.into(),
-                expected: node,
-                answered: peer,
-            });
-        }
-        Ok((s, peer, seals))
-    }
-
-    async fn handshake(&self, s: &mut BoxStream, addr: &str) -> Result<(NodeId, Seals), CallError> {
-        let fail = |reason: String| CallError::Handshake {
-            addr: addr.to_string(),
-            reason,
-        };
-        let mut hello = [0u8; wire::handshake::HELLO];
-        s.read_exact(&mut hello)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let client_nonce = wire::nonce();
-        let answer = wire::handshake::answer(&self.inner.key, &hello, self.inner.me, &client_nonce)
-            .map_err(|e| fail(e.to_string()))?;
-        s.write_all(&answer)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let mut reply = [0u8; wire::handshake::SERVER];
-        s.read_exact(&mut reply)
-            .await
-            .map_err(|e| fail(format!("refused by the peer (wrong cluster secret?): {e}")))?;
-        let server = wire::handshake::confirm(&self.inner.key, &client_nonce, &reply)
-            .map_err(|e| fail(e.to_string()))?;
-        let challenge: [u8; 32] = hello[8..].try_into().expect("32 bytes");
-        let seals = wire::handshake::seals(&self.inner.key, &challenge, &client_nonce, false);
-        Ok((server, seals))
     }
 
     /// Starts the reader and writer of a new connection.
@@ -678,7 +501,7 @@ impl Peers {
         addr: &str,
         request: &Request,
     ) -> Result<Reply, CallError> {
-        let (stream, _, (mut seal, check)) = self.dial(node, addr).await?;
+        let (stream, _, (mut seal, check)) = self.inner.dialer.dial(node, addr).await?;
         let lost = |reason: String| CallError::Lost {
             addr: addr.into(),
             reason,
@@ -716,63 +539,10 @@ impl Peers {
     }
 }
 
-/// A connection's frame seals: (outgoing, incoming).
-type Seals = (wire::FrameSeal, wire::FrameSeal);
-
 #[cfg(test)]
 mod tests {
+    use super::dial::{node_one, slow_peer};
     use super::*;
-
-    /// A peer that waits `delay` before it starts each handshake, then
-    /// answers every pre-vote. Returns its address.
-    async fn slow_peer(key: ClusterKey, delay: Duration) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let key = key.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let challenge = wire::nonce();
-                    s.write_all(&wire::handshake::hello(&challenge)).await?;
-                    let mut client = [0u8; wire::handshake::CLIENT];
-                    s.read_exact(&mut client).await?;
-                    let (_, answer) =
-                        wire::handshake::accept(&key, &challenge, &client, 2).unwrap();
-                    s.write_all(&answer).await?;
-                    let (mut seal, mut check) = wire::handshake::seals(
-                        &key,
-                        &challenge,
-                        &wire::handshake::client_nonce(&client),
-                        true,
-                    );
-                    loop {
-                        let mut header = [0u8; 4];
-                        s.read_exact(&mut header).await?;
-                        let mut body = vec![0u8; wire::frame_len(header).unwrap()];
-                        s.read_exact(&mut body).await?;
-                        let mut mac = [0u8; wire::FRAME_MAC];
-                        s.read_exact(&mut mac).await?;
-                        assert!(check.open(&body, &mac));
-                        let req: Envelope<Request> = wire::decode(&body).unwrap();
-                        let reply = Envelope {
-                            id: req.id,
-                            body: Reply::PreVote(wire::PreVoteReply {
-                                granted: true,
-                                reason: String::new(),
-                            }),
-                        };
-                        let mut frame = wire::encode(&reply).unwrap();
-                        seal.seal(&mut frame);
-                        s.write_all(&frame).await?;
-                    }
-                    #[allow(unreachable_code)]
-                    Ok::<(), std::io::Error>(())
-                });
-            }
-        });
-        addr
-    }
 
     /// Nemesis seed 288942358: each call had one heartbeat (100 ms), a
     /// connect plus handshake took longer on a loaded machine, and a dial
@@ -782,19 +552,7 @@ mod tests {
     async fn a_dial_slower_than_the_callers_budget_still_connects() {
         let key = ClusterKey::from_secret(b"secret");
         let addr = slow_peer(key.clone(), Duration::from_millis(300)).await;
-        let peers = Peers::new(
-            1,
-            key,
-            None,
-            None,
-            Arc::new(Liveness::new()),
-            TaskTracker::new(),
-        );
-        let request = Request::PreVote(wire::PreVote {
-            candidate: 1,
-            term: 1,
-            last_log: None,
-        });
+        let (peers, request) = node_one(key);
         let budget = Duration::from_millis(100);
         let mut answered = None;
         for attempt in 0..20 {
@@ -811,104 +569,5 @@ mod tests {
         let (attempt, reply) = answered.expect("no call got through in 20 attempts");
         assert!(matches!(reply, Reply::PreVote(r) if r.granted));
         assert!(attempt >= 2, "the handshake alone takes 300 ms");
-    }
-
-    /// A relay, a reused IP or a wrong address puts member 2 where member 3
-    /// is dialled. Member 2 knows the secret, so the handshake passes; its
-    /// answers must still not count as member 3's (a vote or an ack counted
-    /// twice). Before the check, this call came back granted.
-    #[tokio::test]
-    async fn a_member_answering_for_another_is_refused() {
-        let key = ClusterKey::from_secret(b"secret");
-        // The peer proves it is node 2.
-        let addr = slow_peer(key.clone(), Duration::ZERO).await;
-        let peers = Peers::new(
-            1,
-            key,
-            None,
-            None,
-            Arc::new(Liveness::new()),
-            TaskTracker::new(),
-        );
-        let request = Request::PreVote(wire::PreVote {
-            candidate: 1,
-            term: 1,
-            last_log: None,
-        });
-        let wrong = peers.call(3, &addr, &request, Duration::from_secs(5)).await;
-        assert!(
-            matches!(
-                wrong,
-                Err(CallError::WrongPeer {
-                    expected: 3,
-                    answered: 2,
-                    ..
-                })
-            ),
-            "{wrong:?}"
-        );
-        // The same address called as the node it is answers.
-        let right = peers.call(2, &addr, &request, Duration::from_secs(5)).await;
-        assert!(
-            matches!(&right, Ok(Reply::PreVote(r)) if r.granted),
-            "{right:?}"
-        );
-        peers.close();
-    }
-
-    #[test]
-    fn backoff_grows_to_a_second_with_jitter() {
-        let d0 = Backoff::delay(0, 0);
-        assert!(d0 >= Duration::from_millis(37) && d0 <= Duration::from_millis(63));
-        for r in [0u64, 1, 999, u64::MAX] {
-            let d = Backoff::delay(30, r);
-            assert!(
-                d >= Duration::from_millis(750) && d <= Duration::from_millis(1250),
-                "{d:?}"
-            );
-        }
-        assert!(Backoff::delay(3, 5) > Backoff::delay(1, 5));
-    }
-
-    /// A peer away for three minutes, dialled every second: one line when
-    /// it goes, one a minute while it stays away, one when it is back.
-    #[test]
-    fn an_outage_is_told_once_reminded_each_minute_and_ended_once() {
-        let start = Instant::now();
-        let mut b = Backoff::default();
-        let mut told = Vec::new();
-        for s in 0..180u64 {
-            if let Some(o) = b.failed(start + Duration::from_secs(s)) {
-                told.push((s, o));
-            }
-        }
-        let ended = b.succeeded(start + Duration::from_secs(180));
-        assert_eq!(told.len(), 3, "{told:?}");
-        assert_eq!(told[0], (0, Outage::Began));
-        assert_eq!(
-            told[1],
-            (
-                60,
-                Outage::Continues {
-                    down_for: Duration::from_secs(60),
-                    attempts: 61
-                }
-            )
-        );
-        assert_eq!(told[2].0, 120);
-        assert_eq!(
-            ended,
-            Some(Outage::Ended {
-                down_for: Duration::from_secs(180),
-                attempts: 180
-            })
-        );
-        // The next outage is told again from its start; a success with no
-        // outage before it says nothing.
-        assert_eq!(b.succeeded(start + Duration::from_secs(181)), None);
-        assert_eq!(
-            b.failed(start + Duration::from_secs(182)),
-            Some(Outage::Began)
-        );
     }
 }
