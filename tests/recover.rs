@@ -214,3 +214,87 @@ fn a_lagging_survivor_continues_after_what_the_lost_members_published() {
     assert!(!rebased.is_empty(), "no rebase logged:\n{log}");
     eprintln!("{}", rebased.join("\n"));
 }
+
+/// Issue 49 item 3: the old cluster was not gone. Its two other members
+/// were stopped, not lost, when the operator recovered the third; the
+/// recovered node (generation 1) published part of the feed alone; then it
+/// stopped and the old pair came back with the rest of the feed queued for
+/// them. The old leader takes the topic, finds generation 1 proven at its
+/// end, and stops publishing there for good: it says why, counts it, and
+/// reports not ready. Before generations it took the recovered cluster's
+/// messages for its own tail and published what came after them beside a
+/// cluster that could start again at any moment.
+#[test]
+fn an_old_cluster_that_finds_a_newer_generation_stops_publishing() {
+    let Some(pulsar) =
+        shared_pulsar("an_old_cluster_that_finds_a_newer_generation_stops_publishing")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("generation");
+    let mut c = TestCluster::start(&mqtt, &pulsar, &topic, 3, |_| {});
+    c.wait_ready();
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    let recovered = (1..=3).find(|id| *id != leader).unwrap();
+    let old: Vec<u64> = (1..=3).filter(|id| *id != recovered).collect();
+    replay(mqtt.port, &["--pace", "max", "--limit", "1000"]);
+    let applied = c.node(leader).applied();
+    wait_until(Duration::from_secs(30), "the first part published", || {
+        c.node(leader).status().is_some_and(|s| {
+            s.topics
+                .iter()
+                .any(|t| t.published_seq > 0 && t.backlog == 0)
+        }) && c.node(recovered).applied() >= applied
+    });
+    for id in &old {
+        c.node(*id)
+            .terminate(Duration::from_secs(20))
+            .expect("stops");
+    }
+    c.node(recovered)
+        .terminate(Duration::from_secs(30))
+        .expect("stops");
+    // No one answers: recovered, although the others are only stopped.
+    let out = recover(c.node(recovered));
+    assert!(out.status.success(), "{out:?}");
+    c.node(recovered).restart();
+    replay(
+        mqtt.port,
+        &["--pace", "max", "--limit", "2000", "--skip", "1000"],
+    );
+    let distinct = hfp_pairs(Some(2000)).len() as u64;
+    c.node(recovered)
+        .wait_published(distinct, Duration::from_secs(60));
+    c.node(recovered)
+        .terminate(Duration::from_secs(30))
+        .expect("stops");
+
+    // The old pair comes back, with the rest of the feed.
+    for id in &old {
+        c.node(*id).restart();
+    }
+    replay(mqtt.port, &["--pace", "max", "--skip", "2000"]);
+    let old_leader = c.wait_leader_among(&old, None, Duration::from_secs(30));
+    wait_until(
+        Duration::from_secs(60),
+        "the old leader gives the topic up, or publishes the rest",
+        || {
+            c.node(old_leader)
+                .metric("firstseen_publish_superseded_total")
+                >= 1.0
+                || c.node(old_leader).published() >= HFP_DISTINCT
+        },
+    );
+    let (code, why) = c.node(old_leader).get("/readyz");
+    assert_eq!(code, 503, "{why}");
+    assert!(why.contains("generation 1"), "{why}");
+    assert!(c
+        .node(old_leader)
+        .log_tail(400)
+        .contains("this cluster stops publishing this topic"));
+    // What is in the topic: the first part by the old cluster, the second
+    // by the recovered one, each key once; nothing of the old cluster's
+    // after the recovered one's.
+    assert_exactly_once(&read_back(&pulsar, &topic), &hfp_pairs(Some(2000)));
+}
