@@ -76,6 +76,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Tail reads that reached their bound (entries or time) before finding a message of the cluster's, or before reading back to the committed watermark: the publisher resumed after the watermark",
     ),
     (
+        "firstseen_publish_superseded_total",
+        "counter",
+        "Topics this node stopped publishing for good because their tail holds messages of a newer generation of its cluster (a cluster recovered from this one publishes there)",
+    ),
+    (
+        "firstseen_publish_rebased_total",
+        "counter",
+        "Rebases a recovered cluster committed: a topic continued after messages the cluster it was recovered from published and this node never received",
+    ),
+    (
         "firstseen_publish_writes_pending_total",
         "counter",
         "Times a new exclusive producer was let go because the broker still held an earlier producer's writes of the topic (or could not say) after one operation timeout; retried",
