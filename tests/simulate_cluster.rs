@@ -785,6 +785,8 @@ struct Running {
     raft: Raft,
     tasks: Vec<JoinHandle<()>>,
     state: firstseen_store::StateStore,
+    /// The routes ingest reads, which a reload replaces.
+    routes: Arc<firstseen::ingest::route::LiveRoutes>,
 }
 
 fn config(id: NodeId, dir: &Path, secret: &Path) -> Config {
@@ -890,11 +892,12 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     };
     let disk = DiskSpace::new(config.node.data_dir.clone(), 0);
     let dead_letter = config.dead_letter.open(&cx);
+    let routes = firstseen::ingest::route::LiveRoutes::new(Route::all(&config.routes));
     let mut upstreams = Upstream::build(
         &config.upstreams,
         &config.dedup,
         &cx,
-        firstseen::ingest::route::LiveRoutes::new(Route::all(&config.routes)),
+        routes.clone(),
         disk.clone(),
         Arc::new(SimClock {
             node: id,
@@ -962,6 +965,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         raft: group.raft,
         tasks,
         state: group.state,
+        routes,
     }
 }
 
@@ -1090,6 +1094,12 @@ enum Fault {
     /// producers that hold it do not know: batched entries are refused,
     /// later ones land.
     PulsarPolicy(usize, usize, Duration),
+    /// Node's routes reloaded with `TOPICS[0]` spelled the other way
+    /// (`sim/t/a` for `persistent://sim/t/a`, or back), as a SIGHUP with an
+    /// edited file does: only from cluster level 3, below which the node's
+    /// reloader refuses it (issue 49). A restart brings the full spelling
+    /// back, which at level 3 is the same topic.
+    Respell(NodeId),
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -1118,6 +1128,20 @@ fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             }
         };
         faults.push((at, fault));
+    }
+}
+
+/// Reloads that respell a topic, from a generator of their own (seeded
+/// apart from the run's, so every seed's other draws stay where they were).
+fn respell_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    let mut at = Duration::from_millis(1_000);
+    let mut faults = Vec::new();
+    loop {
+        at += rng.ms(500, 4_000);
+        if at >= FAULTS_FOR {
+            return faults;
+        }
+        faults.push((at, Fault::Respell(1 + rng.below(NODES))));
     }
 }
 
@@ -1551,6 +1575,7 @@ fn run_seed(
             faults.extend(power_all);
         }
         faults.extend(pulsar_schedule(&mut Rng(rng.next())));
+        faults.extend(respell_schedule(&mut Rng(seed ^ 0x5be1_1ed0_70b1_c5a1)));
         faults.sort_by_key(|(at, _)| *at);
         for (at, fault) in faults {
             heal_until(
@@ -1633,6 +1658,28 @@ fn run_seed(
                         w.log(l);
                     }
                     heals.push((Instant::now() + for_, Fault::PulsarDown(for_)));
+                }
+                Fault::Respell(id) => {
+                    let Some(node) = nodes.get(&id) else {
+                        continue;
+                    };
+                    if node.state.level() < firstseen_store::level::NAMES {
+                        lock(&world).log(format!(
+                            "node {id}: respelling refused below cluster level 3"
+                        ));
+                        continue;
+                    }
+                    let mut routes = configs[&id].routes.clone();
+                    let now = node.routes.current();
+                    let short = TOPICS[0].strip_prefix("persistent://").unwrap();
+                    if now[0].pulsar_topic == TOPICS[0] {
+                        routes[0].pulsar_topic = short.to_string();
+                    }
+                    node.routes.replace(Route::all(&routes));
+                    lock(&world).log(format!(
+                        "node {id}: routes reloaded, {} now {}",
+                        TOPICS[0], routes[0].pulsar_topic
+                    ));
                 }
                 Fault::PulsarUnload(t) => {
                     let mut w = lock(&world);
@@ -1779,7 +1826,10 @@ async fn heal(
                 lock(world).pulsar.stall(TOPICS[t], false);
                 lock(world).log(format!("{}: storage answers again", TOPICS[t]));
             }
-            Fault::PulsarCut(_) | Fault::PowerAll(_) | Fault::PulsarUnload(_) => {}
+            Fault::PulsarCut(_)
+            | Fault::PowerAll(_)
+            | Fault::PulsarUnload(_)
+            | Fault::Respell(_) => {}
             Fault::Pause(id, _) => {
                 lock(world).pauses[&id].send_replace(false);
                 lock(world).log(format!("node {id} resumed"));
