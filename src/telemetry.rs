@@ -171,6 +171,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Outgoing peer connection attempts (one long-lived connection per peer; more means reconnects)",
     ),
     (
+        "firstseen_peer_dial_failures_total",
+        "counter",
+        "Outgoing peer connection attempts that failed",
+    ),
+    (
+        "firstseen_peer_unreachable",
+        "gauge",
+        "1 while dials to that member fail, 0 once one gets through again",
+    ),
+    (
         "firstseen_peer_wrong_node_total",
         "counter",
         "Outgoing peer connections refused because another member answered at the address dialled (a stale address, a reused IP or a relay)",

@@ -154,11 +154,24 @@ pub async fn force_single(
     // The new generation in the same append: a crash between the two
     // would leave a cluster of one in the old generation, publishing
     // beside the cluster it came from as if it were it.
-    let next = Entry::<TypeConfig> {
+    //
+    // The level first, at this release's highest: the generation and the
+    // rebase that may follow are commands a release without them cannot
+    // read, and the recovered cluster is this one node of this release. A
+    // member added later must run a release that has this level (an older
+    // one stops and says so), instead of failing on an entry it cannot
+    // decode.
+    let level = Entry::<TypeConfig> {
         log_id: LogId::new(CommittedLeaderId::new(term, me), index + 1),
+        payload: EntryPayload::Normal(crate::Command::Level {
+            level: firstseen_store::level::SUPPORTED,
+        }),
+    };
+    let next = Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(term, me), index + 2),
         payload: EntryPayload::Normal(crate::Command::Generation { generation }),
     };
-    storage.log.blocking_append([entry, next]).await?;
+    storage.log.blocking_append([entry, level, next]).await?;
     Ok(Forced {
         before,
         term,
