@@ -250,7 +250,7 @@ impl DeadLetter {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        firstseen_store::sync::lock(&self.ledger)
+        firstseen_store::lock::lock(&self.ledger)
     }
 
     /// Removes files the ledger has already forgotten. A file that cannot be

@@ -73,7 +73,7 @@ impl PerAddress {
     /// A slot for one more from `ip`, or why not.
     pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Full> {
         let client = group(ip);
-        let mut h = firstseen_store::sync::lock(&self.held);
+        let mut h = firstseen_store::lock::lock(&self.held);
         if h.all >= self.total {
             return Err(Full::All);
         }
@@ -91,7 +91,7 @@ impl PerAddress {
 
     /// Slots held now, in all.
     pub fn held(&self) -> usize {
-        firstseen_store::sync::lock(&self.held).all
+        firstseen_store::lock::lock(&self.held).all
     }
 }
 
@@ -103,7 +103,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut h = firstseen_store::sync::lock(&self.table.held);
+        let mut h = firstseen_store::lock::lock(&self.table.held);
         h.all = h.all.saturating_sub(1);
         if let Some(n) = h.by_client.get_mut(&self.client) {
             *n -= 1;
@@ -146,12 +146,12 @@ impl Admission {
 
     /// Whether `ip` is a member's address, as far as this node knows.
     pub fn is_member(&self, ip: IpAddr) -> bool {
-        firstseen_store::sync::lock(&self.known).contains(&ip)
+        firstseen_store::lock::lock(&self.known).contains(&ip)
     }
 
     /// Notes `ip` as an address a member connects from.
     pub fn learn(&self, ip: IpAddr) {
-        let mut k = firstseen_store::sync::lock(&self.known);
+        let mut k = firstseen_store::lock::lock(&self.known);
         if let Some(at) = k.iter().position(|i| *i == ip) {
             k.remove(at);
         } else if k.len() >= KNOWN_MEMBERS {

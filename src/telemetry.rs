@@ -468,7 +468,7 @@ fn recent() -> &'static Mutex<VecDeque<LoggedEvent>> {
 
 /// The last warnings and errors, newest first.
 pub fn recent_events() -> Vec<LoggedEvent> {
-    firstseen_store::sync::lock(recent())
+    firstseen_store::lock::lock(recent())
         .iter()
         .rev()
         .cloned()
@@ -513,7 +513,7 @@ impl<S: tracing::Subscriber> Layer<S> for RecentEvents {
         let mut fields = Fields(String::new());
         event.record(&mut fields);
         {
-            let mut q = firstseen_store::sync::lock(recent());
+            let mut q = firstseen_store::lock::lock(recent());
             if q.len() == RECENT {
                 q.pop_front();
             }
@@ -580,7 +580,7 @@ impl RefusalLog {
     pub fn refused(&self, peer: std::net::SocketAddr, reason: &str) {
         metrics::counter!(self.metric).increment(1);
         let subject = self.subject;
-        let mut map = firstseen_store::sync::lock(&self.state);
+        let mut map = firstseen_store::lock::lock(&self.state);
         let mut kind = refusal_kind(reason);
         if !map.contains_key(&kind) && map.len() >= REFUSAL_KINDS {
             kind = "other".into();

@@ -13,7 +13,7 @@
 //!   library reworded it). Detail from another crate may travel as text
 //!   inside a variant; the variant is what callers match.
 //! - One mutex-poisoning policy in every crate: locks go through
-//!   `firstseen_store::sync::lock` (which says why), never `.lock()` with
+//!   `firstseen_store::lock::lock` (which says why), never `.lock()` with
 //!   `unwrap`, `expect`, `ok()` or `if let Ok`.
 //! - A stage's `config.rs` holds its section's types, defaults and the
 //!   checks on the values alone: it reads no file and imports nothing from
@@ -265,7 +265,7 @@ fn stage_configs_read_no_file_and_do_not_import_the_aggregate() {
 fn every_lock_follows_the_one_poisoning_policy() {
     let mut offenders = Vec::new();
     for file in crate_sources() {
-        if file.ends_with("store/src/sync.rs") {
+        if file.ends_with("store/src/lock.rs") {
             continue;
         }
         let code = product_code(&file).replace(char::is_whitespace, "");

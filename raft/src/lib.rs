@@ -60,5 +60,5 @@ pub use storage::{open, open_with, OnDamagedLog, Storage};
 pub use typ::{Member, Raft, RaftError, StorageResult, TypeConfig};
 
 /// Locks `m` under the one poisoning policy of every crate
-/// ([`firstseen_store::sync`]).
-pub(crate) use firstseen_store::sync::lock;
+/// ([`firstseen_store::lock`]).
+pub(crate) use firstseen_store::lock::lock;

@@ -142,12 +142,12 @@ impl Liveness {
 
     /// A frame from (or a reply by) `peer` arrived.
     pub fn peer_seen(&self, peer: NodeId) {
-        firstseen_store::sync::lock(&self.peers).insert(peer, Instant::now());
+        firstseen_store::lock::lock(&self.peers).insert(peer, Instant::now());
     }
 
     /// Since the last frame exchanged with each peer.
     pub fn peer_ages(&self) -> BTreeMap<NodeId, Duration> {
-        firstseen_store::sync::lock(&self.peers)
+        firstseen_store::lock::lock(&self.peers)
             .iter()
             .map(|(id, at)| (*id, at.elapsed()))
             .collect()

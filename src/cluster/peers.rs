@@ -187,7 +187,7 @@ pub struct Peers {
     inner: Arc<Inner>,
 }
 
-use firstseen_store::sync::lock;
+use firstseen_store::lock::lock;
 
 impl Peers {
     pub fn new(

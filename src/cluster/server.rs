@@ -352,7 +352,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
         Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
         Request::InstallSnapshot(r) => {
             let id = r.meta.snapshot_id.clone();
-            let checked = firstseen_store::sync::lock(&svc.snapshot).accept(
+            let checked = firstseen_store::lock::lock(&svc.snapshot).accept(
                 &id,
                 r.offset,
                 r.data.len() as u64,

@@ -41,7 +41,7 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
         }
         let Ok(s) = app.status() else { continue };
         {
-            let mut w = firstseen_store::sync::lock(&app.publishing);
+            let mut w = firstseen_store::lock::lock(&app.publishing);
             let published = s.topics.iter().map(|t| t.published_seq).sum();
             let backlog = s.topics.iter().map(|t| t.backlog).sum();
             w.note(published, backlog, tokio::time::Instant::now());
@@ -84,7 +84,7 @@ pub async fn gauges(app: Arc<AppState>, shutdown: CancellationToken) {
                 outbox_messages: s.totals.outbox_messages,
             };
             {
-                let mut h = firstseen_store::sync::lock(&app.history);
+                let mut h = firstseen_store::lock::lock(&app.history);
                 if h.len() == SAMPLES {
                     h.pop_front();
                 }

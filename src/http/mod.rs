@@ -131,7 +131,7 @@ pub async fn serve(listener: listener::Listener, app: Arc<AppState>, shutdown: C
 }
 
 async fn history(State(app): State<Arc<AppState>>) -> impl IntoResponse {
-    let samples: Vec<Sample> = firstseen_store::sync::lock(&app.history)
+    let samples: Vec<Sample> = firstseen_store::lock::lock(&app.history)
         .iter()
         .cloned()
         .collect();

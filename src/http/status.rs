@@ -189,7 +189,7 @@ impl AppState {
                     name: name.clone(),
                     connected: s.connected.load(Ordering::Relaxed),
                     received: s.received.load(Ordering::Relaxed),
-                    last_error: firstseen_store::sync::lock(&s.last_error).clone(),
+                    last_error: firstseen_store::lock::lock(&s.last_error).clone(),
                 })
                 .collect(),
             totals,
@@ -265,7 +265,7 @@ impl AppState {
     }
 
     fn publishing_stalled(&self) -> Option<Duration> {
-        firstseen_store::sync::lock(&self.publishing).stalled(tokio::time::Instant::now())
+        firstseen_store::lock::lock(&self.publishing).stalled(tokio::time::Instant::now())
     }
 
     pub fn ready(&self) -> Result<(), NotReady> {

@@ -66,12 +66,12 @@ impl AckGate {
 
     /// Sets the client acks are sent through.
     pub fn attach(&self, client: Arc<dyn UpstreamClient>) {
-        firstseen_store::sync::lock(&self.state).client = Some(client);
+        firstseen_store::lock::lock(&self.state).client = Some(client);
     }
 
     /// The current connection epoch, stamped on each received message.
     pub fn epoch(&self) -> u64 {
-        firstseen_store::sync::lock(&self.state).epoch
+        firstseen_store::lock::lock(&self.state).epoch
     }
 
     /// Called by the ingest task after its connection failed: from now on
@@ -80,14 +80,14 @@ impl AckGate {
     /// PUBACKs). Both under the lock that [`AckGate::ack`] holds while
     /// checking and queueing.
     pub fn next_epoch(&self, session: &mut dyn UpstreamSession) {
-        let mut s = firstseen_store::sync::lock(&self.state);
+        let mut s = firstseen_store::lock::lock(&self.state);
         s.epoch += 1;
         session.clean();
     }
 
     /// Acks `tokens` (all of this upstream) in order.
     pub fn ack<'a>(&self, tokens: impl IntoIterator<Item = &'a AckToken>) -> AckStats {
-        let s = firstseen_store::sync::lock(&self.state);
+        let s = firstseen_store::lock::lock(&self.state);
         let mut stats = AckStats::default();
         let Some(client) = &s.client else {
             return stats;

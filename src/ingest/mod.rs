@@ -246,7 +246,7 @@ impl Upstream {
     }
 
     fn note_error(&self, e: String) {
-        *firstseen_store::sync::lock(&self.status.last_error) = Some(e);
+        *firstseen_store::lock::lock(&self.status.last_error) = Some(e);
     }
 
     /// Turns one PUBLISH into what the batcher needs.

@@ -181,7 +181,7 @@ impl Reloader {
     pub fn reload(&self) -> Result<Applied, ReloadError> {
         let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
         let new = Config::load(path).map_err(|e| ReloadError::Load(e.to_string()))?;
-        let mut running = firstseen_store::sync::lock(&self.running);
+        let mut running = firstseen_store::lock::lock(&self.running);
         let refused = live_changes(&running, &new);
         if !refused.is_empty() {
             return Err(ReloadError::NotLive(refused));

@@ -177,9 +177,9 @@ mod tests {
         let log = log.clone();
         async move {
             stop.cancelled().await;
-            firstseen_store::sync::lock(&log).push(format!("{name} asked"));
+            firstseen_store::lock::lock(&log).push(format!("{name} asked"));
             tokio::time::sleep(linger).await;
-            firstseen_store::sync::lock(&log).push(format!("{name} ended"));
+            firstseen_store::lock::lock(&log).push(format!("{name} ended"));
         }
     }
 
@@ -198,7 +198,7 @@ mod tests {
         asked.cancel();
         stages.stop(Duration::from_secs(10)).await;
         assert_eq!(
-            *firstseen_store::sync::lock(&log),
+            *firstseen_store::lock::lock(&log),
             [
                 "third asked",
                 "third ended",
@@ -244,7 +244,7 @@ mod tests {
             "the stuck stage held the stop for {took:?}, past its half"
         );
         assert_eq!(
-            *firstseen_store::sync::lock(&log),
+            *firstseen_store::lock::lock(&log),
             ["stuck asked", "rest asked", "rest ended"]
         );
     }

@@ -194,7 +194,7 @@ impl LevelGate {
     /// What the status shows.
     pub fn view(&self) -> LevelView {
         let ours = Levels::this_release();
-        let (members, waiting) = firstseen_store::sync::lock(&self.inner.last).clone();
+        let (members, waiting) = firstseen_store::lock::lock(&self.inner.last).clone();
         LevelView {
             cluster: self.inner.state.level(),
             oldest: ours.oldest,
@@ -260,7 +260,7 @@ impl LevelGate {
             )),
             _ => None,
         };
-        *firstseen_store::sync::lock(&self.inner.last) = (members, waiting);
+        *firstseen_store::lock::lock(&self.inner.last) = (members, waiting);
         decision
     }
 
@@ -288,7 +288,7 @@ impl LevelGate {
             .append(firstseen_store::Command::Level { level: to })
             .await
             .map_err(|e| RaiseError::NotCommitted(e.to_string()))?;
-        *firstseen_store::sync::lock(&self.inner.last) = (Vec::new(), None);
+        *firstseen_store::lock::lock(&self.inner.last) = (Vec::new(), None);
         Ok(to)
     }
 

@@ -251,7 +251,7 @@ impl Retired {
 
     /// The cut-offs recorded for the secret of cluster id `id`.
     pub fn of(&self, id: &str) -> Option<Cutoffs> {
-        firstseen_store::sync::lock(&self.inner)
+        firstseen_store::lock::lock(&self.inner)
             .cutoffs
             .get(id)
             .cloned()
@@ -267,7 +267,7 @@ impl Retired {
         ids: &[String],
         topics: impl IntoIterator<Item = (&'a str, u64)>,
     ) -> std::io::Result<()> {
-        let mut inner = firstseen_store::sync::lock(&self.inner);
+        let mut inner = firstseen_store::lock::lock(&self.inner);
         let missing: Vec<&String> = ids
             .iter()
             .filter(|id| !inner.cutoffs.contains_key(*id))

@@ -151,19 +151,19 @@ impl Superseded {
     /// Records that `topic` holds a proven message of generation `newer`,
     /// above this cluster's `ours`. Returns whether it is new.
     pub fn record(&self, topic: &str, ours: u64, newer: u64) -> bool {
-        firstseen_store::sync::lock(&self.inner)
+        firstseen_store::lock::lock(&self.inner)
             .insert(topic.to_string(), Found { ours, newer })
             .is_none()
     }
 
     /// Whether `topic` was found superseded.
     pub fn contains(&self, topic: &str) -> bool {
-        firstseen_store::sync::lock(&self.inner).contains_key(topic)
+        firstseen_store::lock::lock(&self.inner).contains_key(topic)
     }
 
     /// Every superseded topic.
     pub fn all(&self) -> Vec<(String, Found)> {
-        firstseen_store::sync::lock(&self.inner)
+        firstseen_store::lock::lock(&self.inner)
             .iter()
             .map(|(t, f)| (t.clone(), *f))
             .collect()

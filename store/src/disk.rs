@@ -455,7 +455,7 @@ impl Db {
             return Ok(());
         };
         let started = std::time::SystemTime::now();
-        let mut known = crate::sync::lock(&self.inner.known);
+        let mut known = crate::lock::lock(&self.inner.known);
         let blobs = dir.join("blobs");
         let changes = known
             .watch

@@ -17,7 +17,7 @@
 //!
 //! [`level`] is the cluster level: which of these formats and rules every
 //! member has agreed to; [`topic`] the one name of a Pulsar topic.
-//! [`sync`] holds the one mutex-poisoning policy of every firstseen crate.
+//! [`lock`] holds the one mutex-poisoning policy of every firstseen crate.
 //!
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
@@ -25,10 +25,10 @@
 pub mod disk;
 pub mod index;
 pub mod level;
+pub mod lock;
 pub mod model;
 pub mod record;
 pub mod state;
-pub mod sync;
 pub mod topic;
 pub mod window;
 

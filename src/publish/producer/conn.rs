@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firstseen_store::sync::lock;
+use firstseen_store::lock::lock;
 use pulsar::message::{Message, Payload};
 use pulsar::proto::{self, base_command::Type, BaseCommand};
 use tokio::sync::{mpsc, oneshot};

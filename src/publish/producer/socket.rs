@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firstseen_store::sync::lock;
+use firstseen_store::lock::lock;
 use futures::{SinkExt, StreamExt};
 use pulsar::message::{Codec, Message};
 use pulsar::proto::{base_command::Type, BaseCommand};

@@ -169,7 +169,7 @@ impl StateStore {
     fn lock(&self) -> MutexGuard<'_, Memory> {
         // Every change is made after the fallible reads it needs, so a panic
         // cannot leave a half-applied entry behind.
-        crate::sync::lock(&self.inner)
+        crate::lock::lock(&self.inner)
     }
 
     /// Replaces the memory state with what sled holds: the last checkpoint.
@@ -289,7 +289,7 @@ impl StateStore {
         // elected leader then measures the backlog it takes over too.
         if let Some(observations) = cmd.and_then(Command::observations) {
             let now = Instant::now();
-            let mut at = crate::sync::lock(&self.applied_at);
+            let mut at = crate::lock::lock(&self.applied_at);
             let mut last: Option<&str> = None;
             for o in observations {
                 // Usually one topic per entry: look each up once per run.
@@ -312,7 +312,7 @@ impl StateStore {
     /// this process applied it and still remembers (about the last 4,096
     /// entries per topic). For the `publish` stage's measurement only.
     pub fn applied_at(&self, topic: &str, seq: u64) -> Option<Instant> {
-        crate::sync::lock(&self.applied_at).find(topic, seq)
+        crate::lock::lock(&self.applied_at).find(topic, seq)
     }
 
     /// The state database's directory, for errors that name its files.
