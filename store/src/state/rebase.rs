@@ -45,7 +45,10 @@ impl Memory {
         disk: &impl Written,
         r: &Rebase,
     ) -> Result<Response, StoreError> {
-        let topic = r.pulsar_topic.as_str();
+        // Named as every other command's topic is at this level: a rebase
+        // under another spelling would bring back a topic nothing migrates.
+        let named = super::apply::topic_name(self.levels.level, &r.pulsar_topic).into_owned();
+        let topic = named.as_str();
         let state = self.head.topics.get(topic).copied().unwrap_or_default();
         let watermark = state.published_seq;
         // The only fallible step, before anything changes.
@@ -77,9 +80,24 @@ impl Memory {
             return Ok(Response::None);
         }
 
-        // The keys into the window, under their bare key (found by a copy
-        // of any kind: `locate`), in one record of their own.
+        // The keys into the window, in one record of their own. A message
+        // in Pulsar does not say its key's kind, so each key goes in under
+        // its identity on this topic for every kind (a copy of any kind on
+        // this topic finds it: `locate`), never bare: a bare key is found by
+        // a copy on any topic, and a message of another topic with the same
+        // key (a `payload` key, one payload on two routes) would have been
+        // taken for a duplicate and never published.
         let scope = self.scope();
+        let stored = |key: &Key| -> Vec<Key> {
+            if scope.level < crate::level::KINDS {
+                vec![*key]
+            } else {
+                KeyKind::KNOWN
+                    .iter()
+                    .map(|k| window::identity(topic, *k, key))
+                    .collect()
+            }
+        };
         let rec_id = self.head.totals.records;
         let mut items: Vec<Item> = Vec::new();
         let mut added: BTreeSet<Key> = BTreeSet::new();
@@ -87,7 +105,7 @@ impl Memory {
             let probe = Observation {
                 key: *key,
                 mqtt_topic: String::new(),
-                pulsar_topic: r.pulsar_topic.clone(),
+                pulsar_topic: named.clone(),
                 payload: Vec::new(),
                 qos: 0,
                 retain: false,
@@ -98,21 +116,23 @@ impl Memory {
             {
                 continue;
             }
-            self.index.insert(
-                *key,
-                Slot {
-                    rec: rec_id,
-                    seq: *seq,
-                    mask: record::first_mask(record::UNTRACKED),
-                    item: items.len() as u32,
+            for id in stored(key) {
+                self.index.insert(
+                    id,
+                    Slot {
+                        rec: rec_id,
+                        seq: *seq,
+                        mask: record::first_mask(record::UNTRACKED),
+                        item: items.len() as u32,
+                        node_bit: record::UNTRACKED,
+                    },
+                );
+                items.push(Item {
+                    key: id,
                     node_bit: record::UNTRACKED,
-                },
-            );
-            items.push(Item {
-                key: *key,
-                node_bit: record::UNTRACKED,
-                seq: *seq,
-            });
+                    seq: *seq,
+                });
+            }
         }
         let totals = &mut self.head.totals;
         if !items.is_empty() {
@@ -124,8 +144,10 @@ impl Memory {
                 items,
             });
             totals.records += 1;
-            // Looked up bare until it expires.
-            self.levels.bare_below = self.levels.bare_below.max(rec_id + 1);
+            if scope.level < crate::level::KINDS {
+                // Looked up bare until it expires.
+                self.levels.bare_below = self.levels.bare_below.max(rec_id + 1);
+            }
         }
 
         // The outbox renumbered after `base`, in order, without `drop`.
@@ -176,7 +198,7 @@ impl Memory {
             self.runs_new.insert(k.clone());
             self.runs.insert(k, run);
         }
-        let state = self.head.topics.entry(r.pulsar_topic.clone()).or_default();
+        let state = self.head.topics.entry(named.clone()).or_default();
         state.published_seq = base;
         state.last_seq = next;
         Ok(Response::None)
@@ -293,7 +315,7 @@ mod tests {
             .is_some());
     }
 
-    /// At level 2 the keys go in bare, and a copy of any kind finds them;
+    /// At level 2 a copy of any kind on the topic finds the keys;
     /// a rebase with nothing older drops what it names and closes the
     /// numbering up after the watermark. It survives a snapshot.
     #[test]
@@ -321,6 +343,13 @@ mod tests {
             .lookup_copy("t", KeyKind::Payload, &[40; 32])
             .unwrap()
             .is_some());
+        // Only on its topic: one payload on two routes, with a `payload`
+        // key, is two messages. (The keys went in bare before, and the
+        // other topic's message was taken for a duplicate.)
+        assert!(s
+            .lookup_copy("u", KeyKind::Payload, &[40; 32])
+            .unwrap()
+            .is_none());
         s.apply(Some(&rebase("t", 5, vec![], vec![3])), 4, b"4")
             .unwrap();
         let st = s.topic_state("t").unwrap();
