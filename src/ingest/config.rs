@@ -353,10 +353,10 @@ pub fn check_routes(routes: &[RouteConfig], p: &mut Problems) {
         for (key, problem) in r.key.problems() {
             p.add(format!("routes[{i}].key.{key}"), problem);
         }
-        if r.pulsar_topic.trim().is_empty() || r.pulsar_topic.contains('\0') {
+        if let Some(problem) = firstseen_store::topic::problem(&r.pulsar_topic) {
             p.add(
                 format!("routes[{i}].pulsar_topic"),
-                "must be a Pulsar topic name",
+                format!("`{}` {problem}", r.pulsar_topic),
             );
         }
         // One topic, one spelling: below cluster level 3 the state names a
@@ -476,5 +476,19 @@ mod tests {
             RouteConfig::new("/b/#", "t/n/fs")
         ])
         .is_empty());
+        // A spelling the broker reads as `fs` and the cluster would not
+        // (a review found `fs/` got past the check above) is refused on
+        // its own, naming the route.
+        for odd in ["fs/", "/fs", "PERSISTENT://public/default/fs"] {
+            let p = problems(&[
+                RouteConfig::new("/a/#", "fs"),
+                RouteConfig::new("/b/#", odd),
+            ]);
+            let text = format!("{p:?}");
+            assert!(
+                p.len() == 1 && text.contains("routes[1].pulsar_topic"),
+                "{odd}: {text}"
+            );
+        }
     }
 }

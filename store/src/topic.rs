@@ -24,6 +24,43 @@ pub fn canonical(topic: &str) -> Cow<'_, str> {
     }
 }
 
+/// Why `topic` is not a name [`canonical`] maps to the topic the broker
+/// would take it for, if it is not. The broker drops empty parts (`fs/`
+/// and `/fs` are `fs` to it) and reads the scheme in any case, which
+/// [`canonical`] does not, and must not start to (its answer is a
+/// replicated rule): such names are refused where a config is checked, so
+/// that two spellings of one topic cannot get past the check that one topic
+/// has one name.
+pub fn problem(topic: &str) -> Option<&'static str> {
+    if topic.is_empty() || topic.contains('\0') || topic.trim() != topic {
+        return Some("must be a Pulsar topic name, without spaces around it");
+    }
+    let (parts, full) = match topic.split_once("://") {
+        Some((scheme, rest)) => {
+            if scheme != "persistent" && scheme != "non-persistent" {
+                return Some(
+                    "the scheme must be `persistent://` or `non-persistent://`, in lower case",
+                );
+            }
+            (rest.split('/').collect::<Vec<_>>(), true)
+        }
+        None => (topic.split('/').collect::<Vec<_>>(), false),
+    };
+    if parts.iter().any(|p| p.is_empty()) {
+        return Some(
+            "has an empty part (a `/` at an end, or two together): write the name without it",
+        );
+    }
+    match (full, parts.len()) {
+        (true, n) if n >= 3 => None,
+        (true, _) => Some("a full name is `persistent://tenant/namespace/name`"),
+        (false, 1 | 3) => None,
+        (false, _) => {
+            Some("write `name`, `tenant/namespace/name` or `persistent://tenant/namespace/name`")
+        }
+    }
+}
+
 /// Whether `a` and `b` name the same topic.
 pub fn same(a: &str, b: &str) -> bool {
     canonical(a) == canonical(b)
@@ -49,6 +86,35 @@ pub fn other_spellings(topic: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Names the broker reads otherwise than [`canonical`] does are
+    /// refused; the three spellings and the full names are not.
+    #[test]
+    fn names_canonical_would_misread_are_refused() {
+        for ok in [
+            "fs",
+            "public/default/fs",
+            "persistent://public/default/fs",
+            "non-persistent://t/n/x",
+            "persistent://prop/cluster/ns/x",
+        ] {
+            assert_eq!(problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "",
+            " fs",
+            "fs/",
+            "/fs",
+            "public//fs",
+            "public/fs",
+            "PERSISTENT://public/default/fs",
+            "pulsar://public/default/fs",
+            "persistent://public/default/",
+            "persistent://public/fs",
+        ] {
+            assert!(problem(bad).is_some(), "{bad:?} was not refused");
+        }
+    }
 
     #[test]
     fn the_three_spellings_are_one_topic() {
