@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 /// The client an address belongs to, for the caps: an IPv4 address, or the
 /// /64 network of an IPv6 one (an IPv4-mapped IPv6 address is its IPv4).
-pub fn group(ip: IpAddr) -> IpAddr {
+pub fn client_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -72,7 +72,7 @@ impl PerAddress {
 
     /// A slot for one more from `ip`, or why not.
     pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Full> {
-        let client = group(ip);
+        let client = client_of(ip);
         let mut h = firstseen_store::lock::lock(&self.held);
         if h.all >= self.total {
             return Err(Full::All);
@@ -205,7 +205,7 @@ mod tests {
         let _b = t.take(ip("2001:db8:1:2:ffff::9")).unwrap();
         assert_eq!(t.take(ip("2001:db8:1:2::77")).err(), Some(Full::Client));
         assert!(t.take(ip("2001:db8:1:3::1")).is_ok(), "another /64");
-        assert_eq!(group(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
+        assert_eq!(client_of(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
     }
 
     #[test]

@@ -335,11 +335,12 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The stages of `firstseen_stage_seconds`, in the order a message
-/// passes them. Their sum is a message's time inside firstseen, from the
-/// upstream's hand-over to Pulsar's receipt.
+/// The legs of a message's latency, in the order it passes them. Their
+/// sum is a message's time inside firstseen, from the upstream's hand-over
+/// to Pulsar's receipt. The metric keeps its published name,
+/// `firstseen_stage_seconds` with a `stage` label, which dashboards query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub enum Leg {
     /// Upstream hand-over to the start of its batch's proposal: the batch's
     /// linger, and the wait behind the batch before it (one proposal in
     /// flight per node).
@@ -355,23 +356,23 @@ pub enum Stage {
     Receipt,
 }
 
-impl Stage {
+impl Leg {
     pub fn label(self) -> &'static str {
         match self {
-            Stage::Receive => "receive",
-            Stage::Commit => "commit",
-            Stage::Publish => "publish",
-            Stage::Receipt => "receipt",
+            Leg::Receive => "receive",
+            Leg::Commit => "commit",
+            Leg::Publish => "publish",
+            Leg::Receipt => "receipt",
         }
     }
 }
 
-/// Records `messages` messages that each spent `spent` in `stage`.
-pub fn stage(stage: Stage, spent: std::time::Duration, messages: u64) {
+/// Records `messages` messages that each spent `spent` in `leg`.
+pub fn leg(leg: Leg, spent: std::time::Duration, messages: u64) {
     if messages == 0 {
         return;
     }
-    let h = metrics::histogram!("firstseen_stage_seconds", "stage" => stage.label());
+    let h = metrics::histogram!("firstseen_stage_seconds", "stage" => leg.label());
     let secs = spent.as_secs_f64();
     if messages == 1 {
         h.record(secs);

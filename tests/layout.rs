@@ -76,14 +76,14 @@ fn no_task_is_spawned_outside_an_owner() {
     );
 }
 
-/// The node runs every long-running task as part of a stage
-/// (`src/node/stages.rs`), which owns the one supervisor: a task spawned
+/// The node runs every long-running task as part of a layer of the stop order
+/// (`src/node/order.rs`), which owns the one supervisor: a task spawned
 /// on a supervisor of its own would be stopped in no order.
 #[test]
 fn only_the_stage_list_makes_a_supervisor() {
     let mut found = Vec::new();
     for file in crate_sources() {
-        if file.ends_with("src/node/stages.rs") || file.ends_with("src/node/supervise.rs") {
+        if file.ends_with("src/node/order.rs") || file.ends_with("src/node/supervise.rs") {
             continue;
         }
         if product_code(&file).contains("Supervisor::new") {

@@ -242,7 +242,7 @@ async fn node_life(world: Shared, state: StateStore, disk: Arc<DiskSpace>) {
             max_bytes: 1 << 20,
             linger: Duration::from_millis(5),
         },
-        group: Arc::new(Group(world.clone())),
+        proposer: Arc::new(Group(world.clone())),
         acks: Arc::new(Session(world.clone())),
         state,
         quota_bytes: u64::MAX,

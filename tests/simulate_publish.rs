@@ -39,7 +39,7 @@ mod sim;
 use sim::pulsar::{self, HasPulsar, Pulsar, SimBroker};
 use sim::{check_seeds, lock, traced, Rng};
 
-use firstseen::publish::port::{Group, Outbox};
+use firstseen::publish::port::{Consensus, Outbox};
 use firstseen::publish::Publisher;
 use firstseen::Error;
 use firstseen_store::{OutboxMessage, TopicState};
@@ -136,7 +136,7 @@ struct SimGroup {
     view: watch::Receiver<(u64, Option<u64>)>,
 }
 
-impl Group for SimGroup {
+impl Consensus for SimGroup {
     fn leadership(&mut self) -> (u64, Option<u64>) {
         *self.view.borrow_and_update()
     }
@@ -453,7 +453,7 @@ fn run(seed: u64) -> (Vec<String>, Vec<String>) {
                     node,
                     world: world.clone(),
                 },
-                group: SimGroup {
+                consensus: SimGroup {
                     node,
                     world: world.clone(),
                     view,
@@ -582,7 +582,7 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
                 node: 1,
                 world: world.clone(),
             },
-            group: SimGroup {
+            consensus: SimGroup {
                 node: 1,
                 world: world.clone(),
                 view: rx,

@@ -26,8 +26,8 @@ use crate::ingest::Received;
 /// What the batch stage works with besides its section: the group it
 /// commits to, the sessions it acks on, and what holds it back.
 pub struct Links {
-    /// The group: the node's [`crate::propose::Proposer`].
-    pub group: Arc<dyn port::Commit>,
+    /// What commits the batches: the node's [`crate::propose::Proposer`].
+    pub proposer: Arc<dyn port::Commit>,
     /// The upstream sessions' acks.
     pub acks: Arc<dyn port::Acks>,
     pub state: StateStore,
@@ -48,7 +48,7 @@ pub fn build(
     run(
         Batcher {
             policy: section.policy(),
-            group: links.group,
+            proposer: links.proposer,
             acks: links.acks,
             state: links.state,
             quota_bytes: links.outbox_quota_bytes,

@@ -13,14 +13,14 @@ use super::{BatchPolicy, Pending};
 use crate::ingest::ack::AckToken;
 use crate::ingest::Received;
 use crate::propose::ProposeError;
-use crate::telemetry::{self, Stage};
+use crate::telemetry::{self, Leg};
 use firstseen_store::{Outcome, StateStore};
 
 /// What the batcher needs besides its input.
 pub struct Batcher {
     pub policy: BatchPolicy,
-    /// The group: the node's [`crate::propose::Proposer`].
-    pub group: Arc<dyn Commit>,
+    /// What commits the batches: the node's [`crate::propose::Proposer`].
+    pub proposer: Arc<dyn Commit>,
     /// The upstream sessions: the node's ack gates, indexed like the config.
     pub acks: Arc<dyn Acks>,
     pub state: StateStore,
@@ -121,12 +121,12 @@ async fn commit(b: &Batcher, items: Vec<Received>) -> Option<Vec<Received>> {
         }
         let started = Instant::now();
         for i in items.iter().filter(|i| i.observation.is_some()) {
-            telemetry::stage(Stage::Receive, started - i.received_at, 1);
+            telemetry::leg(Leg::Receive, started - i.received_at, 1);
         }
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
-            let leader = b.group.leader();
-            match b.group.propose(batch.clone()).await {
+            let leader = b.proposer.leader();
+            match b.proposer.propose(batch.clone()).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
                     metrics::counter!("firstseen_propose_errors_total").increment(1);
@@ -140,7 +140,7 @@ async fn commit(b: &Batcher, items: Vec<Received>) -> Option<Vec<Received>> {
                     // backoff if the leader stays the same.
                     let next_leader = async {
                         if !changed {
-                            b.group.leader_moves(leader, delay).await
+                            b.proposer.leader_moves(leader, delay).await
                         }
                     };
                     tokio::select! {
@@ -164,7 +164,7 @@ async fn commit(b: &Batcher, items: Vec<Received>) -> Option<Vec<Received>> {
         metrics::counter!("firstseen_batches_total").increment(1);
         let commit = started.elapsed();
         metrics::histogram!("firstseen_commit_seconds").record(commit.as_secs_f64());
-        telemetry::stage(Stage::Commit, commit, observations.len() as u64);
+        telemetry::leg(Leg::Commit, commit, observations.len() as u64);
         metrics::histogram!("firstseen_batch_messages").record(observations.len() as f64);
     }
     Some(items)
@@ -303,7 +303,7 @@ mod tests {
                 max_bytes: 1 << 20,
                 linger: Duration::from_millis(2),
             },
-            group: group.clone(),
+            proposer: group.clone(),
             acks: Arc::new(NoAcks),
             state: StateStore::open(&db).unwrap(),
             quota_bytes: u64::MAX,
@@ -404,7 +404,7 @@ mod tests {
                 max_bytes: 1 << 20,
                 linger: Duration::from_millis(2),
             },
-            group: Arc::new(FirstSlow {
+            proposer: Arc::new(FirstSlow {
                 proposed: Mutex::new(0),
             }),
             acks: acks.clone(),

@@ -96,7 +96,7 @@ pub struct Core {
     /// replaces it.
     pub formats: crate::publish::format::Formats,
     /// Every task of the core, named, with the stop that ends it: the node
-    /// runs each in its stage, the simulation runs them all alike.
+    /// runs each in its layer of the stop order, the simulation runs them all alike.
     pub tasks: Vec<(StopsAt, &'static str, Task)>,
 }
 
@@ -168,7 +168,7 @@ impl Core {
         let batcher = batch::build(
             &config.batch,
             batch::Links {
-                group: Arc::new(propose.proposer.clone()),
+                proposer: Arc::new(propose.proposer.clone()),
                 acks: ports.acks,
                 state: parts.state,
                 disk: parts.disk,

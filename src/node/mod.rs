@@ -1,5 +1,5 @@
-//! One firstseen node: the pipeline's stages as one ordered list
-//! ([`stages`]): proposals, cluster, observe, publish, acks, batch, intake.
+//! One firstseen node: the pipeline's layers as one ordered list
+//! ([`order`]): proposals, cluster, observe, publish, acks, batch, intake.
 //! They start in that order and stop in reverse within
 //! `node.shutdown_timeout_secs`: intake first, then the last batch
 //! (committed and acked), the acks, the publisher, HTTP and the watchdogs,
@@ -12,8 +12,8 @@
 //! names nothing of the node.
 
 pub mod core;
+pub mod order;
 pub mod reload;
-pub mod stages;
 pub mod supervise;
 
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::core::{Core, Parts, Ports, Stops, StopsAt};
-use self::stages::{Share, Stages};
+use self::order::{Share, StopOrder};
 use crate::cluster::server;
 use crate::cluster::Cluster;
 use crate::config::Config;
@@ -66,31 +66,31 @@ pub async fn run(
         ),
         None => None,
     };
-    let mut stages = Stages::new(shutdown.clone());
+    let mut order = StopOrder::new(shutdown.clone());
     let cx = config.node.cx();
-    let mut cluster = Cluster::start(&config.cluster, &cx, stages.tracker()).await?;
+    let mut cluster = Cluster::start(&config.cluster, &cx, order.tracker()).await?;
     let disk = crate::diskspace::DiskSpace::new(
         config.node.data_dir.clone(),
         config.node.disk_reserve_bytes,
     );
     tracing::info!(node = config.node.id, zone = %config.node.zone, http = %config.node.http_listen, peers = ?config.cluster.listen, "node started");
 
-    // The node's stages in the order they start; they stop in reverse, each
-    // once the ones after it have ended (see `stages`).
-    let proposals = stages.add("proposals", Share::Whole);
-    let group = stages.add("cluster", Share::Whole);
-    let observe = stages.add("observe", Share::Whole);
-    let publish = stages.add("publish", Share::Whole);
-    let acks = stages.add("acks", Share::Whole);
+    // The node's layers in the order they start; they stop in reverse, each
+    // once the ones after it have ended (see `order`).
+    let proposals = order.add("proposals", Share::Whole);
+    let raft = order.add("cluster", Share::Whole);
+    let observe = order.add("observe", Share::Whole);
+    let publish = order.add("publish", Share::Whole);
+    let acks = order.add("acks", Share::Whole);
     // Half the bound goes to the last batch, so that a node without a
     // quorum still flushes and exits.
-    let batch = stages.add(
+    let batch = order.add(
         "batch",
         Share::Half {
             late: "the last batch was not committed in time; its messages stay unacked with the broker",
         },
     );
-    let intake = stages.add("intake", Share::Whole);
+    let intake = order.add("intake", Share::Whole);
 
     let clock = crate::clock::SystemClock::shared();
     let dead_letter = config.dead_letter.open(&cx);
@@ -141,10 +141,10 @@ pub async fn run(
             acks: Arc::new(gates),
         },
         Stops {
-            batch: stages.token(batch),
-            publish: stages.token(publish),
-            services: stages.token(group),
-            proposals: stages.token(proposals),
+            batch: order.token(batch),
+            publish: order.token(publish),
+            services: order.token(raft),
+            proposals: order.token(proposals),
         },
         rx,
     );
@@ -195,32 +195,28 @@ pub async fn run(
 
     // The last step that can fail comes before the first task starts, so a
     // start that fails leaves nothing running.
-    let (listener, accepting) = http::listener::Listener::start(
-        listener,
-        http_tls,
-        stages.token(observe),
-        stages.tracker(),
-    )?;
+    let (listener, accepting) =
+        http::listener::Listener::start(listener, http_tls, order.token(observe), order.tracker())?;
 
-    // The core's tasks, each in the stage whose stop ends it.
+    // The core's tasks, each in the layer whose stop ends it.
     for (at, name, task) in core.tasks {
-        let stage = match at {
+        let layer = match at {
             StopsAt::Proposals => proposals,
-            StopsAt::Services => group,
+            StopsAt::Services => raft,
             StopsAt::Publish => publish,
             StopsAt::Batch => batch,
         };
-        stages.spawn(stage, name, task);
+        order.spawn(layer, name, task);
     }
-    let stop = stages.token(group);
+    let stop = order.token(raft);
     if let Some(listener) = peer_listener {
         let serving = server::serve(listener, core.peer_service.clone(), stop.clone());
-        stages.spawn(group, "peer listener", serving);
+        order.spawn(raft, "peer listener", serving);
     }
     // Deletes purged log entries; it would run until the storage closes.
     if let Some(reaping) = cluster.reaper.take() {
         let stop = stop.clone();
-        stages.spawn(group, "log reaper", async move {
+        order.spawn(raft, "log reaper", async move {
             tokio::select! {
                 _ = reaping => {}
                 _ = stop.cancelled() => {}
@@ -228,25 +224,25 @@ pub async fn run(
         });
     }
     let following = crate::cluster::follow_disk(cluster.raft.clone(), disk.clone(), stop.clone());
-    stages.spawn(group, "heartbeats", following);
+    order.spawn(raft, "heartbeats", following);
     let leadership = crate::cluster::log_leadership(cluster.raft.clone(), stop);
-    stages.spawn(group, "leadership log", leadership);
+    order.spawn(raft, "leadership log", leadership);
 
-    let stop = stages.token(observe);
-    stages.spawn(observe, "http accept", accepting);
-    stages.spawn(
+    let stop = order.token(observe);
+    order.spawn(observe, "http accept", accepting);
+    order.spawn(
         observe,
         "http",
         http::serve(listener, app.clone(), stop.clone()),
     );
-    stages.spawn(observe, "gauges", http::gauges(app, stop.clone()));
-    stages.spawn(
+    order.spawn(observe, "gauges", http::gauges(app, stop.clone()));
+    order.spawn(
         observe,
         "reload on SIGHUP",
         reload_on_hangup(reloader, stop.clone()),
     );
-    stages.spawn(observe, "disk space", disk.clone().watch(stop.clone()));
-    stages.spawn(
+    order.spawn(observe, "disk space", disk.clone().watch(stop.clone()));
+    order.spawn(
         observe,
         "dead-letter retention",
         dead_letter.sweep(stop.clone()),
@@ -257,12 +253,12 @@ pub async fn run(
         cluster.disk.state.clone(),
         stop,
     );
-    stages.spawn(observe, "storage watchdog", watching);
+    order.spawn(observe, "storage watchdog", watching);
 
     for u in upstreams {
         let name = u.config.name.clone();
-        let task = u.run(tx.clone(), stages.token(intake), stages.token(acks));
-        stages.spawn(acks, "upstream", async move {
+        let task = u.run(tx.clone(), order.token(intake), order.token(acks));
+        order.spawn(acks, "upstream", async move {
             if let Err(e) = task.await {
                 tracing::error!(upstream = %name, error = %e, "upstream task failed");
             }
@@ -272,7 +268,7 @@ pub async fn run(
 
     let early = tokio::select! {
         _ = shutdown.cancelled() => None,
-        e = stages.early() => Some(e),
+        e = order.early() => Some(e),
     };
     if let Some(e) = &early {
         tracing::error!(error = %e, "stopping the node: a task it cannot run without has ended; a supervisor restarts it from what is on stable storage");
@@ -281,14 +277,14 @@ pub async fn run(
     let bound = Duration::from_secs(config.node.shutdown_timeout_secs);
     tracing::info!(
         bound_secs = bound.as_secs(),
-        stages = %stages.stop_order(),
-        "shutting down: the stages in this order, then raft and storage"
+        layers = %order.stop_order(),
+        "shutting down: the layers in this order, then raft and storage"
     );
-    // A stage that does not end in time is abandoned. Nothing is lost by
+    // A layer that does not end in time is abandoned. Nothing is lost by
     // that: a batch that was not committed was not acked either, and the
     // broker's persistent session redelivers it to whichever node runs next.
-    let deadline = stages.stop(bound).await;
-    // Raft and the final sync get at least a moment even when the stages
+    let deadline = order.stop(bound).await;
+    // Raft and the final sync get at least a moment even when the layers
     // used the whole bound: everything acked is already durable, so this
     // only shortens the next start.
     let last = deadline.max(tokio::time::Instant::now() + Duration::from_secs(1));
@@ -300,7 +296,7 @@ pub async fn run(
     }
     // The children (peer connections, dials, handshakes) end with the
     // peers and the listeners; none is left running behind the exit.
-    let left = stages.wait_all(last).await;
+    let left = order.wait_all(last).await;
     if left > 0 {
         tracing::warn!(tasks = left, "tasks still running at exit");
     }

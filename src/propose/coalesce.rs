@@ -69,18 +69,18 @@ fn bytes(batch: &Batch) -> usize {
 /// Takes the next entry's batches from the front of `queue`: the first
 /// always, then the ones after it while the entry stays within
 /// `max_bytes`, in order.
-fn next_group<T>(queue: &mut VecDeque<(Batch, T)>, max_bytes: usize) -> Vec<(Batch, T)> {
-    let mut group = Vec::new();
+fn next_entry<T>(queue: &mut VecDeque<(Batch, T)>, max_bytes: usize) -> Vec<(Batch, T)> {
+    let mut parts = Vec::new();
     let mut size = 0;
     while let Some((batch, _)) = queue.front() {
         let more = bytes(batch);
-        if !group.is_empty() && size + more > max_bytes {
+        if !parts.is_empty() && size + more > max_bytes {
             break;
         }
         size += more;
-        group.extend(queue.pop_front());
+        parts.extend(queue.pop_front());
     }
-    group
+    parts
 }
 
 /// The merging task's settings.
@@ -212,9 +212,9 @@ async fn run(
             }
         }
         while entries.len() < IN_FLIGHT && !queue.is_empty() {
-            let group = next_group(&mut queue, settings.max_bytes);
+            let parts = next_entry(&mut queue, settings.max_bytes);
             let now = Instant::now();
-            for (b, _) in &group {
+            for (b, _) in &parts {
                 clocks.saw(&b.observations, now);
             }
             let (me, voters, term) = {
@@ -228,7 +228,7 @@ async fn run(
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read the window clock: batches not committed");
                     let detail = format!("window clock: {e}");
-                    for (_, reply) in group {
+                    for (_, reply) in parts {
                         let _ = reply.send(Err(ForwardError::NotCommitted {
                             detail: detail.clone(),
                         }));
@@ -242,7 +242,7 @@ async fn run(
                 state.clone(),
                 settings.window_ms,
                 stamped_ms,
-                group,
+                parts,
             ));
         }
         tokio::select! {
@@ -274,19 +274,19 @@ async fn run(
     }
 }
 
-/// Commits one group of batches as one entry and answers each batch with
+/// Commits the batches of one entry as one entry and answers each batch with
 /// its own outcomes.
 async fn entry(
     raft: Raft,
     state: firstseen_store::StateStore,
     window_ms: u64,
     stamped_ms: u64,
-    group: Vec<(Batch, Reply)>,
+    parts: Vec<(Batch, Reply)>,
 ) {
-    let sizes: Vec<usize> = group.iter().map(|(b, _)| b.len()).collect();
+    let sizes: Vec<usize> = parts.iter().map(|(b, _)| b.len()).collect();
     let mut merged = Batch::default();
-    let mut replies = Vec::with_capacity(group.len());
-    for (b, reply) in group {
+    let mut replies = Vec::with_capacity(parts.len());
+    for (b, reply) in parts {
         merged.extend(b);
         replies.push(reply);
     }
@@ -511,7 +511,7 @@ mod tests {
     }
 
     #[test]
-    fn a_group_takes_the_first_batch_always_and_the_rest_while_they_fit() {
+    fn an_entry_takes_the_first_batch_always_and_the_rest_while_they_fit() {
         // Each batch is its payload plus "t" and "p": 2 bytes more.
         let mut q: VecDeque<(Batch, u8)> = [
             (batch(98), 1),
@@ -520,15 +520,15 @@ mod tests {
             (batch(8), 4),
         ]
         .into();
-        let g = next_group(&mut q, 100);
+        let g = next_entry(&mut q, 100);
         assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![1]);
-        let g = next_group(&mut q, 100);
+        let g = next_entry(&mut q, 100);
         assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![2, 3]);
         let mut big: VecDeque<(Batch, u8)> = [(batch(500), 5), (batch(1), 6)].into();
-        let g = next_group(&mut big, 100);
+        let g = next_entry(&mut big, 100);
         assert_eq!(g.iter().map(|(_, i)| *i).collect::<Vec<_>>(), vec![5]);
         assert_eq!(q.len(), 1);
-        assert!(next_group(&mut VecDeque::<(Batch, u8)>::new(), 100).is_empty());
+        assert!(next_entry(&mut VecDeque::<(Batch, u8)>::new(), 100).is_empty());
     }
 
     /// A leader whose applied state is behind its log, even empty (its state

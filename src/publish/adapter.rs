@@ -13,7 +13,7 @@ use openraft::LogId;
 use pulsar::{Pulsar, TokioExecutor};
 use tokio::sync::watch;
 
-use super::port::{Broker, Group, Outbox, Receipt, SendError, Sending, Session};
+use super::port::{Broker, Consensus, Outbox, Receipt, SendError, Sending, Session};
 use super::producer::{self, entry::Outgoing, Producer, Producers};
 use super::{connect, props, tail, Admin};
 use crate::cluster::liveness::Liveness;
@@ -614,7 +614,7 @@ pub struct RaftGroup {
     pub metrics: watch::Receiver<RaftServerMetrics<u64, Member>>,
 }
 
-impl Group for RaftGroup {
+impl Consensus for RaftGroup {
     fn leadership(&mut self) -> (u64, Option<u64>) {
         // Marked seen: `changed` then waits for the next change instead of
         // returning at once for one the publisher has already acted on (an

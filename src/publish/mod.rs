@@ -53,10 +53,10 @@ use futures::FutureExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::telemetry::{self, Stage};
+use crate::telemetry::{self, Leg};
 use crate::{Error, TopicProblem};
 use policy::{held_elsewhere, retry_policy};
-use port::{Broker, Group, Outbox, Receipt, Sending, Session};
+use port::{Broker, Consensus, Outbox, Receipt, Sending, Session};
 
 /// Batches sent per topic before the oldest one's receipts are awaited. With
 /// one, every batch waited out a broker round trip (and a bookie fsync)
@@ -83,9 +83,9 @@ struct InFlight {
 /// The leader-only publisher task, over the broker, the group and the
 /// outbox it is given ([`adapter`] has the node's; the simulation has
 /// models).
-pub struct Publisher<B: Broker, G: Group, O: Outbox> {
+pub struct Publisher<B: Broker, C: Consensus, O: Outbox> {
     pub broker: B,
-    pub group: G,
+    pub consensus: C,
     pub outbox: O,
     pub node_id: u64,
     /// Messages per batch (`pulsar.publish_batch`).
@@ -149,7 +149,7 @@ pub fn build<B: Broker + 'static>(
     );
     Publisher {
         broker: links.broker,
-        group: adapter::RaftGroup {
+        consensus: adapter::RaftGroup {
             raft: links.raft.clone(),
             proposer: links.proposer,
             liveness: links.liveness,
@@ -234,7 +234,7 @@ impl<P> TopicPublisher<P> {
 
     /// Proposes the confirmed watermark through Raft if it moved, and, unless
     /// `now` is set, if the last proposal is [`policy::WATERMARK_EVERY`] old.
-    fn propose_watermark(&mut self, group: &impl Group, now: bool) {
+    fn propose_watermark(&mut self, consensus: &impl Consensus, now: bool) {
         let since_last = self.proposed_at.map(|t| t.elapsed());
         if !policy::watermark_due(self.confirmed, self.proposed, since_last, now) {
             return;
@@ -243,7 +243,7 @@ impl<P> TopicPublisher<P> {
         self.proposed_at = Some(Instant::now());
         // Committed in the background: the next batch need not wait for it.
         // Apply keeps the larger of two watermarks whatever their order.
-        group.watermark(self.topic.clone(), self.confirmed);
+        consensus.watermark(self.topic.clone(), self.confirmed);
     }
 
     /// Drops the producer and its pending queue; the next attempt re-reads
@@ -329,7 +329,7 @@ impl<P> TopicPublisher<P> {
             metrics::counter!("firstseen_published_total").increment(batch.messages);
             let spent = batch.started.elapsed();
             metrics::histogram!("firstseen_publish_batch_seconds").record(spent.as_secs_f64());
-            telemetry::stage(Stage::Receipt, spent, batch.messages);
+            telemetry::leg(Leg::Receipt, spent, batch.messages);
             upto = Some(batch.last);
         }
         Ok(upto)
@@ -360,17 +360,17 @@ async fn first_received<P: Send>(
     futures::future::select_all(waits).await.0
 }
 
-impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
+impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// Runs until shutdown, publishing whenever this node leads.
     pub async fn run(mut self) {
         loop {
             if self.shutdown.is_cancelled() {
                 break;
             }
-            let (term, leader) = self.group.leadership();
+            let (term, leader) = self.consensus.leadership();
             if leader != Some(self.node_id) {
                 tokio::select! {
-                    _ = self.group.changed() => {}
+                    _ = self.consensus.changed() => {}
                     _ = self.shutdown.cancelled() => break,
                 }
                 continue;
@@ -415,7 +415,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         // it applied, and before any tail is read (`proof::Retired`).
         let unrecorded = self.ours.proofs().unrecorded();
         if !unrecorded.is_empty() {
-            if !self.group.read_barrier().await {
+            if !self.consensus.read_barrier().await {
                 return Ok(TermEnd::LostLease);
             }
             let topics = self.outbox.topics()?;
@@ -436,7 +436,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             if self.shutdown.is_cancelled() {
                 return Ok(TermEnd::Shutdown);
             }
-            if self.group.leadership() != (term, Some(self.node_id)) {
+            if self.consensus.leadership() != (term, Some(self.node_id)) {
                 return Ok(TermEnd::LostLease);
             }
             if !named && self.outbox.level() >= firstseen_store::level::NAMES {
@@ -473,7 +473,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                         // It may lag what is in Pulsar, which is safe: a new
                         // publisher resumes after max(tail, watermark).
                         tp.confirmed = tp.confirmed.max(upto);
-                        tp.propose_watermark(&self.group, false);
+                        tp.propose_watermark(&self.consensus, false);
                     }
                     Err(e) => {
                         tp.fail(&e).await;
@@ -495,7 +495,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 if unsent && tp.in_flight.len() < MAX_IN_FLIGHT {
                     // The lease, confirmed with a quorum before every batch:
                     // a leader that was paused or cut off stops here.
-                    if !self.group.confirm_lease().await {
+                    if !self.consensus.confirm_lease().await {
                         return Ok(TermEnd::LostLease);
                     }
                     match self.send_batch(&session, tp, term).await {
@@ -510,14 +510,14 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             if topics.values().all(|t| t.in_flight.is_empty()) {
                 // Idle: the watermarks held back while busy go now.
                 for tp in topics.values_mut() {
-                    tp.propose_watermark(&self.group, true);
+                    tp.propose_watermark(&self.consensus, true);
                 }
                 // An idle publisher still holds its producers, which keeps a
                 // successor's exclusive producers out. So the lease is also
                 // confirmed on a timer: a leader cut off from its peers lets
                 // go of Pulsar even when it has nothing to send.
                 let holding = topics.values().any(|t| t.producer.is_some());
-                if holding && !self.group.confirm_lease().await {
+                if holding && !self.consensus.confirm_lease().await {
                     return Ok(TermEnd::LostLease);
                 }
             }
@@ -529,7 +529,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let woke = tokio::select! {
                 r = first_received(&mut topics) => Some(r),
                 _ = self.outbox.grown() => None,
-                _ = self.group.changed() => None,
+                _ = self.consensus.changed() => None,
                 _ = tokio::time::sleep(Duration::from_millis(200)) => None,
                 _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
             };
@@ -582,7 +582,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
                 return Ok(());
             }
             let dropped = drop.len();
-            self.group
+            self.consensus
                 .rebase(firstseen_store::Rebase {
                     pulsar_topic: topic.to_string(),
                     assigned: st.last_seq,
@@ -630,7 +630,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
     ) -> Result<(), Error> {
         metrics::counter!("firstseen_set_aside_total").increment(1);
         if self.outbox.level() >= firstseen_store::level::KINDS {
-            self.group
+            self.consensus
                 .set_aside(firstseen_store::SetAside {
                     pulsar_topic: topic.to_string(),
                     seq,
@@ -749,7 +749,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             let mut producer = session.exclusive(&tp.topic, &name).await?;
             // Every entry committed before now applied: a sequence beyond
             // what the outbox has assigned is then surely not ours.
-            if !self.group.read_barrier().await {
+            if !self.consensus.read_barrier().await {
                 return Err(Error::LeaseLost);
             }
             let assigned = self.outbox.topic(&tp.topic)?;
@@ -829,7 +829,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
             // past them (the whole-cluster simulation found it).
             tp.proposed = tp.proposed.max(watermark);
             tp.confirmed = tp.confirmed.max(tail_seq.unwrap_or(0));
-            tp.propose_watermark(&self.group, true);
+            tp.propose_watermark(&self.consensus, true);
         }
         let batch = self.outbox.read(&tp.topic, tp.next_seq, self.batch)?;
         let Some((first, _)) = batch.first() else {
@@ -884,7 +884,7 @@ impl<B: Broker, G: Group, O: Outbox> Publisher<B, G, O> {
         // among them unknown while the tail passed it.
         let handed = std::time::Instant::now();
         for at in applied {
-            telemetry::stage(Stage::Publish, handed.saturating_duration_since(at), 1);
+            telemetry::leg(Leg::Publish, handed.saturating_duration_since(at), 1);
         }
         tp.in_flight.push_back(InFlight {
             messages: receipts.len() as u64,

@@ -131,12 +131,12 @@ pub trait Session: Send + Sync {
 }
 
 /// The Raft group, as the publisher of one node sees it.
-pub trait Group: Send + Sync {
+pub trait Consensus: Send + Sync {
     /// The current term, and the leader this node knows of. What it returns
-    /// counts as seen by [`Group::changed`].
+    /// counts as seen by [`Consensus::changed`].
     fn leadership(&mut self) -> (u64, Option<u64>);
 
-    /// Waits until [`Group::leadership`] may have changed since it was last
+    /// Waits until [`Consensus::leadership`] may have changed since it was last
     /// read.
     fn changed(&mut self) -> impl Future<Output = ()> + Send;
 
@@ -151,7 +151,7 @@ pub trait Group: Send + Sync {
     /// before): then no message a
     /// predecessor may have published is missing from its outbox, and a
     /// tail numbered beyond it is not ours. Bounded like
-    /// [`Group::confirm_lease`].
+    /// [`Consensus::confirm_lease`].
     fn read_barrier(&self) -> impl Future<Output = bool> + Send;
 
     /// Proposes the receipt `Published{topic, seq}` without waiting for it.
