@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::model::{Key, NodeId};
+use crate::command::{Key, NodeId};
 use crate::record::{MAX_NODE_BITS, UNTRACKED};
 
 /// Where a key of the window lives, and what is known about it.

@@ -1,7 +1,7 @@
 //! firstseen's replicated state, in the order a message meets it:
 //!
-//! 1. [`model`]: the plain data in the Raft log — an [`model::Observation`] is
-//!    one copy of an upstream message, a [`model::Command`] one log entry.
+//! 1. [`command`]: the plain data in the Raft log — a [`command::Observation`] is
+//!    one copy of an upstream message, a [`command::Command`] one log entry.
 //! 2. [`window`]: the pure rules of the dedup window (leader-stamped clock,
 //!    cutoff) and the byte layouts of the sled keys.
 //! 3. [`record`]: the packed byte layouts of the window on disk.
@@ -22,17 +22,17 @@
 //! This crate knows neither openraft nor the network: the Raft adapter in
 //! `firstseen-raft` feeds it committed commands in log order.
 
+pub mod command;
 pub mod disk;
 pub mod index;
 pub mod level;
 pub mod lock;
-pub mod model;
 pub mod record;
 pub mod state;
 pub mod topic;
 pub mod window;
 
-pub use model::*;
+pub use command::*;
 pub use state::StateStore;
 
 /// Everything that can go wrong in the store.

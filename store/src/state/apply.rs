@@ -18,7 +18,7 @@ use super::memory::{Head, Memory, PendingRecord};
 use super::{corrupt, StateStore};
 use crate::index::{Index, Slot};
 use crate::level::{Levels, KINDS, NAMES};
-use crate::model::{
+use crate::command::{
     Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response,
 };
 use crate::record::{self, Item, Run};
@@ -174,7 +174,7 @@ impl Memory {
             }
             Some(Command::Level { level }) => self.raise_level(disk, *level)?,
             Some(Command::SetAside(s)) if self.levels.level >= NAMES => {
-                let named = crate::model::SetAside {
+                let named = crate::command::SetAside {
                     pulsar_topic: crate::topic::canonical(&s.pulsar_topic).into_owned(),
                     ..(**s).clone()
                 };
@@ -507,7 +507,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::super::testing::{obs, observe, store};
-    use crate::model::{Command, Coverage, Outcome, Response};
+    use crate::command::{Command, Coverage, Outcome, Response};
 
     #[test]
     fn keeps_the_first_copy_and_numbers_topics_without_gaps() {
@@ -577,8 +577,8 @@ mod tests {
         assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
     }
 
-    fn slim(o: crate::model::Observation) -> crate::model::Observation {
-        crate::model::Observation {
+    fn slim(o: crate::command::Observation) -> crate::command::Observation {
+        crate::command::Observation {
             payload: Vec::new(),
             mqtt_topic: String::new(),
             pulsar_topic: String::new(),
@@ -588,7 +588,7 @@ mod tests {
 
     fn observe_slim(
         stamped_ms: u64,
-        observations: Vec<crate::model::Observation>,
+        observations: Vec<crate::command::Observation>,
         at: Vec<u32>,
     ) -> Command {
         Command::ObserveSlim {
@@ -778,7 +778,7 @@ mod tests {
         assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
     }
 
-    fn kinded(stamped_ms: u64, copies: Vec<(crate::model::Observation, KindOf)>) -> Command {
+    fn kinded(stamped_ms: u64, copies: Vec<(crate::command::Observation, KindOf)>) -> Command {
         let kinds = copies.iter().map(|(_, k)| *k).collect();
         Command::ObserveKinds {
             stamped_ms,
@@ -790,7 +790,7 @@ mod tests {
         }
     }
 
-    type KindOf = crate::model::KeyKind;
+    type KindOf = crate::command::KeyKind;
 
     fn outcomes(s: &crate::StateStore, cmd: &Command, at: u64) -> Vec<Outcome> {
         match s.apply(Some(cmd), at, &at.to_be_bytes()).unwrap() {
@@ -854,7 +854,7 @@ mod tests {
     /// published; at level 2 each is first seen in its own topic and kind.
     #[test]
     fn at_level_two_a_key_is_first_seen_per_topic_and_kind() {
-        use crate::model::KeyKind::{Payload, TopicPayload};
+        use crate::command::KeyKind::{Payload, TopicPayload};
         let collide = vec![
             (obs(1, 1, "t"), TopicPayload),
             (obs(1, 1, "t"), Payload),
@@ -897,7 +897,7 @@ mod tests {
     /// level rise), and the other way round.
     #[test]
     fn copies_on_either_side_of_the_level_rising_are_one_message() {
-        use crate::model::KeyKind::{TopicPayload, Unknown};
+        use crate::command::KeyKind::{TopicPayload, Unknown};
         let s = store();
         assert!(first(
             &outcomes(&s, &observe(1_000, 60_000, vec![obs(1, 1, "t")]), 1)[0]

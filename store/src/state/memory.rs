@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::NO_HOLD;
 use crate::index::{Index, NodeBits};
-use crate::model::{Coverage, NodeId, TopicState, Totals};
+use crate::command::{Coverage, NodeId, TopicState, Totals};
 use crate::record::{Item, Run};
 use crate::window;
 

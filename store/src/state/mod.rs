@@ -53,7 +53,7 @@ use serde::Serialize;
 
 use crate::disk::{Db, Disk};
 use crate::index::{Index, Slot};
-use crate::model::{Command, Response};
+use crate::command::{Command, Response};
 use crate::record;
 use crate::StoreError;
 use memory::{Head, Memory};
@@ -339,7 +339,7 @@ mod tests {
 
     use super::testing::{obs, observe, reopenable};
     use super::{StateStore, META_HEAD};
-    use crate::model::{Coverage, Outcome, Response};
+    use crate::command::{Coverage, Outcome, Response};
     use crate::StoreError;
 
     #[test]

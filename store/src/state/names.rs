@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use super::apply::{InlineMessages, Written};
 use super::memory::Memory;
-use crate::model::TopicState;
+use crate::command::TopicState;
 use crate::record::Run;
 use crate::topic::canonical;
 use crate::window;
@@ -172,7 +172,7 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{obs, publish, store};
-    use crate::model::{Command, KeyKind, OutboxItem, Outcome, Response};
+    use crate::command::{Command, KeyKind, OutboxItem, Outcome, Response};
     use crate::StateStore;
 
     const FULL: &str = "persistent://public/default/fs";
@@ -182,7 +182,7 @@ mod tests {
             .unwrap();
     }
 
-    fn kinded(stamped_ms: u64, copies: Vec<crate::model::Observation>) -> Command {
+    fn kinded(stamped_ms: u64, copies: Vec<crate::command::Observation>) -> Command {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         Command::ObserveKinds {
             stamped_ms,

@@ -2,7 +2,7 @@
 //! the outbox and single keys.
 
 use super::{corrupt, StateStore};
-use crate::model::{
+use crate::command::{
     Coverage, FirstSeen, Key, KeyKind, NodeId, Observation, OutboxItem, OutboxMessage, TopicState,
     Totals,
 };
@@ -203,7 +203,7 @@ impl StateStore {
 mod tests {
     use super::super::testing::{obs, observe, publish, store};
     use super::super::NO_HOLD;
-    use crate::model::OutboxItem;
+    use crate::command::OutboxItem;
     use crate::window;
 
     #[test]

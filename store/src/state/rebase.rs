@@ -34,7 +34,7 @@ use std::collections::BTreeSet;
 use super::apply::{locate, Written};
 use super::memory::{Memory, PendingRecord};
 use crate::index::Slot;
-use crate::model::{Key, KeyKind, Observation, Rebase, Response};
+use crate::command::{Key, KeyKind, Observation, Rebase, Response};
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
@@ -208,7 +208,7 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{obs, observe, store};
-    use crate::model::{Command, Outcome, Rebase, Response};
+    use crate::command::{Command, Outcome, Rebase, Response};
 
     fn rebase(topic: &str, assigned: u64, older: Vec<(u64, u8)>, drop: Vec<u64>) -> Command {
         Command::Rebase(Box::new(Rebase {
@@ -245,7 +245,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(seq, item)| match item {
-                crate::model::OutboxItem::InLog { pos, .. } => (seq, pos as u8 + 1),
+                crate::command::OutboxItem::InLog { pos, .. } => (seq, pos as u8 + 1),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -303,14 +303,14 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(seq, item)| match item {
-                crate::model::OutboxItem::InLog { log_index, .. } => (seq, log_index),
+                crate::command::OutboxItem::InLog { log_index, .. } => (seq, log_index),
                 other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(runs, vec![(3, 1), (4, 3), (5, 4)]);
         assert_eq!(s.totals().unwrap().outbox_messages, 3);
         assert!(s
-            .lookup_copy("t", crate::model::KeyKind::Unknown, &[50; 32])
+            .lookup_copy("t", crate::command::KeyKind::Unknown, &[50; 32])
             .unwrap()
             .is_some());
     }
@@ -320,7 +320,7 @@ mod tests {
     /// numbering up after the watermark. It survives a snapshot.
     #[test]
     fn at_level_two_and_with_nothing_older() {
-        use crate::model::KeyKind;
+        use crate::command::KeyKind;
         let s = store();
         s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
             .unwrap();

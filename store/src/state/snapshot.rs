@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use super::memory::Memory;
 use super::{corrupt, encode, StateStore, META_IMPORTING};
-use crate::model::{Command, OutboxMessage};
+use crate::command::{Command, OutboxMessage};
 use crate::record;
 use crate::window;
 use crate::StoreError;
@@ -201,7 +201,7 @@ fn read_chunk<R: Read>(input: &mut R) -> Result<Vec<u8>, StoreError> {
 mod tests {
     use super::super::testing::{obs, observe, store};
     use super::super::NO_HOLD;
-    use crate::model::OutboxItem;
+    use crate::command::OutboxItem;
 
     #[test]
     fn export_and_import_round_trip() {

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::StateStore;
-use crate::model::{Command, NodeId, Observation};
+use crate::command::{Command, NodeId, Observation};
 
 pub(super) fn store() -> StateStore {
     let db = sled::Config::new().temporary(true).open().unwrap();
