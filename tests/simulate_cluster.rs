@@ -175,6 +175,15 @@ struct World {
     /// Each running node's life: cancelled when it crashes, which ends the
     /// requests it was still serving, as a process's death does.
     lives: BTreeMap<NodeId, CancellationToken>,
+    /// Nodes gone for good (the lost members of a recovered cluster): never
+    /// started again, their sessions left as they are.
+    lost: BTreeSet<NodeId>,
+    /// A node recovered under a partition: cut off from the others (both
+    /// ways) for the rest of the run, apart from the nemesis' own cuts.
+    apart: BTreeSet<NodeId>,
+    /// Each node's `Ours` (of its latest life): the generation its
+    /// publisher reads tails by, and the topics it found superseded.
+    ours: BTreeMap<NodeId, firstseen::publish::tail::Ours>,
     pulsar: Pulsar,
 }
 
@@ -220,6 +229,10 @@ impl HasPulsar for World {
 
     fn log(&mut self, line: String) {
         World::log(self, line)
+    }
+
+    fn generation(&mut self, node: u64) -> u64 {
+        self.ours.get(&node).map_or(0, |o| o.generation())
     }
 }
 
@@ -295,6 +308,9 @@ impl SimCall {
             return Leg::Refused;
         }
         if w.cut.contains(&to) || w.cut.contains(&self.from) {
+            return Leg::Lost;
+        }
+        if w.apart.contains(&to) != w.apart.contains(&self.from) {
             return Leg::Lost;
         }
         let loss = w.loss;
@@ -910,6 +926,8 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     let (tx, rx) = mpsc::channel(64);
     // Never cancelled: a crash stops nothing politely.
     let stop = CancellationToken::new();
+    let ours = firstseen::publish::tail::Ours::new(&ClusterKey::from_secret(b"sim"), &[], false);
+    lock(world).ours.insert(id, ours.clone());
     let core = Core::build(
         config,
         Parts {
@@ -920,7 +938,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             key: ClusterKey::from_secret(b"sim"),
             tls: None,
             disk,
-            ours: firstseen::publish::tail::Ours::new(&ClusterKey::from_secret(b"sim"), &[], false),
+            ours,
         },
         Ports {
             call,
@@ -1100,6 +1118,19 @@ enum Fault {
     /// reloader refuses it (issue 49). A restart brings the full spelling
     /// back, which at level 3 is the same topic.
     Respell(NodeId),
+    /// Node paused until it is recovered: a survivor that lagged.
+    Lag(NodeId),
+    /// `firstseen recover --force-new-cluster` on node: stopped, made the
+    /// only member of a cluster of a new generation on its own storage
+    /// (`firstseen_raft::recover::force_single`, as the command does after
+    /// its quorum probe), and started alone. Without a partition
+    /// (`false`) the two others are first stopped for good; with one
+    /// (`true`) it is cut off from them, and they run on as the old
+    /// cluster until [`Fault::Retire`].
+    Recover(NodeId, bool),
+    /// The operator stops the old cluster (every node not recovered) for
+    /// good.
+    Retire,
 }
 
 fn schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
@@ -1142,6 +1173,68 @@ fn respell_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
             return faults;
         }
         faults.push((at, Fault::Respell(1 + rng.below(NODES))));
+    }
+}
+
+/// A recover of a lone survivor in one seed in three, from a generator of
+/// its own (so that every seed's other draws stay where they were): any
+/// node, leader or follower, perhaps paused a while before (lagging behind
+/// what the others commit and publish), with or without a partition (then
+/// the old pair runs on beside it, until the operator stops it).
+fn recover_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
+    if rng.below(3) != 0 {
+        return Vec::new();
+    }
+    let node = 1 + rng.below(NODES);
+    let at = rng.ms(2_500, 7_000);
+    let mut faults = Vec::new();
+    if rng.below(2) == 0 {
+        faults.push((at - rng.ms(200, 2_000), Fault::Lag(node)));
+    }
+    let partition = rng.below(2) == 0;
+    faults.push((at, Fault::Recover(node, partition)));
+    if partition {
+        let until = FAULTS_FOR.as_millis() as u64 - 100;
+        faults.push((rng.ms(at.as_millis() as u64 + 300, until), Fault::Retire));
+    }
+    faults
+}
+
+/// Node `id` stops for good: crashed if it runs, never started again.
+async fn stop_for_good(
+    id: NodeId,
+    nodes: &mut BTreeMap<NodeId, Running>,
+    world: &Shared,
+    services: &Services,
+) {
+    lock(world).lost.insert(id);
+    if let Some(node) = nodes.remove(&id) {
+        lock(world).pauses[&id].send_replace(false);
+        lock(world).down.insert(id);
+        crash(id, node, services, world).await;
+    }
+    lock(world).log(format!("node {id} stopped for good"));
+}
+
+/// `firstseen recover --force-new-cluster` on stopped node `id`'s storage,
+/// once the dead life has let go of it.
+async fn force_single(id: NodeId, config: &Config) -> Result<String, String> {
+    let dir = config.node.data_dir.join("raft");
+    let started = std::time::Instant::now();
+    loop {
+        match firstseen_raft::open(&dir).await {
+            Ok(mut storage) => {
+                let forced = firstseen_raft::recover::force_single(&dir, &mut storage, id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok(format!("{forced:?}"));
+            }
+            Err(e) if started.elapsed() > Duration::from_secs(10) => return Err(e.to_string()),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(5));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 }
 
@@ -1269,7 +1362,32 @@ fn check(w: &World, outboxes: &Outboxes, windows: &Windows) -> Vec<String> {
             "{missing} of {MESSAGES} messages did not reach Pulsar within {SETTLE_WITHIN:?}"
         ));
     }
-    for (node, s) in &w.sessions {
+    // G10: once a newer generation's message is in a topic, the older
+    // cluster publishes nothing more there (its leader meets the newer
+    // generation at the topic's end when it takes the topic, and stops).
+    for (topic, t) in &w.pulsar.topics {
+        let mut newest: Option<&pulsar::Stored> = None;
+        let mut after: Vec<(u64, u64)> = Vec::new();
+        for m in &t.messages {
+            match newest {
+                Some(n) if m.generation < n.generation => after.push((m.seq, m.generation)),
+                Some(n) if m.generation == n.generation => {}
+                _ => newest = Some(m),
+            }
+        }
+        if let (Some(n), false) = (newest, after.is_empty()) {
+            problems.push(format!(
+                "{topic}: {} messages of an older generation landed after #{} of generation {} (G10), (seq, generation) first: {:?}",
+                after.len(),
+                n.seq,
+                n.generation,
+                &after[..after.len().min(8)]
+            ));
+        }
+    }
+    // A lost member's session keeps what it never acked, as the broker
+    // would; the survivor's own session brought every message again.
+    for (node, s) in w.sessions.iter().filter(|(n, _)| !w.lost.contains(n)) {
         if !s.unacked.is_empty() {
             problems.push(format!(
                 "node {node} left {} messages unacked",
@@ -1338,7 +1456,9 @@ fn drained(outboxes: &Outboxes) -> bool {
 
 /// Whether every message is acked everywhere and in Pulsar.
 fn settled(w: &World) -> bool {
-    w.sessions.values().all(|s| s.unacked.is_empty())
+    w.sessions
+        .iter()
+        .all(|(n, s)| w.lost.contains(n) || s.unacked.is_empty())
         && w.pulsar
             .topics
             .values()
@@ -1369,6 +1489,9 @@ fn new_world(rng: Rng) -> Shared {
         skews: BTreeMap::new(),
         connections: BTreeMap::new(),
         lives: BTreeMap::new(),
+        lost: BTreeSet::new(),
+        apart: BTreeSet::new(),
+        ours: BTreeMap::new(),
         pauses: (1..=NODES)
             .map(|id| (id, watch::channel(false).0))
             .collect(),
@@ -1576,6 +1699,11 @@ fn run_seed(
         }
         faults.extend(pulsar_schedule(&mut Rng(rng.next())));
         faults.extend(respell_schedule(&mut Rng(seed ^ 0x5be1_1ed0_70b1_c5a1)));
+        // Not in the power-cut variant: a survivor whose log was set aside
+        // after a torn write is refused (it holds nothing to recover).
+        if !power {
+            faults.extend(recover_schedule(&mut Rng(seed ^ 0x7ec0_7e12_5a1e_0b1e)));
+        }
         faults.sort_by_key(|(at, _)| *at);
         for (at, fault) in faults {
             heal_until(
@@ -1680,6 +1808,52 @@ fn run_seed(
                         "node {id}: routes reloaded, {} now {}",
                         TOPICS[0], routes[0].pulsar_topic
                     ));
+                }
+                Fault::Lag(id) => {
+                    if nodes.contains_key(&id) {
+                        lock(&world).pauses[&id].send_replace(true);
+                    }
+                }
+                Fault::Recover(id, partition) => {
+                    if partition {
+                        lock(&world).apart.insert(id);
+                    } else {
+                        for other in (1..=NODES).filter(|n| *n != id) {
+                            stop_for_good(other, &mut nodes, &world, &services).await;
+                        }
+                    }
+                    // Recover runs on the stopped node: one that was down
+                    // is not restarted by its heal, but here.
+                    heals.retain(|(_, f)| !matches!(f, Fault::Crash(n, _) if *n == id));
+                    if let Some(node) = nodes.remove(&id) {
+                        lock(&world).pauses[&id].send_replace(false);
+                        lock(&world).down.insert(id);
+                        crash(id, node, &services, &world).await;
+                    }
+                    let line = match force_single(id, &configs[&id]).await {
+                        Ok(forced) => format!("node {id} recovered: {forced}"),
+                        Err(e) => {
+                            let line = format!("node {id}: recover failed: {e}");
+                            lock(&world).problems.push(line.clone());
+                            line
+                        }
+                    };
+                    lock(&world).log(line);
+                    lock(&world).down.remove(&id);
+                    let node = start(id, &configs[&id], &world, &services).await;
+                    nodes.insert(id, node);
+                    lock(&world).log(format!("node {id} started alone"));
+                }
+                Fault::Retire => {
+                    let old: Vec<NodeId> = {
+                        let w = lock(&world);
+                        (1..=NODES).filter(|n| !w.apart.contains(n)).collect()
+                    };
+                    for id in old {
+                        let found = lock(&world).ours[&id].superseded().all();
+                        lock(&world).log(format!("node {id} found superseded: {found:?}"));
+                        stop_for_good(id, &mut nodes, &world, &services).await;
+                    }
                 }
                 Fault::PulsarUnload(t) => {
                     let mut w = lock(&world);
@@ -1801,6 +1975,7 @@ async fn heal(
     *heals = later;
     for (_, fault) in due {
         match fault {
+            Fault::Crash(id, _) if lock(world).lost.contains(&id) => {}
             Fault::Crash(id, _) => {
                 lock(world).down.remove(&id);
                 let node = start(id, &configs[&id], world, services).await;
@@ -1829,7 +2004,10 @@ async fn heal(
             Fault::PulsarCut(_)
             | Fault::PowerAll(_)
             | Fault::PulsarUnload(_)
-            | Fault::Respell(_) => {}
+            | Fault::Respell(_)
+            | Fault::Lag(_)
+            | Fault::Recover(..)
+            | Fault::Retire => {}
             Fault::Pause(id, _) => {
                 lock(world).pauses[&id].send_replace(false);
                 lock(world).log(format!("node {id} resumed"));

@@ -40,7 +40,13 @@
 //!   and gives it up (`WritesPending`) after that.
 //! - The tail a new leader reads is the last message of ours that is not
 //!   late, with the sequences between the watermark and it that the topic
-//!   lacks.
+//!   lacks. Every message in the model carries the cluster's proof; each
+//!   keeps the generation it was written in (`firstseen-generation`), and
+//!   the read reports the newest one, and, to a reader of a generation
+//!   above 0, the messages of older ones above its watermark (not its
+//!   tail: the cluster it was recovered from wrote them), as the adapter's
+//!   read does ([`HasPulsar::generation`] says which generation the
+//!   reading node's publisher goes by).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
@@ -94,6 +100,8 @@ pub struct Stored {
     pub late: bool,
     /// A marker in the message's place.
     pub marker: bool,
+    /// The generation of the cluster that wrote it (0: never recovered).
+    pub generation: u64,
 }
 
 type Answer = Result<(), SendError>;
@@ -196,6 +204,12 @@ pub trait HasPulsar: Send + 'static {
     fn pulsar(&mut self) -> &mut Pulsar;
     fn rng(&mut self) -> &mut Rng;
     fn log(&mut self, line: String);
+
+    /// The generation node `node`'s publisher reads tails by (its
+    /// `Ours::generation`): 0 where no cluster is ever recovered.
+    fn generation(&mut self, _node: u64) -> u64 {
+        0
+    }
 }
 
 /// How the adapter fails a producer's waiters when it goes: refused if
@@ -802,26 +816,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
     ) -> Result<firstseen::publish::tail::Tail, Error> {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let mut w = lock(&self.world);
-        // A late message is ours but not the tail; one numbered beyond what
-        // the group assigned is foreign, and the read goes on past it.
-        let pending = w.pulsar().pending(topic);
-        let seq = w
-            .pulsar()
-            .messages(topic)
-            .iter()
-            .rev()
-            .filter(|m| !m.late)
-            .map(|m| m.seq)
-            .find(|s| *s <= assigned);
-        w.log(format!(
-            "node {} reads the tail of {}: {seq:?}, {pending} entries pending",
-            self.node,
-            canonical(topic)
-        ));
-        Ok(firstseen::publish::tail::Tail {
-            seq,
-            ..Default::default()
-        })
+        Ok(tail_of(&mut *w, self.node, topic, assigned, None))
     }
 
     async fn read_tail(
@@ -829,9 +824,16 @@ impl<W: HasPulsar> Session for SimSession<W> {
         topic: &str,
         assigned: u64,
         watermark: u64,
-        strict: bool,
+        _strict: bool,
     ) -> Result<firstseen::publish::tail::Tail, Error> {
-        let mut tail = self.last_seq(topic, assigned, strict).await?;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let mut tail = tail_of(
+            &mut *lock(&self.world),
+            self.node,
+            topic,
+            assigned,
+            Some(watermark),
+        );
         // As the adapter's read back to the watermark: the sequences
         // between it and the tail that the topic lacks, late or not.
         let mut w = lock(&self.world);
@@ -891,6 +893,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
                     key: message.key,
                     late: how.late,
                     marker,
+                    generation: how.generation,
                 },
                 tx,
             ));
@@ -938,6 +941,54 @@ impl<W: HasPulsar> Session for SimSession<W> {
     async fn flush(&self, producer: &mut SimProducer<W>) -> Result<(), SendError> {
         let mut w = lock(&self.world);
         with_rng(&mut *w, |p, rng| p.flush(producer.id, rng))
+    }
+}
+
+/// The tail of `topic` as node `node` reads it (with `watermark`, as a
+/// publisher taking the topic reads it): the last message of ours that is
+/// not late, numbered at most `assigned`, and the newest generation in the
+/// topic. A reader of a generation above 0 with a watermark gathers the
+/// messages of older generations above it apart: they are not its tail.
+fn tail_of<W: HasPulsar>(
+    w: &mut W,
+    node: u64,
+    topic: &str,
+    assigned: u64,
+    watermark: Option<u64>,
+) -> firstseen::publish::tail::Tail {
+    let own = w.generation(node);
+    let older_above = watermark.filter(|_| own > 0);
+    let pending = w.pulsar().pending(topic);
+    let messages = w.pulsar().messages(topic);
+    let is_older = |m: &Stored| older_above.is_some_and(|a| m.generation < own && m.seq > a);
+    let seq = messages
+        .iter()
+        .rev()
+        .filter(|m| !m.late && !is_older(m))
+        .map(|m| m.seq)
+        .find(|s| *s <= assigned);
+    let generation = messages.iter().map(|m| m.generation).max().unwrap_or(0);
+    let older: Vec<(u64, [u8; 32])> = messages
+        .iter()
+        .filter(|m| is_older(m))
+        .map(|m| (m.seq, m.key))
+        .collect();
+    let line = format!(
+        "node {node} reads the tail of {}: {seq:?}, {pending} entries pending, generation {generation}{}",
+        canonical(topic),
+        if older.is_empty() {
+            String::new()
+        } else {
+            format!(", {} of an older one above {older_above:?}", older.len())
+        }
+    );
+    w.log(line);
+    firstseen::publish::tail::Tail {
+        seq,
+        generation,
+        older,
+        older_above,
+        ..Default::default()
     }
 }
 
