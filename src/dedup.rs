@@ -1,7 +1,7 @@
 //! `[dedup]`: the window a key is remembered for, and the bounds of one
 //! message. Its own module, importing no stage: ingest reads the bounds
 //! ([`DedupConfig::limits`]), the leader's coalescer the window
-//! ([`DedupConfig::window_ms`]), which it stamps into every entry, where the
+//! ([`DedupConfig::window`]), which it stamps into every entry, where the
 //! state machine reads it (`firstseen_store::window::expiry_cutoff`).
 
 use serde::{Deserialize, Serialize};
@@ -117,9 +117,9 @@ impl DedupConfig {
 }
 
 impl DedupConfig {
-    /// The window in milliseconds, as entries carry it.
-    pub fn window_ms(&self) -> u64 {
-        self.window_secs.saturating_mul(1_000)
+    /// The window as entries carry it.
+    pub fn window(&self) -> firstseen_store::window::Window {
+        firstseen_store::window::Window::from_ms(self.window_secs.saturating_mul(1_000))
     }
 
     /// The bounds of one message, as ingest checks them.

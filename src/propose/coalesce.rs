@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use firstseen_raft::{Command, Member, NodeId, Raft, Response};
+use firstseen_store::window::Window;
 use firstseen_store::{Batch, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::metrics::RaftServerMetrics;
@@ -85,7 +86,8 @@ fn next_entry<T>(queue: &mut VecDeque<(Batch, T)>, max_bytes: usize) -> Vec<(Bat
 
 /// The merging task's settings.
 pub struct Settings {
-    pub window_ms: u64,
+    /// The dedup window, stamped into every entry beside the stamp.
+    pub window: Window,
     /// This node's wall clock: its reading is the leader's own in each
     /// stamp.
     pub clock: crate::clock::SharedClock,
@@ -240,8 +242,8 @@ async fn run(
             entries.spawn(entry(
                 raft.clone(),
                 state.clone(),
-                settings.window_ms,
                 stamped_ms,
+                settings.window,
                 parts,
             ));
         }
@@ -279,8 +281,8 @@ async fn run(
 async fn entry(
     raft: Raft,
     state: firstseen_store::StateStore,
-    window_ms: u64,
     stamped_ms: u64,
+    window: Window,
     parts: Vec<(Batch, Reply)>,
 ) {
     let sizes: Vec<usize> = parts.iter().map(|(b, _)| b.len()).collect();
@@ -302,7 +304,7 @@ async fn entry(
             .map(|(i, o)| (o, merged.kind(i))),
     );
     let stripped = slim::strip(&mut merged, &held, level);
-    let result = commit_slim(&raft, level, window_ms, stamped_ms, merged, stripped).await;
+    let result = commit_slim(&raft, level, stamped_ms, window, merged, stripped).await;
     match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
@@ -324,13 +326,13 @@ async fn entry(
 async fn commit_slim(
     raft: &Raft,
     level: u32,
-    window_ms: u64,
     stamped_ms: u64,
+    window: Window,
     batch: Batch,
     stripped: slim::Stripped,
 ) -> Result<Vec<Outcome>, ForwardError> {
     let total = batch.len();
-    let cmd = batch.into_command_at(level, stamped_ms, window_ms, stripped.positions.clone());
+    let cmd = batch.into_command_at(level, stamped_ms, window, stripped.positions.clone());
     let mut outcomes = propose(raft, cmd, total).await?;
     let (positions, again) = slim::resend(stripped, &outcomes);
     if !again.is_empty() {
@@ -338,7 +340,7 @@ async fn commit_slim(
         let n = again.len();
         let whole = propose(
             raft,
-            again.into_command_at(level, stamped_ms, window_ms, Vec::new()),
+            again.into_command_at(level, stamped_ms, window, Vec::new()),
             n,
         )
         .await?;
@@ -557,7 +559,7 @@ mod tests {
                 log_id: id(i),
                 payload: EntryPayload::Normal(Command::Observe {
                     stamped_ms: T0 + i,
-                    window_ms: 3_600_000,
+                    window: Window::from_ms(3_600_000),
                     observations: Vec::new(),
                 }),
             });

@@ -85,7 +85,7 @@ pub struct Proposing {
 }
 
 /// Builds the propose stage of node `me`. The window comes from `[dedup]`
-/// (converted there, [`crate::dedup::DedupConfig::window_ms`]) and is
+/// (converted there, [`crate::dedup::DedupConfig::window`]) and is
 /// stamped into every entry the coalescer appends, which is where the
 /// store's apply reads it; `max_entry_bytes` bounds a merged entry like a
 /// batch (`batch.max_bytes`); `upgrade` is `cluster.upgrade`.
@@ -103,7 +103,7 @@ pub fn build(
         links.raft.clone(),
         links.state.clone(),
         coalesce::Settings {
-            window_ms: dedup.window_ms(),
+            window: dedup.window(),
             max_bytes: max_entry_bytes,
             clock: links.clock.clone(),
             log: links.log,

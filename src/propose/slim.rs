@@ -249,8 +249,20 @@ mod tests {
         let s = strip(&mut b, &[false; 2], 2);
         assert!(s.positions.is_empty());
         assert_eq!(
-            bincode::serialize(&b.into_command_at(2, 7, 9, s.positions)).unwrap(),
-            bincode::serialize(&mk().into_command_at(2, 7, 9, Vec::new())).unwrap(),
+            bincode::serialize(&b.into_command_at(
+                2,
+                7,
+                firstseen_store::window::Window::from_ms(9),
+                s.positions
+            ))
+            .unwrap(),
+            bincode::serialize(&mk().into_command_at(
+                2,
+                7,
+                firstseen_store::window::Window::from_ms(9),
+                Vec::new()
+            ))
+            .unwrap(),
             "level 2: the log's bytes do not change"
         );
         let mut b = mk();

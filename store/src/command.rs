@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::window::Window;
+
 /// The dedup key of a message: a blake3 digest (32 bytes).
 pub type Key = [u8; 32];
 
@@ -177,19 +179,19 @@ impl Batch {
     }
 
     /// The log entry for this batch, stamped by the leader.
-    pub fn into_command(self, stamped_ms: u64, window_ms: u64) -> Command {
-        Command::observe(stamped_ms, window_ms, self.observations, self.properties)
+    pub fn into_command(self, stamped_ms: u64, window: Window) -> Command {
+        Command::observe(stamped_ms, window, self.observations, self.properties)
     }
 
     /// The log entry for this batch with the copies at `slim` (ascending)
     /// proposed without their payload; a plain one when there are none.
-    pub fn into_slim_command(self, stamped_ms: u64, window_ms: u64, slim: Vec<u32>) -> Command {
+    pub fn into_slim_command(self, stamped_ms: u64, window: Window, slim: Vec<u32>) -> Command {
         if slim.is_empty() {
-            return self.into_command(stamped_ms, window_ms);
+            return self.into_command(stamped_ms, window);
         }
         Command::ObserveSlim {
             stamped_ms,
-            window_ms,
+            window,
             observations: self.observations,
             properties: self.properties,
             slim,
@@ -203,16 +205,16 @@ impl Batch {
         self,
         level: u32,
         stamped_ms: u64,
-        window_ms: u64,
+        window: Window,
         slim: Vec<u32>,
     ) -> Command {
         if level < crate::level::KINDS {
-            return self.into_slim_command(stamped_ms, window_ms, slim);
+            return self.into_slim_command(stamped_ms, window, slim);
         }
         let kinds = (0..self.len()).map(|i| self.kind(i)).collect();
         Command::ObserveKinds {
             stamped_ms,
-            window_ms,
+            window,
             observations: self.observations,
             properties: self.properties,
             slim,
@@ -236,7 +238,7 @@ pub enum Command {
         /// Dedup window in force when the leader proposed the entry. Stamped
         /// into the entry so that nodes whose configs differ still expire
         /// identically.
-        window_ms: u64,
+        window: Window,
         /// The copies, in the order the node received them.
         observations: Vec<Observation>,
     },
@@ -248,7 +250,7 @@ pub enum Command {
     /// so the log of a cluster without MQTT 5 upstreams is as before.
     ObserveWithProperties {
         stamped_ms: u64,
-        window_ms: u64,
+        window: Window,
         observations: Vec<Observation>,
         properties: Vec<Option<Box<Properties>>>,
     },
@@ -258,7 +260,7 @@ pub enum Command {
     /// A slim copy of a key the state does not hold is [`Outcome::Missing`].
     ObserveSlim {
         stamped_ms: u64,
-        window_ms: u64,
+        window: Window,
         observations: Vec<Observation>,
         properties: Vec<Option<Box<Properties>>>,
         slim: Vec<u32>,
@@ -274,7 +276,7 @@ pub enum Command {
     /// Pulsar topic: the window tells keys apart by topic and kind.
     ObserveKinds {
         stamped_ms: u64,
-        window_ms: u64,
+        window: Window,
         observations: Vec<Observation>,
         properties: Vec<Option<Box<Properties>>>,
         slim: Vec<u32>,
@@ -339,20 +341,20 @@ impl Command {
     /// A batch of observations, with their properties where they have any.
     pub fn observe(
         stamped_ms: u64,
-        window_ms: u64,
+        window: Window,
         observations: Vec<Observation>,
         properties: Vec<Option<Box<Properties>>>,
     ) -> Command {
         if properties.iter().all(Option::is_none) {
             Command::Observe {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
             }
         } else {
             Command::ObserveWithProperties {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
                 properties,
             }
@@ -360,31 +362,31 @@ impl Command {
     }
 
     /// (stamp, window, observations) of an observing command.
-    pub fn as_observe(&self) -> Option<(u64, u64, &[Observation])> {
+    pub fn as_observe(&self) -> Option<(u64, Window, &[Observation])> {
         match self {
             Command::Observe {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
             }
             | Command::ObserveWithProperties {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
                 ..
             }
             | Command::ObserveSlim {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
                 ..
             }
             | Command::ObserveKinds {
                 stamped_ms,
-                window_ms,
+                window,
                 observations,
                 ..
-            } => Some((*stamped_ms, *window_ms, observations)),
+            } => Some((*stamped_ms, *window, observations)),
             Command::Published { .. }
             | Command::Level { .. }
             | Command::SetAside(_)
@@ -649,5 +651,34 @@ mod tests {
         };
         let raw = bincode::serialize(&props).unwrap();
         assert_eq!(bincode::deserialize::<Properties>(&raw).unwrap(), props);
+    }
+
+    /// The window's type changes nothing in the log: an entry of each
+    /// observing kind encodes to the bytes it did when the window was a
+    /// bare `u64` (variant, stamp, window, then the rest, little-endian).
+    #[test]
+    fn the_window_is_written_as_the_u64_it_was() {
+        let stamped = 0x0102_0304_0506_0708u64;
+        let window = Window::from_ms(0x1112_1314_1516_1718);
+        let mut observe = vec![0, 0, 0, 0];
+        observe.extend(stamped.to_le_bytes());
+        observe.extend(window.as_ms().to_le_bytes());
+        observe.extend(0u64.to_le_bytes());
+        let cmd = Command::observe(stamped, window, Vec::new(), Vec::new());
+        let raw = bincode::serialize(&cmd).unwrap();
+        assert_eq!(raw, observe);
+        assert_eq!(bincode::deserialize::<Command>(&raw).unwrap(), cmd);
+
+        let mut kinds = vec![5, 0, 0, 0];
+        kinds.extend(stamped.to_le_bytes());
+        kinds.extend(window.as_ms().to_le_bytes());
+        for _ in 0..4 {
+            kinds.extend(0u64.to_le_bytes());
+        }
+        let cmd =
+            Batch::default().into_command_at(crate::level::KINDS, stamped, window, Vec::new());
+        let raw = bincode::serialize(&cmd).unwrap();
+        assert_eq!(raw, kinds);
+        assert_eq!(bincode::deserialize::<Command>(&raw).unwrap(), cmd);
     }
 }

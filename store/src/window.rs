@@ -2,7 +2,28 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
+use serde::{Deserialize, Serialize};
+
 use crate::command::{Key, KeyKind, Properties};
+
+/// How long a key stays in the dedup window: the leader's
+/// `dedup.window_secs`, stamped into every observing entry so that nodes
+/// whose configs differ still expire identically. A type of its own so that
+/// it cannot trade places with the stamp beside it; in the log it is the
+/// bare count of milliseconds it always was (`serde(transparent)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Window(u64);
+
+impl Window {
+    pub const fn from_ms(ms: u64) -> Self {
+        Window(ms)
+    }
+
+    pub const fn as_ms(self) -> u64 {
+        self.0
+    }
+}
 
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the
@@ -97,8 +118,8 @@ pub fn identity(pulsar_topic: &str, kind: KeyKind, key: &Key) -> Key {
 }
 
 /// Keys first seen strictly before this instant are outside the window.
-pub fn expiry_cutoff(clock_ms: u64, window_ms: u64) -> u64 {
-    clock_ms.saturating_sub(window_ms)
+pub fn expiry_cutoff(clock_ms: u64, window: Window) -> u64 {
+    clock_ms.saturating_sub(window.as_ms())
 }
 
 /// Outbox key: topic, a 0x00 separator (never part of a Pulsar topic name),
@@ -240,8 +261,8 @@ mod tests {
 
     #[test]
     fn cutoff_saturates_at_zero() {
-        assert_eq!(expiry_cutoff(10, 100), 0);
-        assert_eq!(expiry_cutoff(3_600_500, 3_600_000), 500);
+        assert_eq!(expiry_cutoff(10, Window::from_ms(100)), 0);
+        assert_eq!(expiry_cutoff(3_600_500, Window::from_ms(3_600_000)), 500);
     }
 
     #[test]

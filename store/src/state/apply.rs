@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 
 use super::memory::{Head, Memory, PendingRecord};
 use super::{corrupt, StateStore};
-use crate::index::{Index, Slot};
-use crate::level::{Levels, KINDS, NAMES};
 use crate::command::{
     Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response,
 };
+use crate::index::{Index, Slot};
+use crate::level::{Levels, KINDS, NAMES};
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
@@ -189,8 +189,8 @@ impl Memory {
             // Properties do not change what is applied: they travel with the
             // payload, which the outbox reads from the log entry.
             Some(cmd) => match cmd.as_observe() {
-                Some((stamped_ms, window_ms, observations)) => {
-                    self.observe(disk, stamped_ms, window_ms, observations, cmd, log_index)?
+                Some((stamped_ms, window, observations)) => {
+                    self.observe(disk, stamped_ms, window, observations, cmd, log_index)?
                 }
                 None => Response::None,
             },
@@ -260,14 +260,14 @@ impl Memory {
         &mut self,
         disk: &impl Written,
         stamped_ms: u64,
-        window_ms: u64,
+        window: crate::window::Window,
         observations: &[Observation],
         cmd: &Command,
         log_index: u64,
     ) -> Result<Response, StoreError> {
         let slim = cmd.slim();
         let clock = window::advance_clock(self.head.totals.clock_ms, stamped_ms);
-        let cutoff = window::expiry_cutoff(clock, window_ms);
+        let cutoff = window::expiry_cutoff(clock, window);
         // The only fallible step, done before anything changes.
         let expiring = self.expiring(disk, cutoff)?;
 
@@ -593,7 +593,7 @@ mod tests {
     ) -> Command {
         Command::ObserveSlim {
             stamped_ms,
-            window_ms: 500,
+            window: crate::window::Window::from_ms(500),
             observations,
             properties: Vec::new(),
             slim: at,
@@ -782,7 +782,7 @@ mod tests {
         let kinds = copies.iter().map(|(_, k)| *k).collect();
         Command::ObserveKinds {
             stamped_ms,
-            window_ms: 60_000,
+            window: crate::window::Window::from_ms(60_000),
             observations: copies.into_iter().map(|(o, _)| o).collect(),
             properties: Vec::new(),
             slim: Vec::new(),

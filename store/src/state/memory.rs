@@ -7,8 +7,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::NO_HOLD;
-use crate::index::{Index, NodeBits};
 use crate::command::{Coverage, NodeId, TopicState, Totals};
+use crate::index::{Index, NodeBits};
 use crate::record::{Item, Run};
 use crate::window;
 

@@ -51,9 +51,9 @@ use std::time::Instant;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::command::{Command, Response};
 use crate::disk::{Db, Disk};
 use crate::index::{Index, Slot};
-use crate::command::{Command, Response};
 use crate::record;
 use crate::StoreError;
 use memory::{Head, Memory};

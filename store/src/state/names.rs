@@ -186,7 +186,7 @@ mod tests {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         Command::ObserveKinds {
             stamped_ms,
-            window_ms: 60_000,
+            window: crate::window::Window::from_ms(60_000),
             observations: copies,
             properties: Vec::new(),
             slim: Vec::new(),

@@ -33,8 +33,8 @@ use std::collections::BTreeSet;
 
 use super::apply::{locate, Written};
 use super::memory::{Memory, PendingRecord};
-use crate::index::Slot;
 use crate::command::{Key, KeyKind, Observation, Rebase, Response};
+use crate::index::Slot;
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
@@ -328,7 +328,7 @@ mod tests {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         let kinded = Command::ObserveKinds {
             stamped_ms: 1_000,
-            window_ms: 60_000,
+            window: crate::window::Window::from_ms(60_000),
             observations: copies,
             properties: Vec::new(),
             slim: Vec::new(),
