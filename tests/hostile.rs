@@ -518,7 +518,7 @@ fn entries_the_broker_refuses_by_their_last_id_do_not_stall_the_topic() {
     let real_url = spec.config.pulsar.url.clone();
     spec.config.pulsar.url = format!("pulsar://127.0.0.1:{}", free_port());
     spec.config.pulsar.admin_url = None;
-    let receipt_wait = Duration::from_millis(spec.config.pulsar.operation_timeout_ms);
+    let receipt_wait = spec.config.pulsar.operation_timeout();
     let mut node = Node::start(spec);
     wait_until(Duration::from_secs(30), "cluster level 2", || {
         node.status().is_some_and(|s| s.level.cluster >= 2)

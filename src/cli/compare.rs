@@ -94,11 +94,7 @@ pub async fn run(args: Args) -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        (None, Some(url)) => PulsarConfig {
-            operation_timeout_ms: 30_000,
-            publish_batch: 1,
-            ..PulsarConfig::new(url.clone())
-        },
+        (None, Some(url)) => PulsarConfig::reader(url.clone()),
         _ => {
             eprintln!("error: give exactly one of --config or --pulsar-url");
             return ExitCode::from(2);

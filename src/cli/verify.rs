@@ -145,17 +145,7 @@ pub async fn run(args: Args) -> ExitCode {
                     }
                 }
             }
-            (
-                PulsarConfig {
-                    // A reader only: a long timeout for a busy broker, no batches.
-                    operation_timeout_ms: 30_000,
-                    publish_batch: 1,
-                    ..PulsarConfig::new(url)
-                },
-                one_rule,
-                keys,
-                retired_secrets,
-            )
+            (PulsarConfig::reader(url), one_rule, keys, retired_secrets)
         }
         _ => {
             eprintln!("error: give exactly one of --config or --pulsar-url");

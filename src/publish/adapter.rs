@@ -56,7 +56,7 @@ impl Broker for PulsarBroker {
                 None
             }
         };
-        let wait = Duration::from_millis(self.config.operation_timeout_ms);
+        let operation_timeout = self.config.operation_timeout();
         let unusable = |e: Error| SendError::Lost(e.to_string());
         let auth = match super::auth::provider(&self.config).map_err(unusable)? {
             Some(mut a) => {
@@ -72,12 +72,12 @@ impl Broker for PulsarBroker {
             proxy_to: None,
             tls: self.tls().map_err(unusable)?,
             auth,
-            timeout: wait,
+            timeout: operation_timeout,
         });
         Ok(PulsarSession {
             client,
             producers,
-            wait,
+            operation_timeout,
             ours: self.ours.clone(),
             admin,
             limit,
@@ -157,8 +157,9 @@ impl PulsarBroker {
 pub struct PulsarSession {
     client: Pulsar<TokioExecutor>,
     producers: Producers,
-    /// Longest wait for the tail's last message.
-    wait: Duration,
+    /// `pulsar.operation_timeout_ms`: the longest wait for the tail's last
+    /// message.
+    operation_timeout: Duration,
     ours: tail::Ours,
     /// The admin API, when configured.
     admin: Option<Admin>,
@@ -177,7 +178,7 @@ impl PulsarSession {
             topic,
             assigned,
             strict,
-            budget: self.wait.saturating_mul(3),
+            budget: self.operation_timeout.saturating_mul(3),
         }
     }
 
@@ -205,7 +206,7 @@ impl PulsarSession {
             return Ok(());
         };
         let started = tokio::time::Instant::now();
-        let deadline = started + self.wait;
+        let deadline = started + self.operation_timeout;
         let mut pause = Duration::from_millis(20);
         let mut waited = false;
         loop {

@@ -14,10 +14,10 @@ use crate::{Error, TopicProblem};
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
 pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Error> {
-    let timeout = Duration::from_millis(config.operation_timeout_ms);
+    let operation_timeout = config.operation_timeout();
     let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
         .with_operation_retry_options(OperationRetryOptions {
-            operation_timeout: timeout,
+            operation_timeout,
             retry_delay: Duration::from_millis(100),
             // Zero: producer (re-)creation is retried in our loop, where the
             // lease is checked, never inside the crate.
@@ -27,7 +27,7 @@ pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Err
             min_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(500),
             max_retries: 1,
-            connection_timeout: timeout,
+            connection_timeout: operation_timeout,
             ..Default::default()
         });
     if let Some(credentials) = auth::provider(config)? {
@@ -56,8 +56,7 @@ fn read_ca(config: &PulsarConfig) -> Result<Option<(&std::path::Path, Vec<u8>)>,
 
 /// An HTTP client for the admin REST API, trusting `pulsar.ca_file` too.
 fn admin_client(config: &PulsarConfig) -> Result<reqwest::Client, Error> {
-    let mut b =
-        reqwest::Client::builder().timeout(Duration::from_millis(config.operation_timeout_ms));
+    let mut b = reqwest::Client::builder().timeout(config.operation_timeout());
     if let Some((ca, pem)) = read_ca(config)? {
         for cert in reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| Error::setting("pulsar.ca_file", format!("{}: {e}", ca.display())))?

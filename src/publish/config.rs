@@ -3,6 +3,7 @@
 //! but the values (the files they name are checked by `crate::config`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +136,22 @@ impl PulsarConfig {
             publish_batch: default_publish_batch(),
             max_message_bytes: default_pulsar_max_message(),
         }
+    }
+
+    /// The settings of a client that only reads (`firstseen verify`,
+    /// `firstseen compare`): a long timeout for a busy broker, no batches.
+    pub fn reader(url: impl Into<String>) -> Self {
+        Self {
+            operation_timeout_ms: 30_000,
+            publish_batch: 1,
+            ..Self::new(url)
+        }
+    }
+
+    /// `operation_timeout_ms`, as every client of the broker takes it: the
+    /// crate's lookups, our producers' requests and the admin API's calls.
+    pub fn operation_timeout(&self) -> Duration {
+        Duration::from_millis(self.operation_timeout_ms)
     }
 }
 
