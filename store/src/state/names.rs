@@ -37,8 +37,9 @@ use crate::window;
 use crate::StoreError;
 
 /// One spelling's unpublished messages, in sequence order: inline records
-/// (from a snapshot) and the unpublished part of runs (in the log).
-enum Part {
+/// (from a snapshot) and the unpublished part of runs (in the log). Also
+/// what a rebase renumbers (`rebase.rs`).
+pub(super) enum Part {
     Inline(Vec<u8>),
     Run(Run),
 }
@@ -120,7 +121,7 @@ impl Memory {
     /// Takes `topic`'s unpublished messages out of the outbox, in sequence
     /// order with their sequences: its runs (the unpublished part of a run
     /// partly published) and its inline records (`inline`, read before).
-    fn take_unpublished(
+    pub(super) fn take_unpublished(
         &mut self,
         topic: &str,
         st: TopicState,
@@ -157,11 +158,17 @@ impl Memory {
     }
 
     /// Puts `part` into the outbox of `topic` from sequence `seq` on.
-    fn put(&mut self, topic: &str, seq: u64, part: Part) {
+    pub(super) fn put(&mut self, topic: &str, seq: u64, part: Part) {
         let key = window::outbox_key(topic, seq);
         match part {
+            // The checkpoint deletes gone inline records before it writes
+            // new ones: a key taken and put again is kept.
             Part::Inline(raw) => self.inline_new.push((key, raw)),
             Part::Run(run) => {
+                // It writes new runs before it deletes gone ones: a key
+                // taken and put again (a rebase may renumber a run onto
+                // a key it freed) must not be deleted.
+                self.runs_gone.remove(&key);
                 self.runs.insert(key.clone(), run);
                 self.runs_new.insert(key);
             }

@@ -15,6 +15,14 @@
 //!   in their order, and the topic's counter continues after them; the
 //!   watermark becomes that highest sequence.
 //!
+//! The outbox may hold its messages as runs (references into the log) or
+//! as inline records (they came with a snapshot: a member added by one, or
+//! one installing it when the others went). Both are renumbered alike, as
+//! the rise to level 3 moves them (`names.rs`), so every replica ends with
+//! the same outbox and sequences whatever form its outbox had. A moved
+//! inline record is written by a checkpoint at the end of the entry (the
+//! outbox reads those from the disk).
+//!
 //! The leader reads the keys of the outbox (the log holds them; apply does
 //! not read the log), so `drop` is exact for the sequences it read (up to
 //! `assigned`). Copies first seen between its read and this entry are not
@@ -24,16 +32,13 @@
 //!
 //! Window slots keep the sequence a message had when it was first seen:
 //! it is reported with its duplicates only, and nothing is published by it.
-//!
-//! Not done: a topic whose unpublished messages came inline with a snapshot
-//! (they live in the state's own tree under their sequence). The entry
-//! changes nothing then, and the publisher says so.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::apply::{locate, Written};
 use super::memory::{Memory, PendingRecord};
-use crate::command::{Key, KeyKind, Observation, Rebase, Response};
+use super::names::Part;
+use crate::command::{Key, KeyKind, Observation, OutboxMessage, Rebase, Response};
 use crate::index::Slot;
 use crate::record::{self, Item, Run};
 use crate::window;
@@ -51,12 +56,20 @@ impl Memory {
         let topic = named.as_str();
         let state = self.head.topics.get(topic).copied().unwrap_or_default();
         let watermark = state.published_seq;
-        // The only fallible step, before anything changes.
-        if !disk
-            .inline(topic, watermark.saturating_add(1), u64::MAX)?
-            .is_empty()
-        {
-            return Ok(Response::None);
+        // Unpublished messages that came with a snapshot (a member added by
+        // one holds them inline, the leader as runs): renumbered alike, so
+        // every replica ends with the same outbox. Read and decoded (the
+        // only fallible steps) before anything changes.
+        let inline = disk.inline(topic, watermark.saturating_add(1), u64::MAX)?;
+        let mut inline_charge: BTreeMap<u64, u64> = BTreeMap::new();
+        for (k, raw) in &inline {
+            let m = OutboxMessage::decode(raw)?;
+            if let Some(seq) = window::outbox_seq(k) {
+                inline_charge.insert(
+                    seq,
+                    window::outbox_charge(&m.mqtt_topic, &m.payload, m.properties.as_deref()),
+                );
+            }
         }
         let older: Vec<(u64, Key)> = r
             .older
@@ -150,53 +163,57 @@ impl Memory {
             }
         }
 
-        // The outbox renumbered after `base`, in order, without `drop`.
-        let range = window::outbox_key(topic, 0)..=window::outbox_key(topic, u64::MAX);
-        let keys: Vec<Vec<u8>> = self.runs.range(range).map(|(k, _)| k.clone()).collect();
+        // The outbox renumbered after `base`, in order, without `drop`:
+        // runs and inline records alike (`names.rs` moves both the same way).
+        let moved_inline = !inline.is_empty();
+        let parts = self.take_unpublished(topic, state, Some(inline));
         let mut next = base;
-        let mut rebuilt: Vec<(u64, Run)> = Vec::new();
-        for k in keys {
-            let first = window::outbox_seq(&k).unwrap_or_default();
-            let Some(run) = self.runs.remove(&k) else {
-                continue;
-            };
-            if !self.runs_new.remove(&k) {
-                self.runs_gone.insert(k);
-            }
-            let mut kept = Vec::with_capacity(run.messages.len());
-            for (i, (pos, charge)) in run.messages.iter().enumerate() {
-                let seq = first + i as u64;
-                // Published already, and counted so.
-                if seq <= watermark {
-                    continue;
+        for (first, part) in parts {
+            match part {
+                Part::Inline(raw) => {
+                    if drop.contains(&first) {
+                        // As a receipt counts a published inline message off.
+                        let charge = inline_charge.get(&first).copied().unwrap_or_default();
+                        let totals = &mut self.head.totals;
+                        totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
+                        totals.outbox_bytes = totals.outbox_bytes.saturating_sub(charge);
+                        continue;
+                    }
+                    next += 1;
+                    self.put(topic, next, Part::Inline(raw));
                 }
-                if drop.contains(&seq) {
-                    totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
-                    totals.outbox_bytes = totals.outbox_bytes.saturating_sub(*charge);
-                    continue;
+                Part::Run(run) => {
+                    let mut kept = Vec::with_capacity(run.messages.len());
+                    for (i, (pos, charge)) in run.messages.iter().enumerate() {
+                        if drop.contains(&(first + i as u64)) {
+                            let totals = &mut self.head.totals;
+                            totals.outbox_messages = totals.outbox_messages.saturating_sub(1);
+                            totals.outbox_bytes = totals.outbox_bytes.saturating_sub(*charge);
+                            continue;
+                        }
+                        kept.push((*pos, *charge));
+                    }
+                    if kept.is_empty() {
+                        continue;
+                    }
+                    let new_first = next + 1;
+                    next += kept.len() as u64;
+                    self.put(
+                        topic,
+                        new_first,
+                        Part::Run(Run {
+                            log_index: run.log_index,
+                            first_seen_ms: run.first_seen_ms,
+                            messages: kept,
+                        }),
+                    );
                 }
-                kept.push((*pos, *charge));
             }
-            if kept.is_empty() {
-                continue;
-            }
-            let new_first = next + 1;
-            next += kept.len() as u64;
-            rebuilt.push((
-                new_first,
-                Run {
-                    log_index: run.log_index,
-                    first_seen_ms: run.first_seen_ms,
-                    messages: kept,
-                },
-            ));
         }
-        for (first, run) in rebuilt {
-            let k = window::outbox_key(topic, first);
-            // The checkpoint writes new runs before it deletes gone ones.
-            self.runs_gone.remove(&k);
-            self.runs_new.insert(k.clone());
-            self.runs.insert(k, run);
+        if moved_inline {
+            // The outbox reads inline records from the disk: the moved ones
+            // are written by a checkpoint at the end of this entry.
+            self.entries_since = u64::MAX / 2;
         }
         let state = self.head.topics.entry(named.clone()).or_default();
         state.published_seq = base;
@@ -271,6 +288,93 @@ mod tests {
         .unwrap();
         let st = s.topic_state("t").unwrap();
         assert_eq!((st.published_seq, st.last_seq), (5, 9));
+    }
+
+    /// The outbox of topic `t` as (sequence, key byte), whatever its form:
+    /// in the log (key = position + 1 in the entry at index 1, 0 in any
+    /// other) or inline.
+    fn outbox(s: &crate::StateStore) -> Vec<(u64, u8)> {
+        s.outbox_from("t", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, item)| match item {
+                crate::command::OutboxItem::InLog {
+                    pos, log_index: 1, ..
+                } => (seq, pos as u8 + 1),
+                crate::command::OutboxItem::InLog { .. } => (seq, 0),
+                crate::command::OutboxItem::Inline(m) => (seq, m.key[0]),
+            })
+            .collect()
+    }
+
+    /// Issue 49 item 2 (review): a member that got the outbox with a
+    /// snapshot (inline records) applies a rebase as the leader that holds
+    /// it in the log does. The entry was skipped there before: (2, 6) and
+    /// `FirstSeen{7}, FirstSeen{8}` on the member against (5, 8) and
+    /// `Duplicate{3}, FirstSeen{9}` on the leader.
+    #[test]
+    fn a_rebase_renumbers_an_outbox_that_came_with_a_snapshot() {
+        let leader = store();
+        let copies = (1..=6).map(|k| obs(k, 1, "t")).collect();
+        leader
+            .apply(Some(&observe(1_000, 60_000, copies)), 1, b"1")
+            .unwrap();
+        super::super::testing::publish(&leader, "t", 2, 2);
+        let mut buf = Vec::new();
+        leader
+            .export(&mut buf, &mut |_| {
+                Ok(observe(
+                    1_000,
+                    60_000,
+                    (1..=6).map(|k| obs(k, 1, "t")).collect(),
+                ))
+            })
+            .unwrap();
+        let member = store();
+        member.import(&mut buf.as_slice()).unwrap();
+        assert!(matches!(outbox(&member).first(), Some((3, _))));
+        // Key 4 (seq 4) and key 6 (seq 6) are in Pulsar already.
+        let entries = [
+            rebase("t", 6, vec![(3, 30), (4, 4), (5, 31), (6, 6)], vec![4, 6]),
+            observe(
+                2_000,
+                60_000,
+                vec![obs(30, 1, "t"), obs(9, 1, "t"), obs(6, 2, "t")],
+            ),
+        ];
+        let mut answers: Vec<Vec<Response>> = Vec::new();
+        for s in [&leader, &member] {
+            let mut answer = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                let at = i as u64 + 3;
+                answer.push(s.apply(Some(e), at, &at.to_be_bytes()).unwrap());
+            }
+            answers.push(answer);
+        }
+        assert_eq!(answers[0], answers[1]);
+        let Response::Observed(o) = &answers[0][1] else {
+            panic!("{answers:?}")
+        };
+        assert!(matches!(o[0], Outcome::Duplicate { seq: 3, .. }), "{o:?}");
+        assert_eq!(o[1], Outcome::FirstSeen { seq: 9 });
+        assert!(matches!(o[2], Outcome::Duplicate { seq: 6, .. }), "{o:?}");
+        for s in [&leader, &member] {
+            let st = s.topic_state("t").unwrap();
+            assert_eq!((st.published_seq, st.last_seq), (6, 9));
+            let t = s.totals().unwrap();
+            assert_eq!(t.outbox_messages, 3);
+        }
+        // The same messages under the same numbers (key 9 in entry 4).
+        assert_eq!(outbox(&leader), vec![(7, 3), (8, 5), (9, 0)]);
+        assert_eq!(outbox(&member), outbox(&leader));
+        assert_eq!(leader.totals().unwrap(), member.totals().unwrap());
+        // Published whole, nothing is left counted on either.
+        for s in [&leader, &member] {
+            super::super::testing::publish(s, "t", 9, 5);
+            let t = s.totals().unwrap();
+            assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
+            assert!(s.outbox_from("t", 0, 100).unwrap().is_empty());
+        }
     }
 
     /// Runs a checkpoint wrote before the rebase are renumbered on disk
