@@ -49,6 +49,25 @@ pub struct Forced {
     pub generation: u64,
 }
 
+/// The generation a recovery from `after` starts: one more recovery in the
+/// high 32 bits, and a random low half. Two recoveries from one generation
+/// (two survivors of a partitioned cluster, each recovered while cut off
+/// from the other) would otherwise start the same generation, and each take
+/// the other's proven messages for its own; with the random half one of
+/// them is the newer, and the older gives the topic up when it meets it.
+pub fn next_generation(after: u64, random: u32) -> u64 {
+    (((after >> 32) + 1) << 32) | u64::from(random)
+}
+
+/// A generation as people read it: the count of recoveries, and the random
+/// half that tells two of one count apart (`2.7f3a09c1`); `0` before any.
+pub fn shown(generation: u64) -> String {
+    match (generation >> 32, generation as u32) {
+        (count, 0) => count.to_string(),
+        (count, random) => format!("{count}.{random:08x}"),
+    }
+}
+
 /// Why the survivor cannot be made a cluster of one.
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
@@ -138,7 +157,13 @@ pub async fn force_single(
         .max(last.map_or(0, |l| l.leader_id.term))
         + 1;
     let index = last.map_or(0, |l| l.index + 1);
-    let generation = generation(storage).await? + 1;
+    let random = {
+        use std::hash::BuildHasher;
+        // A process-random hasher: the low half only tells apart two
+        // recoveries of one generation, no secret rests on it.
+        std::collections::hash_map::RandomState::new().hash_one((me, term)) as u32
+    };
+    let generation = next_generation(generation(storage).await?, random);
     // The vote first: a node that voted for itself in a term above every
     // one its log has seen is that term's leader, and the entry below is
     // its own.
@@ -179,4 +204,23 @@ pub async fn force_single(
         last_before: last,
         generation,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_generation, shown};
+
+    /// Each recovery counts one more; two from one generation differ, and
+    /// either is newer than their parent and older than any child.
+    #[test]
+    fn generations_count_recoveries_and_tell_siblings_apart() {
+        let a = next_generation(0, 7);
+        let b = next_generation(0, 9);
+        assert!(a != b && a > 0 && b > 0);
+        let child = next_generation(a.min(b), 1);
+        assert!(child > a.max(b), "a child is newer than every sibling");
+        assert_eq!(shown(0), "0");
+        assert_eq!(shown(a), "1.00000007");
+        assert_eq!(shown(child), "2.00000001");
+    }
 }

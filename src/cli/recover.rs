@@ -138,7 +138,7 @@ pub async fn run(args: Args) -> ExitCode {
             let totals = storage.state.totals().unwrap_or_default();
             println!(
                 "node {me} is now the only member of its cluster (it had {:?}), generation {}: term {}, log entry {}; the log up to {:?} is kept, and the state with it ({} keys in the window, {} messages in the outbox).",
-                f.before, f.generation, f.term, f.index, f.last_before.map(|l| l.index), totals.window_keys, totals.outbox_messages
+                f.before, firstseen_raft::recover::shown(f.generation), f.term, f.index, f.last_before.map(|l| l.index), totals.window_keys, totals.outbox_messages
             );
             println!("Start it with `firstseen run`, then add members with `firstseen members add` (new ids, empty data directories). Never start the lost members again on their old data: among themselves they are still a majority of the old cluster.");
             ExitCode::SUCCESS

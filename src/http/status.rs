@@ -338,7 +338,7 @@ pub enum NotReady {
     #[error("upstream {0} is not connected")]
     UpstreamDown(String),
     /// The publisher gave a topic up for good (`publish::tail::Superseded`).
-    #[error("topic {topic} holds messages of generation {newer} of this cluster, newer than its own {ours}: a cluster recovered from this one publishes there, and this one no longer does (stop one of the two clusters for good)")]
+    #[error("topic {topic} holds messages of generation {} of this cluster, newer than its own {}: a cluster recovered from this one publishes there, and this one never will again (the newer cluster is the one that lives: stop this one for good)", firstseen_raft::recover::shown(*.newer), firstseen_raft::recover::shown(*.ours))]
     Superseded {
         topic: String,
         ours: u64,

@@ -400,6 +400,17 @@ impl ProofKeys {
     pub fn verifies(&self, m: &Message<'_>, proof: &str) -> bool {
         self.check(m, proof) != Verdict::Fails
     }
+
+    /// Whether `proof` is the current secret's v2 proof of `m`: the one
+    /// proof that covers every property and that no one outside the running
+    /// cluster can make. What a property decides on alone (a generation
+    /// that stops a leader for good) must be proven so: a v1 proof covers no
+    /// property, so anyone could add one to a copy of an old message, and a
+    /// previous secret may have leaked (a review stopped a healthy cluster
+    /// both ways).
+    pub fn holds_whole(&self, m: &Message<'_>, proof: &str) -> bool {
+        decoded(proof).is_some_and(|given| same(self.current.mac_v2(m), &given))
+    }
 }
 
 /// A message's key from its `firstseen-key` property.

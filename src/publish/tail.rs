@@ -300,6 +300,22 @@ impl Ours {
         key: &[u8; 32],
         proof: &str,
     ) -> bool {
+        self.judge(topic, meta, body, seq, key, proof, false)
+    }
+
+    /// [`Self::proves`], or with `whole` only the current secret's v2 proof
+    /// ([`super::proof::ProofKeys::holds_whole`]).
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &self,
+        topic: &str,
+        meta: &pulsar::proto::MessageMetadata,
+        body: &[u8],
+        seq: u64,
+        key: &[u8; 32],
+        proof: &str,
+        whole: bool,
+    ) -> bool {
         let claim = Claim {
             topic,
             seq,
@@ -317,6 +333,9 @@ impl Ours {
             claim,
             properties: &properties,
         };
+        if whole {
+            return self.proofs.holds_whole(&message, proof);
+        }
         // A previous secret without a recorded cut-off proves as before
         // cut-offs: only `verify` without the node's record meets one (it
         // says so), as the publisher reads no tail until the record is
@@ -351,9 +370,10 @@ impl Ours {
     /// The generation of message (`meta`, `body`) when it carries one
     /// (`firstseen-generation`) above `above` and the cluster's proof:
     /// whatever its sequence, since a cluster recovered from this one
-    /// numbers on from its own survivor's sequences. Only a holder of the
-    /// secret can write one; a generation property without a proof that
-    /// holds is no one's.
+    /// numbers on from its own survivor's sequences. Only the current
+    /// secret's v2 proof counts: a generation stops a leader for good, and
+    /// a v1 proof (which covers no property) or a retired secret's would let
+    /// an outsider or a leaked old secret stop a healthy cluster.
     pub fn generation_above(
         &self,
         topic: &str,
@@ -368,7 +388,7 @@ impl Ours {
         let seq = props::get(meta, props::SEQ)?.parse::<u64>().ok()?;
         let key = props::get(meta, props::KEY).and_then(super::proof::key_of)?;
         let proof = props::get(meta, props::PROOF)?;
-        (seq != 0 && self.proves(topic, meta, body, seq, &key, proof)).then_some(generation)
+        (seq != 0 && self.judge(topic, meta, body, seq, &key, proof, true)).then_some(generation)
     }
 }
 
@@ -486,6 +506,52 @@ mod ours_after_a_rotation {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    /// A generation counts only under the current secret's v2 proof: a v1
+    /// proof covers no property (anyone could add a generation to a copy
+    /// of an old message), and a previous secret may have leaked. Either
+    /// stopped a healthy cluster for good before (a review's repro).
+    #[test]
+    fn only_the_current_secret_s_whole_proof_carries_a_generation() {
+        let old_key = ClusterKey::from_secret(b"old");
+        let rotated = Ours::new(
+            &ClusterKey::from_secret(b"new"),
+            std::slice::from_ref(&old_key),
+            false,
+        );
+        let old = Ours::new(&old_key, &[], false);
+        let mut tail = Tail::default();
+        // v2 under the previous secret, which the rotated cluster still
+        // counts as its own message (no cut-off recorded).
+        tail.classify(&rotated, TOPIC, &of_generation(&old, 3, 9), b"b", 20, true);
+        assert_eq!(tail.generation, 0, "a previous secret's generation counted");
+        // v1 under the current secret, a generation added after.
+        let mut replayed = of_generation(&rotated, 4, 7);
+        let key = [4u8; 32];
+        let v1 = rotated.proofs().sign(&Claim {
+            topic: TOPIC,
+            seq: 4,
+            key: &key,
+            marker: false,
+            body: b"b",
+        });
+        for kv in &mut replayed.properties {
+            if kv.key == props::PROOF {
+                kv.value = v1.clone();
+            }
+        }
+        tail.classify(&rotated, TOPIC, &replayed, b"b", 20, true);
+        assert_eq!(tail.generation, 0, "a v1 proof's generation counted");
+        tail.classify(
+            &rotated,
+            TOPIC,
+            &of_generation(&rotated, 5, 2),
+            b"b",
+            20,
+            true,
+        );
+        assert_eq!(tail.generation, 2);
     }
 
     /// Issue 49 item 3: a cluster recovered from a member this one was cut
