@@ -25,10 +25,16 @@
 //!
 //! The leader reads the keys of the outbox (the log holds them; apply does
 //! not read the log), so `drop` is exact for the sequences it read (up to
-//! `assigned`). Copies first seen between its read and this entry are not
-//! checked here; the leader reads the outbox again after it and proposes a
-//! rebase with nothing `older` that drops what it finds (the numbering then
-//! closes up after the watermark).
+//! `assigned`). Copies first seen between its read and this entry are
+//! found here, in the window: a key of `older` held under this topic's
+//! identity with a sequence above the watermark is an outbox message, and
+//! leaves it with `drop`'s (looked up before the older keys go in). So the
+//! entry alone settles them, on every replica alike, and a leader lost
+//! after it loses nothing to a second pass. The leader still reads the
+//! outbox again after it and proposes a rebase with nothing `older` that
+//! drops what it finds (the numbering then closes up after the watermark):
+//! a copy the window cannot place on this topic (one of unknown kind, held
+//! by its bare key, or any copy below level 2) is found there.
 //!
 //! Window slots keep the sequence a message had when it was first seen:
 //! it is reported with its duplicates only, and nothing is published by it.
@@ -83,12 +89,24 @@ impl Memory {
             .max()
             .unwrap_or(0)
             .max(watermark);
-        let drop: BTreeSet<u64> = r
+        let mut drop: BTreeSet<u64> = r
             .drop
             .iter()
             .copied()
             .filter(|s| *s > watermark && *s <= r.assigned.min(state.last_seq))
             .collect();
+        // Copies first seen after the leader's read (above `assigned`, or
+        // below it if a proposal it lost meanwhile was retried): the window
+        // holds the sequence each got, so every replica drops them here
+        // alike, and a leader lost before its second pass leaves none to go
+        // again. Looked up before the older keys go in (they would be
+        // found then, under their own older sequence).
+        drop.extend(
+            older
+                .iter()
+                .filter_map(|(_, key)| self.copy_on_topic(topic, key))
+                .filter(|seq| *seq > watermark && *seq <= state.last_seq),
+        );
         if base == watermark && drop.is_empty() {
             return Ok(Response::None);
         }
@@ -219,6 +237,23 @@ impl Memory {
         state.published_seq = base;
         state.last_seq = next;
         Ok(Response::None)
+    }
+
+    /// The sequence `key`'s first copy got on `topic`, if the window holds
+    /// one of any kind under the topic's identity. Never by its bare key
+    /// (below level 2, or a copy of unknown kind): that may be another
+    /// topic's copy and number, and dropping by it would lose a message of
+    /// this one. Nor under another spelling's identity: those expire, and
+    /// a merge at level 3 renumbered them (`names.rs`). Copies the rebase
+    /// would miss so are the leader's second pass's.
+    fn copy_on_topic(&self, topic: &str, key: &Key) -> Option<u64> {
+        if self.levels.level < crate::level::KINDS {
+            return None;
+        }
+        KeyKind::KNOWN
+            .iter()
+            .find_map(|k| self.index.get(&window::identity(topic, *k, key)))
+            .map(|slot| slot.seq)
     }
 }
 
@@ -375,6 +410,82 @@ mod tests {
             assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
             assert!(s.outbox_from("t", 0, 100).unwrap().is_empty());
         }
+    }
+
+    /// Issue 49 item 2 (review): copies of older messages first seen
+    /// after the leader read its outbox (so not in `drop`) leave it too:
+    /// the window knows their sequence. The leader's second pass did it
+    /// alone before, and a leader lost between the passes left them to be
+    /// published again. A key first seen on another topic, under a number
+    /// of this one's range, drops nothing here.
+    #[test]
+    fn copies_first_seen_after_the_read_are_dropped_too() {
+        use crate::command::{KeyKind, OutboxItem};
+        // Named canonically, as every topic is at level 3.
+        const T: &str = "persistent://public/default/t";
+        const U: &str = "persistent://public/default/u";
+        let kinded = |copies: Vec<crate::command::Observation>| {
+            let kinds = vec![KeyKind::TopicPayload; copies.len()];
+            Command::ObserveKinds {
+                stamped_ms: 1_000,
+                window: crate::window::Window::from_ms(60_000),
+                observations: copies,
+                properties: Vec::new(),
+                slim: Vec::new(),
+                kinds,
+            }
+        };
+        let s = store();
+        s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
+            .unwrap();
+        s.apply(
+            Some(&kinded((1..=4).map(|k| obs(k, 1, T)).collect())),
+            2,
+            b"2",
+        )
+        .unwrap();
+        super::super::testing::publish(&s, T, 2, 3);
+        // The leader read the outbox up to 4 (key 4 is in Pulsar as 4);
+        // then 31 (in Pulsar as 5) and 5 came on t, and 30 (in Pulsar as
+        // t's 3) came on u, where it is 3 too.
+        let later = vec![
+            obs(31, 1, T),
+            obs(5, 1, T),
+            obs(7, 1, U),
+            obs(8, 1, U),
+            obs(30, 1, U),
+        ];
+        s.apply(Some(&kinded(later)), 4, b"4").unwrap();
+        assert_eq!(s.topic_state(T).unwrap().last_seq, 6);
+        s.apply(
+            Some(&rebase(T, 4, vec![(3, 30), (4, 4), (5, 31)], vec![4])),
+            5,
+            b"5",
+        )
+        .unwrap();
+        let st = s.topic_state(T).unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (5, 7));
+        let keys: Vec<(u64, u8)> = s
+            .outbox_from(T, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, item)| match item {
+                OutboxItem::InLog {
+                    log_index: 2, pos, ..
+                } => (seq, pos as u8 + 1),
+                OutboxItem::InLog {
+                    log_index: 4,
+                    pos: 1,
+                    ..
+                } => (seq, 5),
+                other => panic!("{seq} {other:?}"),
+            })
+            .collect();
+        assert_eq!(keys, vec![(6, 3), (7, 5)]);
+        assert_eq!(s.totals().unwrap().outbox_messages, 2 + 3);
+        let u = s.topic_state(U).unwrap();
+        assert_eq!((u.published_seq, u.last_seq), (0, 3));
+        assert_eq!(s.outbox_from(U, 0, 100).unwrap().len(), 3);
     }
 
     /// Runs a checkpoint wrote before the rebase are renumbered on disk
