@@ -117,10 +117,12 @@ impl Core {
     {
         let cx = config.node.cx();
         let propose = propose::build(
-            &config.dedup,
-            config.batch.max_bytes,
-            config.cluster.upgrade,
-            cx.id,
+            propose::Settings {
+                me: cx.id,
+                window: config.dedup.window(),
+                max_entry_bytes: config.batch.max_bytes,
+                upgrade: config.cluster.upgrade,
+            },
             propose::Links {
                 raft: parts.raft.clone(),
                 state: parts.state.clone(),

@@ -84,17 +84,25 @@ pub struct Proposing {
     pub levels: BoxFuture<'static, ()>,
 }
 
-/// Builds the propose stage of node `me`. The window comes from `[dedup]`
-/// (converted there, [`crate::dedup::DedupConfig::window`]) and is
-/// stamped into every entry the coalescer appends, which is where the
-/// store's apply reads it; `max_entry_bytes` bounds a merged entry like a
-/// batch (`batch.max_bytes`); `upgrade` is `cluster.upgrade`.
-/// `coalescer_stop` ends the coalescer, `services_stop` the level gate.
+/// What the propose stage takes from the config. It has no section of its
+/// own: `node::core` gathers these from three.
+pub struct Settings {
+    /// This node (`node.id`).
+    pub me: NodeId,
+    /// `[dedup]`'s window ([`crate::dedup::DedupConfig::window`]), stamped
+    /// into every entry the coalescer appends, which is where the store's
+    /// apply reads it.
+    pub window: firstseen_store::window::Window,
+    /// Bounds a merged entry like a batch (`batch.max_bytes`).
+    pub max_entry_bytes: usize,
+    /// `cluster.upgrade`: whether the level gate raises the level.
+    pub upgrade: crate::cluster::config::UpgradeMode,
+}
+
+/// Builds the propose stage. `coalescer_stop` ends the coalescer,
+/// `services_stop` the level gate.
 pub fn build(
-    dedup: &crate::dedup::DedupConfig,
-    max_entry_bytes: usize,
-    upgrade: crate::cluster::config::UpgradeMode,
-    me: NodeId,
+    settings: Settings,
     links: Links,
     coalescer_stop: tokio_util::sync::CancellationToken,
     services_stop: tokio_util::sync::CancellationToken,
@@ -103,8 +111,8 @@ pub fn build(
         links.raft.clone(),
         links.state.clone(),
         coalesce::Settings {
-            window: dedup.window(),
-            max_bytes: max_entry_bytes,
+            window: settings.window,
+            max_bytes: settings.max_entry_bytes,
             clock: links.clock.clone(),
             log: links.log,
         },
@@ -113,16 +121,16 @@ pub fn build(
     );
     let level_gate = level::LevelGate::new(
         links.raft.clone(),
-        me,
+        settings.me,
         links.call.clone(),
         links.state.clone(),
         coalescer.clone(),
-        upgrade,
+        settings.upgrade,
     );
     let levels = level_gate.clone().run(services_stop);
     let proposer = Proposer {
         raft: links.raft,
-        node_id: me,
+        node_id: settings.me,
         peers: links.call,
         coalescer,
         clock: links.clock,
