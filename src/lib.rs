@@ -22,7 +22,7 @@
 //!    contents; and compares two topics over a time range (a shadow run
 //!    beside another pipeline).
 //!
-//! Around them: [`node`] runs the stages as one ordered list, starts them
+//! Around them: [`node`] runs the stages' tasks in layers of one stop order, starts them
 //! in order and stops them in reverse, failing fast when a task ends
 //! early; [`http`] is the status page and API;
 //! [`cli`] the binary's commands; [`config`] the configuration file as a

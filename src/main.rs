@@ -196,7 +196,7 @@ fn main() -> ExitCode {
             } => cli::members::send(cli::members::Admin::Upgrade, url, secret_file, ca_file).await,
         }
     });
-    // Blocking work still running (a sync that a stopped stage left behind)
+    // Blocking work still running (a sync that a stopped layer left behind)
     // must not hold the exit up beyond the shutdown bound.
     runtime.shutdown_timeout(Duration::from_secs(1));
     code

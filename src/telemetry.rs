@@ -387,9 +387,9 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
     let seconds = [
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     ];
-    // The stages are each a few milliseconds at the HSL peak: finer buckets
+    // The legs are each a few milliseconds at the HSL peak: finer buckets
     // there, so that a bench run reads their medians, not just their tails.
-    let stages = [
+    let legs = [
         0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
         1.0, 2.5, 5.0, 10.0,
     ];
@@ -402,7 +402,7 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
             b.set_buckets_for_metric(Matcher::Full("firstseen_batch_messages".into()), &sizes)
         })
         .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full("firstseen_stage_seconds".into()), &stages)
+            b.set_buckets_for_metric(Matcher::Full("firstseen_stage_seconds".into()), &legs)
         });
     let handle = match builder.and_then(|b| b.install_recorder()) {
         Ok(h) => h,

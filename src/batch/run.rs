@@ -34,7 +34,7 @@ pub struct Batcher {
 
 /// Batches proposed and not yet committed, at most. With one, a batch that
 /// filled (or lingered out) while the previous one committed waited for that
-/// commit before it could leave: at 2,000 msg/s most of the receive stage's
+/// commit before it could leave: at 2,000 msg/s most of the receive leg's
 /// time (docs/benchmarks.md, "Where a message's 16.6 ms go"). A second one
 /// in flight goes while the first commits; the leader's coalescer may merge
 /// them into one entry. Acks still go out in receive order: batches are

@@ -185,7 +185,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn stages_stop_in_reverse_each_after_the_later_ones_ended() {
+    async fn layers_stop_in_reverse_each_after_the_later_ones_ended() {
         let asked = CancellationToken::new();
         let mut order = StopOrder::new(asked.clone());
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -213,7 +213,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stage_past_its_half_is_abandoned_and_the_rest_still_stop() {
+    async fn a_layer_past_its_half_is_abandoned_and_the_rest_still_stop() {
         let asked = CancellationToken::new();
         let mut order = StopOrder::new(asked.clone());
         let log = Arc::new(Mutex::new(Vec::new()));
