@@ -118,8 +118,8 @@ impl DedupConfig {
 
 impl DedupConfig {
     /// The window as entries carry it.
-    pub fn window(&self) -> firstseen_store::window::Window {
-        firstseen_store::window::Window::from_ms(self.window_secs.saturating_mul(1_000))
+    pub fn window(&self) -> firstseen_store::Window {
+        firstseen_store::Window::from_ms(self.window_secs.saturating_mul(1_000))
     }
 
     /// The bounds of one message, as ingest checks them.

@@ -86,7 +86,7 @@ pub fn run(p: Params) -> Result<serde_json::Value> {
                 .collect();
             apply(&Command::Observe {
                 stamped_ms: clock,
-                window: firstseen_store::window::Window::from_ms(3_600_000),
+                window: firstseen_store::Window::from_ms(3_600_000),
                 observations,
             })?;
         }

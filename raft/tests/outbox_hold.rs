@@ -175,7 +175,7 @@ async fn run(seed: u64) {
                 index += 1;
                 let cmd = Command::Observe {
                     stamped_ms: 1_000 + index,
-                    window: firstseen_store::window::Window::from_ms(3_600_000),
+                    window: firstseen_store::Window::from_ms(3_600_000),
                     observations,
                 };
                 node.commit(index, cmd).await;

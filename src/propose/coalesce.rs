@@ -15,8 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use firstseen_raft::{Command, Member, NodeId, Raft, Response};
-use firstseen_store::window::Window;
-use firstseen_store::{Batch, Outcome};
+use firstseen_store::{Batch, Outcome, Window};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::metrics::RaftServerMetrics;
 use openraft::ServerState;

@@ -92,7 +92,7 @@ pub struct Settings {
     /// `[dedup]`'s window ([`crate::dedup::DedupConfig::window`]), stamped
     /// into every entry the coalescer appends, which is where the store's
     /// apply reads it.
-    pub window: firstseen_store::window::Window,
+    pub window: firstseen_store::Window,
     /// Bounds a merged entry like a batch (`batch.max_bytes`).
     pub max_entry_bytes: usize,
     /// `cluster.upgrade`: whether the level gate raises the level.

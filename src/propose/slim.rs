@@ -252,14 +252,14 @@ mod tests {
             bincode::serialize(&b.into_command_at(
                 2,
                 7,
-                firstseen_store::window::Window::from_ms(9),
+                firstseen_store::Window::from_ms(9),
                 s.positions
             ))
             .unwrap(),
             bincode::serialize(&mk().into_command_at(
                 2,
                 7,
-                firstseen_store::window::Window::from_ms(9),
+                firstseen_store::Window::from_ms(9),
                 Vec::new()
             ))
             .unwrap(),

@@ -5,7 +5,24 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::window::Window;
+/// How long a key stays in the dedup window: the leader's
+/// `dedup.window_secs`, stamped into every observing entry so that nodes
+/// whose configs differ still expire identically. A type of its own so that
+/// it cannot trade places with the stamp beside it; in the log it is the
+/// bare count of milliseconds it always was (`serde(transparent)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Window(u64);
+
+impl Window {
+    pub const fn from_ms(ms: u64) -> Self {
+        Window(ms)
+    }
+
+    pub const fn as_ms(self) -> u64 {
+        self.0
+    }
+}
 
 /// The dedup key of a message: a blake3 digest (32 bytes).
 pub type Key = [u8; 32];

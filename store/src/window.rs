@@ -2,28 +2,9 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
-use serde::{Deserialize, Serialize};
-
 use crate::command::{Key, KeyKind, Properties};
-
-/// How long a key stays in the dedup window: the leader's
-/// `dedup.window_secs`, stamped into every observing entry so that nodes
-/// whose configs differ still expire identically. A type of its own so that
-/// it cannot trade places with the stamp beside it; in the log it is the
-/// bare count of milliseconds it always was (`serde(transparent)`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Window(u64);
-
-impl Window {
-    pub const fn from_ms(ms: u64) -> Self {
-        Window(ms)
-    }
-
-    pub const fn as_ms(self) -> u64 {
-        self.0
-    }
-}
+// The window's length is log data (`command`); its rules are here.
+pub use crate::command::Window;
 
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the

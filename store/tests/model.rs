@@ -370,13 +370,13 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let cmd = if positions.is_empty() {
                     Command::Observe {
                         stamped_ms: stamp,
-                        window: firstseen_store::window::Window::from_ms(WINDOW_MS),
+                        window: firstseen_store::Window::from_ms(WINDOW_MS),
                         observations: obs.clone(),
                     }
                 } else {
                     Command::ObserveSlim {
                         stamped_ms: stamp,
-                        window: firstseen_store::window::Window::from_ms(WINDOW_MS),
+                        window: firstseen_store::Window::from_ms(WINDOW_MS),
                         observations: obs.clone(),
                         properties: Vec::new(),
                         slim: positions,

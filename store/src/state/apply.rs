@@ -260,7 +260,7 @@ impl Memory {
         &mut self,
         disk: &impl Written,
         stamped_ms: u64,
-        window: crate::window::Window,
+        window: crate::command::Window,
         observations: &[Observation],
         cmd: &Command,
         log_index: u64,
@@ -593,7 +593,7 @@ mod tests {
     ) -> Command {
         Command::ObserveSlim {
             stamped_ms,
-            window: crate::window::Window::from_ms(500),
+            window: crate::command::Window::from_ms(500),
             observations,
             properties: Vec::new(),
             slim: at,
@@ -782,7 +782,7 @@ mod tests {
         let kinds = copies.iter().map(|(_, k)| *k).collect();
         Command::ObserveKinds {
             stamped_ms,
-            window: crate::window::Window::from_ms(60_000),
+            window: crate::command::Window::from_ms(60_000),
             observations: copies.into_iter().map(|(o, _)| o).collect(),
             properties: Vec::new(),
             slim: Vec::new(),

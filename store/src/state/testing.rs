@@ -26,7 +26,7 @@ pub(super) fn obs(key: u8, node: NodeId, topic: &str) -> Observation {
 pub(super) fn observe(stamped_ms: u64, window_ms: u64, observations: Vec<Observation>) -> Command {
     Command::Observe {
         stamped_ms,
-        window: crate::window::Window::from_ms(window_ms),
+        window: crate::command::Window::from_ms(window_ms),
         observations,
     }
 }
