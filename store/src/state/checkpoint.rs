@@ -140,11 +140,16 @@ impl StateStore {
                     }
                     masks_t.insert(&k, record::encode_masks(&masks))?;
                 }
-                for (k, raw) in &runs {
-                    runs_t.insert(k.as_slice(), raw.as_slice())?;
-                }
+                // Gone runs first: a key may be both, taken and put again
+                // (a rebase renumbers onto keys it freed; a rebase closing
+                // the numbering up lets new messages take such keys), and
+                // then it holds the new run. A key in both that leaves again
+                // stays gone, so a run on disk is never left behind.
                 for k in &inner.runs_gone {
                     runs_t.remove(k.as_slice())?;
+                }
+                for (k, raw) in &runs {
+                    runs_t.insert(k.as_slice(), raw.as_slice())?;
                 }
                 for k in &inner.inline_gone {
                     inline_t.remove(k.as_slice())?;

@@ -164,11 +164,10 @@ impl Memory {
             // The checkpoint deletes gone inline records before it writes
             // new ones: a key taken and put again is kept.
             Part::Inline(raw) => self.inline_new.push((key, raw)),
+            // So are gone runs before new ones (a key taken and put again
+            // stays in `runs_gone`: if it leaves again before the
+            // checkpoint, its run on disk is still deleted).
             Part::Run(run) => {
-                // It writes new runs before it deletes gone ones: a key
-                // taken and put again (a rebase may renumber a run onto
-                // a key it freed) must not be deleted.
-                self.runs_gone.remove(&key);
                 self.runs.insert(key.clone(), run);
                 self.runs_new.insert(key);
             }

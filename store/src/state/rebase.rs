@@ -488,6 +488,32 @@ mod tests {
         assert_eq!(s.outbox_from(U, 0, 100).unwrap().len(), 3);
     }
 
+    /// A run a checkpoint wrote, renumbered onto its own key and then
+    /// published before the next checkpoint, leaves the disk: it stayed
+    /// there before (the key was only in `runs_new` when it left), and a
+    /// snapshot then read its log entry, purged by then ("entry 26 is not
+    /// in the log", simulate_cluster).
+    #[test]
+    fn a_run_renumbered_onto_its_own_key_and_published_leaves_the_disk() {
+        let s = store();
+        for k in 1..=3u8 {
+            let e = observe(1_000, 60_000, vec![obs(k, 1, "t")]);
+            s.apply(Some(&e), k as u64, &[k]).unwrap();
+        }
+        s.flush().unwrap();
+        // Seq 1 is in Pulsar (key 1 as 1): 2 and 3 keep their numbers.
+        s.apply(Some(&rebase("t", 3, vec![(1, 1)], vec![1])), 4, b"4")
+            .unwrap();
+        super::super::testing::publish(&s, "t", 3, 5);
+        s.flush().unwrap();
+        let st = s.topic_state("t").unwrap();
+        assert_eq!((st.published_seq, st.last_seq), (3, 3));
+        // Nothing is unpublished: a snapshot reads no log entry.
+        let mut buf = Vec::new();
+        s.export(&mut buf, &mut |i| panic!("the snapshot read log entry {i}"))
+            .unwrap();
+    }
+
     /// Runs a checkpoint wrote before the rebase are renumbered on disk
     /// too: the state after a restart is the same.
     #[test]
