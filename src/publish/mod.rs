@@ -592,10 +592,12 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 .await?;
             let now = self.outbox.topic(topic)?;
             if first && now.published_seq < after {
-                tracing::error!(topic, watermark = st.published_seq, older_up_to = after, "the topic's unpublished messages came with a snapshot, and this release cannot renumber those: nothing is published to this topic (the messages of the cluster this one was recovered from above the watermark would be skipped or doubled)");
+                // Apply renumbers runs and inline messages alike, so this
+                // is a state that moved under the read (it is read again).
+                tracing::error!(topic, watermark = now.published_seq, older_up_to = after, "the rebase left the watermark below the older cluster's messages: nothing is published to this topic until a new read and rebase put it past them");
                 return Err(Error::Raft {
                     action: format!("rebase {topic}"),
-                    source: "unpublished messages from a snapshot cannot be renumbered".into(),
+                    source: "the watermark is still below the older cluster's messages".into(),
                 });
             }
             metrics::counter!("firstseen_publish_rebased_total").increment(1);

@@ -331,8 +331,9 @@ pub enum Command {
 pub struct Rebase {
     pub pulsar_topic: String,
     /// The topic's last assigned sequence when the leader read its outbox:
-    /// `drop` names nothing above it (copies first seen after the read are
-    /// checked by the leader's next read, and a rebase of their own).
+    /// `drop` names nothing above it. Copies first seen after the read are
+    /// dropped by apply, which finds them in the window (see
+    /// `state::rebase`), and by the leader's second read.
     pub assigned: u64,
     /// The proven messages of an older generation of the cluster above the
     /// topic's committed watermark, as (sequence, key).

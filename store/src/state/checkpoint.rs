@@ -61,6 +61,9 @@ impl StateStore {
         let names = (inner.names_below != 0)
             .then(|| encode(&inner.names_below))
             .transpose()?;
+        let renumbered = (inner.renumbered_below != 0)
+            .then(|| encode(&inner.renumbered_below))
+            .transpose()?;
         let expired_below = inner.head.expired_below;
         let first_unwritten = inner.first_unwritten();
         let delete = inner.written_from..expired_below.min(first_unwritten);
@@ -166,6 +169,9 @@ impl StateStore {
                 }
                 if let Some(generation) = &generation {
                     meta_t.insert(super::META_GENERATION, generation.as_slice())?;
+                }
+                if let Some(renumbered) = &renumbered {
+                    meta_t.insert(super::META_RENUMBERED, renumbered.as_slice())?;
                 }
                 Ok(())
             })

@@ -45,6 +45,12 @@ pub(super) struct Memory {
     /// have expired, a copy is also looked up under its topic's other
     /// spellings. Kept in the meta tree (`META_NAMES`) once set.
     pub(super) names_below: u64,
+    /// Window records below this id may hold a sequence their message no
+    /// longer has: a rebase or a merge of spellings renumbered the outbox
+    /// after they were made (the window is not renumbered with it). A
+    /// rebase drops the copies the window places on its topic only by
+    /// records at or above it. Kept in the meta tree (`META_RENUMBERED`).
+    pub(super) renumbered_below: u64,
     /// The cluster's generation ([`crate::Command::Generation`]): 0 until a
     /// recovery started one. Kept apart from the head, like the level, and
     /// written only once it is not 0.

@@ -69,6 +69,9 @@ const META_GENERATION: &[u8] = b"generation";
 /// Where window records may still hold a topic's other spellings
 /// (`Memory::names_below`), once the level rose to 3.
 const META_NAMES: &[u8] = b"names";
+/// Where window records may hold sequences a renumbering changed
+/// (`Memory::renumbered_below`), once a rebase or a merge made one.
+const META_RENUMBERED: &[u8] = b"renumbered";
 /// Present while a snapshot is being imported (see `import_with_progress`).
 const META_IMPORTING: &[u8] = b"importing";
 /// The state's sled trees. Snapshot tags are positions in this list.
@@ -191,6 +194,10 @@ impl StateStore {
             Some(raw) => decode(&raw)?,
             None => 0,
         };
+        let renumbered_below: u64 = match self.meta.get(META_RENUMBERED)? {
+            Some(raw) => decode(&raw)?,
+            None => 0,
+        };
         let generation: u64 = match self.meta.get(META_GENERATION)? {
             Some(raw) => decode(&raw)?,
             None => 0,
@@ -249,6 +256,7 @@ impl StateStore {
             head,
             levels,
             names_below,
+            renumbered_below,
             generation,
             aside: aside::Aside::load(&self.aside)?,
             index,

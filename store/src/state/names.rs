@@ -103,6 +103,8 @@ impl Memory {
                     next += count;
                 }
             }
+            // The window's sequences of these messages are their old ones.
+            self.renumbered_below = self.head.totals.records;
             tracing::warn!(topic = %c, spellings = ?names, watermark = top, last = next - 1, "one topic was held under several spellings: merged at cluster level 3, its unpublished messages numbered after the highest sequence any spelling assigned");
             self.head.topics.insert(
                 c,

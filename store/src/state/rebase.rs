@@ -233,6 +233,9 @@ impl Memory {
             // are written by a checkpoint at the end of this entry.
             self.entries_since = u64::MAX / 2;
         }
+        // The window's sequences of the renumbered messages are their old
+        // ones: no later rebase drops by them (`copy_on_topic`).
+        self.renumbered_below = self.head.totals.records;
         let state = self.head.topics.entry(named.clone()).or_default();
         state.published_seq = base;
         state.last_seq = next;
@@ -244,8 +247,11 @@ impl Memory {
     /// (below level 2, or a copy of unknown kind): that may be another
     /// topic's copy and number, and dropping by it would lose a message of
     /// this one. Nor under another spelling's identity: those expire, and
-    /// a merge at level 3 renumbered them (`names.rs`). Copies the rebase
-    /// would miss so are the leader's second pass's.
+    /// a merge at level 3 renumbered them (`names.rs`). Nor by a record
+    /// older than the last renumbering (`renumbered_below`): its sequence is
+    /// the message's old one, which another message may carry now, and
+    /// dropping by it would lose that one. Copies the rebase misses so are
+    /// the leader's second pass's, which reads the outbox itself.
     fn copy_on_topic(&self, topic: &str, key: &Key) -> Option<u64> {
         if self.levels.level < crate::level::KINDS {
             return None;
@@ -253,6 +259,7 @@ impl Memory {
         KeyKind::KNOWN
             .iter()
             .find_map(|k| self.index.get(&window::identity(topic, *k, key)))
+            .filter(|slot| slot.rec >= self.renumbered_below)
             .map(|slot| slot.seq)
     }
 }
@@ -410,6 +417,51 @@ mod tests {
             assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
             assert!(s.outbox_from("t", 0, 100).unwrap().is_empty());
         }
+    }
+
+    /// A second rebase (the old cluster published more while partitioned
+    /// off) must not drop by the sequence the window kept for a copy that
+    /// the first rebase renumbered: another message carries that number
+    /// now. Keys 1..=6 at 1..=6; the first rebase puts two older messages
+    /// below them (1..=6 become 3..=8, key 3 now at 5, the window still
+    /// says key 5 is at 5); then the old cluster publishes key 5 as 9. The
+    /// rebase of that must keep key 3 (at 5 before it), whose loss the
+    /// stale number would have caused.
+    #[test]
+    fn a_later_rebase_does_not_drop_by_a_number_an_earlier_one_changed() {
+        use crate::command::KeyKind;
+        const T: &str = "persistent://public/default/t";
+        let s = store();
+        s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
+            .unwrap();
+        let copies: Vec<_> = (1..=6).map(|k| obs(k, 1, T)).collect();
+        let kinds = vec![KeyKind::TopicPayload; copies.len()];
+        let kinded = Command::ObserveKinds {
+            stamped_ms: 1_000,
+            window: crate::window::Window::from_ms(60_000),
+            observations: copies,
+            properties: Vec::new(),
+            slim: Vec::new(),
+            kinds,
+        };
+        s.apply(Some(&kinded), 2, b"2").unwrap();
+        s.apply(Some(&rebase(T, 6, vec![(1, 40), (2, 41)], vec![])), 3, b"3")
+            .unwrap();
+        assert_eq!(s.topic_state(T).unwrap().last_seq, 8);
+        s.apply(Some(&rebase(T, 8, vec![(9, 5)], vec![])), 4, b"4")
+            .unwrap();
+        let positions: Vec<u32> = s
+            .outbox_from(T, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(_, item)| match item {
+                crate::command::OutboxItem::InLog { pos, .. } => pos,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // All six still go (key 5's copy too: without the outbox read of
+        // the leader's second pass nothing here says where it is now).
+        assert_eq!(positions, vec![0, 1, 2, 3, 4, 5], "a message was dropped");
     }
 
     /// Issue 49 item 2 (review): copies of older messages first seen
