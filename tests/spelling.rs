@@ -190,3 +190,52 @@ fn a_short_name_from_before_level_three_moves_to_the_full_name() {
         true,
     );
 }
+
+/// Below level 3 a node restarted with its topic respelled is refused, as
+/// a reload is, before it starts anything (a review found only the reload
+/// checked it: the restarted node would have proposed the new spelling,
+/// and the state held one topic twice). With the old spelling back it
+/// starts.
+#[test]
+fn a_restart_that_respells_a_topic_below_level_three_is_refused() {
+    let Some(pulsar) =
+        shared_pulsar("a_restart_that_respells_a_topic_below_level_three_is_refused")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let full = unique_topic("fs-restart");
+    let short = full
+        .strip_prefix("persistent://public/default/")
+        .unwrap()
+        .to_string();
+    let mut c = TestCluster::start(&mqtt, &pulsar, &short, 3, |spec| {
+        spec.config.cluster.upgrade = UpgradeMode::Manual;
+    });
+    c.wait_ready();
+    replay(mqtt.port, &["--limit", "200", "--pace", "max"]);
+    let first = hfp_pairs(Some(200)).len() as u64;
+    let leader = c.wait_leader(None, Duration::from_secs(30));
+    wait_until(Duration::from_secs(60), "the first part published", || {
+        progress(c.node(leader), &full) == Some((first, 0))
+    });
+    let other = (1..=3).find(|i| *i != leader).unwrap();
+    // Its own state has the topic under the short name once it applied the
+    // first part (the leader published it, so every member committed it).
+    wait_until(Duration::from_secs(30), "the follower applied it", || {
+        progress(c.node(other), &full).is_some_and(|(p, _)| p == first)
+    });
+    let n = c.node(other);
+    assert!(n.terminate(Duration::from_secs(20)).is_some());
+    n.spec.config.routes.last_mut().unwrap().pulsar_topic = full.clone();
+    n.write_config();
+    let (status, log) = n.restart_expecting_refusal(Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(
+        log.contains("spelled another way") && log.contains(&short),
+        "the refusal does not say why: {log}"
+    );
+    n.spec.config.routes.last_mut().unwrap().pulsar_topic = short.clone();
+    n.write_config();
+    n.restart();
+}

@@ -148,6 +148,32 @@ pub async fn run(
         },
         rx,
     );
+    // A restart may respell a topic as a reload may: refused the same way
+    // below cluster level 3, before anything starts (a review found it was
+    // checked on reload only). The level is the one this node's state has
+    // applied; a node behind a rise starts with the old spelling, catches
+    // up, and takes the new one by reload.
+    let held: Vec<String> = cluster
+        .state
+        .topics()?
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    if let Err(e) = reload::spelling_change(
+        cluster.state.level(),
+        held.iter().map(String::as_str),
+        "cluster's state",
+        &config,
+    ) {
+        let key = match &e {
+            reload::ReloadError::Spelling { route, .. } => format!("routes[{route}].pulsar_topic"),
+            _ => "routes".to_string(),
+        };
+        return Err(Error::Setting {
+            key,
+            problem: e.to_string(),
+        });
+    }
     let reloader = Arc::new(
         reload::Reloader::new(
             config_path,
