@@ -243,9 +243,15 @@ impl Memory {
         if level > self.levels.level {
             if self.levels.level < NAMES && level >= NAMES {
                 // Fallible reads first, inside: nothing changed on error.
-                self.name_topics(disk)?;
-                // Every record so far may hold a topic's other spellings.
-                self.names_below = self.head.totals.records;
+                // Every record so far may hold a topic's other spellings,
+                // if a topic had one: every spelling a copy was stored
+                // under is a topic of the state (none is ever dropped), so
+                // with all of them canonical the window holds no other
+                // spelling, and copies are not looked up under any (three
+                // more identities and lookups per copy for a window).
+                if self.name_topics(disk)? {
+                    self.names_below = self.head.totals.records;
+                }
             }
             self.levels = Levels {
                 level,

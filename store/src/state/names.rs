@@ -48,7 +48,9 @@ impl Memory {
     /// Moves every topic held under a spelling other than its canonical
     /// name to that name. Reads the disk (inline messages) before changing
     /// anything, so an error leaves the state as it was.
-    pub(super) fn name_topics(&mut self, disk: &impl Written) -> Result<(), StoreError> {
+    /// Whether any topic was held under another spelling: only then can
+    /// window records hold identities of other spellings.
+    pub(super) fn name_topics(&mut self, disk: &impl Written) -> Result<bool, StoreError> {
         // canonical name → the spellings held, canonical first if held.
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for t in self.head.topics.keys() {
@@ -59,7 +61,7 @@ impl Memory {
         }
         groups.retain(|c, names| names.iter().any(|n| n != c));
         if groups.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut inline: BTreeMap<String, InlineMessages> = BTreeMap::new();
         for (c, names) in groups.iter_mut() {
@@ -117,7 +119,7 @@ impl Memory {
         // The moved inline records are read from the disk by the outbox:
         // written at once, by a checkpoint at the end of this entry.
         self.entries_since = u64::MAX / 2;
-        Ok(())
+        Ok(true)
     }
 
     /// Takes `topic`'s unpublished messages out of the outbox, in sequence
@@ -194,7 +196,7 @@ mod tests {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         Command::ObserveKinds {
             stamped_ms,
-            window: crate::window::Window::from_ms(60_000),
+            window: crate::command::Window::from_ms(60_000),
             observations: copies,
             properties: Vec::new(),
             slim: Vec::new(),
@@ -219,6 +221,26 @@ mod tests {
             Response::Observed(o) => o,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A state whose topics all had their full names already looks copies
+    /// up under no other spelling after the rise: no window record can hold
+    /// one, and the lookups would cost every copy for a whole window. One
+    /// that had a short name does, until its records expire.
+    #[test]
+    fn other_spellings_are_looked_up_only_when_a_topic_had_one() {
+        let s = store();
+        level(&s, 2, 1);
+        s.apply(Some(&kinded(1_000, vec![obs(1, 1, FULL)])), 2, b"2")
+            .unwrap();
+        level(&s, 3, 3);
+        assert!(!s.lock().scope().names);
+        let t = store();
+        level(&t, 2, 1);
+        t.apply(Some(&kinded(1_000, vec![obs(1, 1, "fs")])), 2, b"2")
+            .unwrap();
+        level(&t, 3, 3);
+        assert!(t.lock().scope().names);
     }
 
     /// A topic always named `fs` is renamed at the rise with its numbers,

@@ -438,7 +438,7 @@ mod tests {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         let kinded = Command::ObserveKinds {
             stamped_ms: 1_000,
-            window: crate::window::Window::from_ms(60_000),
+            window: crate::command::Window::from_ms(60_000),
             observations: copies,
             properties: Vec::new(),
             slim: Vec::new(),
@@ -480,7 +480,7 @@ mod tests {
             let kinds = vec![KeyKind::TopicPayload; copies.len()];
             Command::ObserveKinds {
                 stamped_ms: 1_000,
-                window: crate::window::Window::from_ms(60_000),
+                window: crate::command::Window::from_ms(60_000),
                 observations: copies,
                 properties: Vec::new(),
                 slim: Vec::new(),
@@ -621,7 +621,7 @@ mod tests {
         let kinds = vec![KeyKind::TopicPayload; copies.len()];
         let kinded = Command::ObserveKinds {
             stamped_ms: 1_000,
-            window: crate::window::Window::from_ms(60_000),
+            window: crate::command::Window::from_ms(60_000),
             observations: copies,
             properties: Vec::new(),
             slim: Vec::new(),
