@@ -42,6 +42,7 @@ pub mod config;
 pub mod format;
 mod inflight;
 mod late;
+pub mod ours;
 pub mod policy;
 pub mod port;
 pub mod producer;
