@@ -109,14 +109,19 @@ impl<P> TopicPublisher<P> {
             .iter()
             .find_map(|b| b.failed)
             .or(self.late_failed.take());
-        let judged = policy::judged(error);
-        let refused = judged != policy::Judged::Not;
-        self.refusals.record(failed, judged);
+        // The broker's (or the connection's) answer, which the policy
+        // reads; the publisher's own errors are none of the broker's.
+        let answer = match error {
+            Error::Broker(e) => Some(e),
+            _ => None,
+        };
+        let refused = answer.is_some_and(policy::refused_by_broker);
+        self.refusals.record(failed, answer);
         if refused {
             metrics::counter!("firstseen_publish_refusals_total").increment(1);
         }
         self.hear_out().await;
-        let (delay, next) = retry_policy(self.backoff, held_elsewhere(error));
+        let (delay, next) = retry_policy(self.backoff, answer.is_some_and(held_elsewhere));
         tracing::warn!(topic = %self.topic, %error, seq = ?failed, refused_by_broker = refused, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
         self.in_flight.clear();
@@ -138,8 +143,7 @@ impl<P> TopicPublisher<P> {
                 let seq = batch.front;
                 batch.front += 1;
                 if let Err(e) = receipt.await {
-                    let judged = policy::judged(&Error::Broker(e));
-                    if self.refusals.heard(seq, judged) {
+                    if self.refusals.heard(seq, &e) {
                         metrics::counter!("firstseen_publish_refusals_total").increment(1);
                     }
                 }

@@ -1,11 +1,13 @@
 //! The publisher's decisions, without I/O: where a new producer resumes,
-//! when a watermark is proposed, and how long to wait after an error. The
-//! runtime in `mod.rs` does the sending and the Raft writes around them.
+//! when a watermark is proposed, how long to wait after an error, and what
+//! a broker's refusal means (held back, set aside, one message per entry).
+//! Each decides from the port's own error, [`SendError`]; the runtime
+//! (`term`, `inflight`, `late`) does the sending and the Raft writes
+//! around them.
 
 use std::time::Duration;
 
 use super::port::SendError;
-use crate::Error;
 
 /// Least time between two watermark proposals of a topic while busy. Each
 /// is a Raft entry; one per publish batch was about half of all entries at
@@ -69,8 +71,8 @@ pub fn set_aside_reason(
 /// predecessor that was paused or cut off keeps its exclusive producer
 /// until the broker drops its connection (keepalive), and this node takes
 /// over the moment it does.
-pub fn held_elsewhere(error: &Error) -> bool {
-    matches!(error, Error::Broker(SendError::HeldElsewhere(_)))
+pub fn held_elsewhere(error: &SendError) -> bool {
+    matches!(error, SendError::HeldElsewhere(_))
 }
 
 /// How many times in a row the broker may refuse the same message before it
@@ -80,7 +82,7 @@ pub const REFUSALS_BEFORE_SET_ASIDE: u32 = 2;
 
 /// What a receipt error says about the message or entry it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Judged {
+enum Judged {
     /// Not judged: a lost connection or a closed producer; the message may
     /// or may not be in the topic.
     Not,
@@ -95,17 +97,17 @@ pub enum Judged {
 
 /// How the broker judged the send that failed (the adapter sorts the
 /// client's error into a [`SendError`]; the publisher decides on that).
-pub fn judged(error: &Error) -> Judged {
+fn judged(error: &SendError) -> Judged {
     match error {
-        Error::Broker(SendError::Refused(_)) => Judged::Message,
-        Error::Broker(SendError::RefusedEntry { messages, .. }) => Judged::Entry(*messages),
+        SendError::Refused(_) => Judged::Message,
+        SendError::RefusedEntry { messages, .. } => Judged::Entry(*messages),
         _ => Judged::Not,
     }
 }
 
 /// Whether a receipt error is the broker's refusal, of one message or of
 /// its entry.
-pub fn refused_by_broker(error: &Error) -> bool {
+pub fn refused_by_broker(error: &SendError) -> bool {
     judged(error) != Judged::Not
 }
 
@@ -125,11 +127,21 @@ pub struct Refusals {
     times: u32,
     /// Refused and not yet in the topic: ranges, first to last, in order.
     held: std::collections::VecDeque<(u64, u64)>,
+    /// The broker refused a batched entry of this topic in this term (a
+    /// `Refusals` lives for one term): which of its messages it meant, it
+    /// does not say, so from then on each message goes in an entry of its
+    /// own, and the next refusal names its message (the one set aside,
+    /// not its neighbours).
+    one_per_entry: bool,
 }
 
 impl Refusals {
-    /// Records a failure first seen at sequence `seq`.
-    pub fn record(&mut self, seq: Option<u64>, judged: Judged) {
+    /// Records a failure first seen at sequence `seq`: `error` when it was
+    /// the broker's (or the connection's) answer, `None` for one of the
+    /// publisher's own.
+    pub fn record(&mut self, seq: Option<u64>, error: Option<&SendError>) {
+        let judged = error.map_or(Judged::Not, judged);
+        self.one_per_entry |= matches!(judged, Judged::Entry(_));
         let Some(s) = seq else {
             self.times = 0;
             return;
@@ -155,7 +167,9 @@ impl Refusals {
     /// Records a refusal heard after the failure that ended the producer:
     /// it holds its messages back and leaves the count alone. Returns
     /// whether it was news (not another message of an entry held already).
-    pub fn heard(&mut self, seq: u64, judged: Judged) -> bool {
+    pub fn heard(&mut self, seq: u64, error: &SendError) -> bool {
+        let judged = judged(error);
+        self.one_per_entry |= matches!(judged, Judged::Entry(_));
         match judged {
             Judged::Not => false,
             Judged::Message => self.hold(seq, seq),
@@ -206,6 +220,12 @@ impl Refusals {
         self.held.clear();
     }
 
+    /// Whether each message goes in an entry of its own: once the broker
+    /// refused a batched entry of the topic, for the rest of the term.
+    pub fn one_per_entry(&self) -> bool {
+        self.one_per_entry
+    }
+
     /// Why `seq` goes as a marker, if the broker refused it often enough.
     pub fn set_aside(&self, seq: u64) -> Option<String> {
         (self.times >= REFUSALS_BEFORE_SET_ASIDE && self.seq == seq)
@@ -229,24 +249,39 @@ pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Durat
 mod tests {
     use super::*;
 
+    fn refused() -> SendError {
+        SendError::Refused("send_error".into())
+    }
+
+    fn entry(messages: u64) -> SendError {
+        SendError::RefusedEntry {
+            messages,
+            why: "too big".into(),
+        }
+    }
+
+    fn lost() -> SendError {
+        SendError::Lost("disconnected".into())
+    }
+
     #[test]
     fn a_message_refused_twice_in_a_row_goes_as_a_marker() {
         let mut r = Refusals::default();
-        r.record(Some(7), Judged::Message);
+        r.record(Some(7), Some(&refused()));
         assert_eq!(r.set_aside(7), None, "once could be the broker's trouble");
-        r.record(Some(7), Judged::Message);
+        r.record(Some(7), Some(&refused()));
         assert!(r.set_aside(7).is_some());
         assert_eq!(r.set_aside(8), None, "only that message");
         // A connection lost in between starts the count again.
         let mut r = Refusals::default();
-        r.record(Some(7), Judged::Message);
-        r.record(Some(7), Judged::Not);
-        r.record(Some(7), Judged::Message);
+        r.record(Some(7), Some(&refused()));
+        r.record(Some(7), Some(&lost()));
+        r.record(Some(7), Some(&refused()));
         assert_eq!(r.set_aside(7), None);
         // So does a refusal of another message.
         let mut r = Refusals::default();
-        r.record(Some(7), Judged::Message);
-        r.record(Some(9), Judged::Message);
+        r.record(Some(7), Some(&refused()));
+        r.record(Some(9), Some(&refused()));
         assert_eq!(r.set_aside(9), None);
     }
 
@@ -257,15 +292,15 @@ mod tests {
     #[test]
     fn a_refused_entry_holds_back_every_message_in_it() {
         let mut r = Refusals::default();
-        r.record(Some(10), Judged::Entry(3));
+        r.record(Some(10), Some(&entry(3)));
         assert_eq!(r.held(), Some(10));
         assert_eq!(r.set_aside(10), None, "an entry's refusal names no message");
         r.landed(10);
         assert_eq!(r.held(), Some(11));
-        r.record(Some(11), Judged::Not);
+        r.record(Some(11), Some(&lost()));
         assert_eq!(r.held(), Some(11), "a lost connection forgets nothing");
-        r.record(Some(11), Judged::Message);
-        r.record(Some(11), Judged::Message);
+        r.record(Some(11), Some(&refused()));
+        r.record(Some(11), Some(&refused()));
         assert!(r.set_aside(11).is_some());
         r.landed(11);
         assert_eq!(r.held(), Some(12), "12 is still held back");
@@ -273,16 +308,16 @@ mod tests {
         assert_eq!(r.held(), None);
         // Two entries refused with one that landed between them: both are
         // held, each message once.
-        r.record(Some(20), Judged::Entry(2));
-        assert!(!r.heard(21, Judged::Entry(2)), "the same entry");
-        assert!(r.heard(30, Judged::Entry(2)));
-        assert!(!r.heard(31, Judged::Entry(2)));
+        r.record(Some(20), Some(&entry(2)));
+        assert!(!r.heard(21, &entry(2)), "the same entry");
+        assert!(r.heard(30, &entry(2)));
+        assert!(!r.heard(31, &entry(2)));
         for n in [20, 21, 30, 31] {
             assert_eq!(r.held(), Some(n));
             r.landed(n);
         }
         assert_eq!(r.held(), None);
-        r.record(Some(40), Judged::Entry(2));
+        r.record(Some(40), Some(&entry(2)));
         r.resumed_before();
         assert_eq!(r.held(), None);
     }
@@ -294,11 +329,11 @@ mod tests {
     #[test]
     fn what_the_topic_lacks_replaces_what_is_remembered() {
         let mut r = Refusals::default();
-        r.record(Some(7), Judged::Message);
+        r.record(Some(7), Some(&refused()));
         // Its late send's receipt was lost: still held in memory.
-        r.record(Some(7), Judged::Not);
+        r.record(Some(7), Some(&lost()));
         assert_eq!(r.held(), Some(7));
-        r.record(Some(9), Judged::Message);
+        r.record(Some(9), Some(&refused()));
         r.found_missing(&[(3, 4), (9, 9)]);
         for n in [3, 4, 9] {
             assert_eq!(r.held(), Some(n));
@@ -306,24 +341,35 @@ mod tests {
         }
         assert_eq!(r.held(), None, "7 is in the topic");
         let mut r = Refusals::default();
-        r.record(Some(9), Judged::Message);
+        r.record(Some(9), Some(&refused()));
         r.found_missing(&[(9, 9)]);
-        r.record(Some(9), Judged::Message);
+        r.record(Some(9), Some(&refused()));
         assert!(r.set_aside(9).is_some(), "refused twice in a row");
     }
 
     #[test]
     fn only_an_answer_to_the_send_is_a_refusal() {
-        let refused = Error::Broker(SendError::Refused("send_error".into()));
-        assert!(refused_by_broker(&refused));
-        let entry = Error::Broker(SendError::RefusedEntry {
-            messages: 4,
-            why: "too big".into(),
-        });
-        assert_eq!(judged(&entry), Judged::Entry(4));
-        let lost = Error::Broker(SendError::Lost("disconnected".into()));
-        assert!(!refused_by_broker(&lost));
-        assert!(!refused_by_broker(&Error::LeaseLost));
+        assert!(refused_by_broker(&refused()));
+        assert_eq!(judged(&entry(4)), Judged::Entry(4));
+        assert!(!refused_by_broker(&lost()));
+        assert!(!refused_by_broker(&SendError::HeldElsewhere("busy".into())));
+    }
+
+    #[test]
+    fn a_refused_entry_sends_one_message_per_entry_for_the_rest_of_the_term() {
+        let mut r = Refusals::default();
+        r.record(Some(3), Some(&refused()));
+        r.record(Some(4), Some(&lost()));
+        assert!(!r.one_per_entry(), "a message refused alone names itself");
+        r.record(Some(5), Some(&entry(3)));
+        assert!(r.one_per_entry());
+        r.landed(5);
+        r.found_missing(&[]);
+        r.resumed_before();
+        assert!(r.one_per_entry(), "for the rest of the term");
+        let mut heard = Refusals::default();
+        heard.heard(9, &entry(2));
+        assert!(heard.one_per_entry(), "heard out after the failure, too");
     }
 
     #[test]
@@ -387,15 +433,12 @@ mod tests {
 
     #[test]
     fn a_topic_held_elsewhere_is_retried_quickly_and_other_errors_back_off() {
-        assert!(held_elsewhere(&Error::Broker(SendError::HeldElsewhere(
+        assert!(held_elsewhere(&SendError::HeldElsewhere(
             "ProducerBusy".into()
-        ))));
-        assert!(!held_elsewhere(&Error::Broker(SendError::Lost(
+        )));
+        assert!(!held_elsewhere(&SendError::Lost(
             "ProducerBusy: exclusive producer".into()
-        ))));
-        assert!(!held_elsewhere(&Error::Io(std::io::Error::other(
-            "ProducerBusy: exclusive producer"
-        ))));
+        )));
         let (d, next) = retry_policy(Duration::from_secs(4), true);
         assert_eq!(
             (d, next),
