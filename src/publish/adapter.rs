@@ -327,8 +327,9 @@ impl Session for PulsarSession {
         message: OutboxMessage,
         how: Sending,
     ) -> Result<Receipt, SendError> {
+        let alone = how.alone;
         let outgoing = outgoing(producer.topic(), seq, message, how, self.ours.proofs());
-        producer.push(outgoing).await
+        producer.push(outgoing, alone).await
     }
 
     async fn flush(&self, producer: &mut Self::Producer) -> Result<(), SendError> {
@@ -454,6 +455,7 @@ mod proven {
             late,
             format: Format::Transitdata,
             generation,
+            alone: false,
         };
         let out = outgoing(TOPIC, 5, m, how, ours.proofs());
         let meta = pulsar::proto::MessageMetadata {

@@ -40,6 +40,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
             late: true,
             format: tp.format,
             generation: tp.generation,
+            alone: tp.refusals.one_per_entry(),
         };
         let receipt = session.send(producer, n, m, how).await?;
         session.flush(producer).await?;

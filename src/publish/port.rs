@@ -42,6 +42,9 @@ pub struct Sending {
     /// 0): what the publisher's outbox was applied at when it took the
     /// topic.
     pub generation: u64,
+    /// It goes in an entry of its own, none joining it
+    /// ([`super::policy::Refusals::one_per_entry`]).
+    pub alone: bool,
 }
 
 /// The broker (Pulsar).

@@ -249,6 +249,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 late: false,
                 format: tp.format,
                 generation: tp.generation,
+                alone: tp.refusals.one_per_entry(),
             };
             match session.send(producer, seq, m, how).await {
                 Ok(receipt) => receipts.push_back(receipt),

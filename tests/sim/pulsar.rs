@@ -135,7 +135,6 @@ struct Producer {
     open_bytes: usize,
     /// The adapter's bound on an entry's bytes.
     entry_max: usize,
-    one_by_one: bool,
     /// Why the adapter sends nothing more on it (a refusal read, the
     /// connection dropped, the broker closed it).
     gone: Option<SendError>,
@@ -654,13 +653,12 @@ pub struct SimBroker<W> {
     pub world: Arc<Mutex<W>>,
 }
 
-/// One term's connection: as the adapter's session, it remembers the
-/// topics whose batched entry was refused, which go one message per entry.
+/// One term's connection, as the adapter's session. A message goes in an
+/// entry of its own when the publisher says so (`Sending::alone`).
 pub struct SimSession<W> {
     node: u64,
     id: u64,
     world: Arc<Mutex<W>>,
-    one_by_one: Arc<Mutex<BTreeSet<String>>>,
 }
 
 /// A producer handle; dropping it closes the producer.
@@ -691,7 +689,6 @@ impl<W: HasPulsar> Broker for SimBroker<W> {
             node: self.node,
             id,
             world: self.world.clone(),
-            one_by_one: Default::default(),
         };
         async move { Ok(session) }
     }
@@ -725,7 +722,6 @@ impl<W: HasPulsar> Session for SimSession<W> {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let one_by_one = lock(&self.one_by_one).contains(&topic);
         let (id, admin, wait) = {
             let mut w = lock(&self.world);
             let p = w.pulsar();
@@ -759,7 +755,6 @@ impl<W: HasPulsar> Session for SimSession<W> {
                     entry_max: limit
                         .saturating_sub(ENTRY_OVERHEAD)
                         .clamp(1, firstseen::publish::producer::entry::MAX_BYTES),
-                    one_by_one,
                     gone: None,
                     unread: Vec::new(),
                     closing: false,
@@ -876,7 +871,7 @@ impl<W: HasPulsar> Session for SimSession<W> {
                 return Err(SendError::Lost("the producer was closed".into()));
             };
             let full = !pr.open.is_empty()
-                && (pr.one_by_one
+                && (how.alone
                     || pr.open.len() >= firstseen::publish::producer::entry::MAX_MESSAGES
                     || pr.open_bytes + bytes > pr.entry_max);
             if full {
@@ -903,8 +898,6 @@ impl<W: HasPulsar> Session for SimSession<W> {
         let deadline = Instant::now() + wait;
         let world = self.world.clone();
         let id = producer.id;
-        let one_by_one = self.one_by_one.clone();
-        let topic = canonical(&lock(&self.world).pulsar().producers[&producer.id].topic);
         Ok(Box::pin(async move {
             let mut rx = rx;
             let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
@@ -928,10 +921,6 @@ impl<W: HasPulsar> Session for SimSession<W> {
                 }
             };
             match answer {
-                Some(Err(SendError::RefusedEntry { messages, why })) => {
-                    lock(&one_by_one).insert(topic);
-                    Err(SendError::RefusedEntry { messages, why })
-                }
                 Some(a) => a,
                 None => Err(SendError::Lost("no receipt from the broker".into())),
             }

@@ -38,8 +38,8 @@ mod fake;
 mod receipts;
 mod socket;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -59,10 +59,6 @@ pub struct Producers {
     /// How to reach a broker, but for its URL.
     base: Target,
     conns: Mutex<HashMap<String, Conn>>,
-    /// Topics whose batched entry the broker refused in this term: sent one
-    /// message per entry from then on, so that a refusal names the one
-    /// message (`policy::Refusals` sets that one aside, not its neighbours).
-    one_by_one: Arc<Mutex<HashSet<String>>>,
     tasks: tokio_util::task::TaskTracker,
 }
 
@@ -93,7 +89,6 @@ impl Producers {
         Self {
             base,
             conns: Mutex::new(HashMap::new()),
-            one_by_one: Arc::new(Mutex::new(HashSet::new())),
             tasks: tokio_util::task::TaskTracker::new(),
         }
     }
@@ -141,7 +136,6 @@ impl Producers {
         }
         let conn = self.conn(url, proxy_to).await?;
         let id = conn.producer(topic, name).await?;
-        let one_by_one = lock(&self.one_by_one).contains(topic);
         Ok(Producer {
             conn,
             id,
@@ -152,8 +146,6 @@ impl Producers {
             max_bytes: max_bytes
                 .saturating_sub(ENTRY_OVERHEAD)
                 .clamp(1, entry::MAX_BYTES),
-            one_by_one,
-            one_by_one_topics: self.one_by_one.clone(),
             wait: self.base.timeout,
         })
     }
@@ -174,10 +166,7 @@ pub struct Producer {
     open: Open,
     /// The receipts of the messages in `open`.
     waiters: Vec<Waiter>,
-    /// The term's topics that go one message per entry.
-    one_by_one_topics: Arc<Mutex<HashSet<String>>>,
     max_bytes: usize,
-    one_by_one: bool,
     /// How long a receipt may take once its message was queued.
     wait: Duration,
 }
@@ -193,16 +182,12 @@ impl Producer {
         &self.topic
     }
 
-    /// Whether the topic's messages go one per entry (after a refusal).
-    pub fn one_by_one(&self) -> bool {
-        self.one_by_one
-    }
-
     /// Queues `m` in the open entry, sending that entry first when `m`
-    /// does not fit. Its receipt resolves once its entry is persisted, or
-    /// fails once it cannot be.
-    pub async fn push(&mut self, m: Outgoing) -> Result<Receipt, SendError> {
-        if !self.open.is_empty() && (self.one_by_one || !self.open.fits(&m, self.max_bytes)) {
+    /// does not fit, or when it goes `alone` (the publisher's policy says
+    /// when). Its receipt resolves once its entry is persisted, or fails
+    /// once it cannot be.
+    pub async fn push(&mut self, m: Outgoing, alone: bool) -> Result<Receipt, SendError> {
+        if !self.open.is_empty() && (alone || !self.open.fits(&m, self.max_bytes)) {
             self.flush().await?;
         }
         let (tx, mut rx) = oneshot::channel();
@@ -212,8 +197,6 @@ impl Producer {
         let conn = self.conn.clone();
         let id = self.id;
         let wait = self.wait;
-        let topics = self.one_by_one_topics.clone();
-        let topic = self.topic.clone();
         Ok(Box::pin(async move {
             let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
                 Ok(answer) => answer.ok(),
@@ -239,16 +222,13 @@ impl Producer {
                 Some(Ok(())) => Ok(()),
                 Some(Err(Failure::Lost(e))) => Err(e),
                 Some(Err(Failure::Refused { messages: 1, why })) => Err(SendError::Refused(why)),
-                // Which of its messages the broker meant, it does not say:
-                // the topic goes one message per entry for the rest of the
-                // term, so that the next refusal names its message.
-                Some(Err(Failure::Refused { messages, why })) => {
-                    lock(&topics).insert(topic);
-                    Err(SendError::RefusedEntry {
-                        messages: messages as u64,
-                        why,
-                    })
-                }
+                // Which of its messages the broker meant, it does not say;
+                // what follows from that is the policy's
+                // (`policy::Refusals::one_per_entry`).
+                Some(Err(Failure::Refused { messages, why })) => Err(SendError::RefusedEntry {
+                    messages: messages as u64,
+                    why,
+                }),
                 None => Err(SendError::Lost(format!(
                     "no receipt from the broker within {wait:?}"
                 ))),
@@ -313,7 +293,7 @@ mod tests {
         );
         let mut first = first.expect("granted");
         let id = first.id;
-        let receipt = first.push(message(1)).await.unwrap();
+        let receipt = first.push(message(1), false).await.unwrap();
         first.flush().await.unwrap();
         assert_eq!(broker.next().await.send.unwrap().sequence_id, 1);
         let (closing, closed) = oneshot::channel();
