@@ -30,9 +30,11 @@
 //! own (`SendError`), and `adapter` the node's implementations over
 //! `producer` (our batched, exclusive producer) and `client` (the crate's
 //! client for lookups and reads, and the admin API, with `auth`); `tail`
-//! the read of a topic's end, `proof` the cluster's mark on its messages,
-//! `props` and `format` how a message is written; `stall` whether
-//! publishing is stuck; `config` the `[pulsar]` and `[outbox]` sections.
+//! the read of a topic's end, with `ours` (which messages are the
+//! cluster's) and `landed` (what the topic lacks below its tail), `proof`
+//! the cluster's mark on its messages, `props` and `format` how a message
+//! is written; `stall` whether publishing is stuck; `config` the
+//! `[pulsar]` and `[outbox]` sections.
 
 pub mod adapter;
 mod aside;
@@ -41,6 +43,7 @@ pub mod client;
 pub mod config;
 pub mod format;
 mod inflight;
+mod landed;
 mod late;
 pub mod ours;
 pub mod policy;
