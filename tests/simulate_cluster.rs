@@ -270,15 +270,9 @@ fn pauses_on() -> bool {
 }
 
 /// Whether a recover may be drawn with a partition (the survivor cut off
-/// from an old cluster that runs on): only with `SIM_RECOVER_PARTITION=1`.
-/// Off by default while it was open: seeds 1796532507015 and 1796533000241
-/// ended with acked messages not in Pulsar, all of which the survivor
-/// lacked (only the lost pair had committed them); the check asked the
-/// survivor's state after the final crash had taken it out of `w.states`,
-/// so it exempted nothing ([`beyond_the_survivor`] now asks first). Both
-/// pass, as do 100 seeds. Recovers without a partition are drawn by default.
+/// from an old cluster that runs on): on unless `SIM_RECOVER_PARTITION=0`.
 fn partitioned_recovers_on() -> bool {
-    std::env::var("SIM_RECOVER_PARTITION").is_ok_and(|v| v == "1")
+    std::env::var("SIM_RECOVER_PARTITION").map_or(true, |v| v != "0")
 }
 
 /// Node `node`'s pause switch.
@@ -1322,7 +1316,9 @@ fn pulsar_schedule(rng: &mut Rng) -> Vec<(Duration, Fault)> {
 type Outboxes = Vec<(NodeId, Vec<(String, u64, u64)>)>;
 
 /// Each node's window at the end: (window clock, keys expired).
-type Windows = Vec<(NodeId, u64, u64)>;
+/// Per running node at the end: its window's clock, the keys it expired,
+/// and its cluster level (read before the nodes stop).
+type Windows = Vec<(NodeId, u64, u64, u32)>;
 
 /// The messages acked before a recover that the survivor's state does not
 /// hold: only the lost members had them. Asked while the survivor runs,
@@ -1349,7 +1345,7 @@ fn check(w: &World, outboxes: &Outboxes, windows: &Windows, beyond: &BTreeSet<u6
     // since a stamp already applied, so it never runs ahead of the honest
     // time, and a run shorter than the window expires nothing.
     let honest = w.true_ms();
-    for (node, clock_ms, expired) in windows {
+    for (node, clock_ms, expired, _) in windows {
         if *clock_ms > honest {
             problems.push(format!(
                 "node {node}: the window clock reads {} s after the run began, {} s ahead of every right clock",
@@ -1441,11 +1437,12 @@ fn check(w: &World, outboxes: &Outboxes, windows: &Windows, beyond: &BTreeSet<u6
     // Every member runs this release, so the leader raised the level
     // during the run, while the faults went on; the rest of the check is of
     // a run that crossed it.
-    for (node, state) in &w.states {
-        if state.level() < firstseen_store::level::SUPPORTED {
+    // (Read before the nodes stop: their states are gone by the check; it
+    // read them there before, and never fired.)
+    for (node, _, _, level) in windows {
+        if *level < firstseen_store::level::SUPPORTED {
             problems.push(format!(
-                "node {node}: the cluster level is {}, though every member runs level {}",
-                state.level(),
+                "node {node}: the cluster level is {level}, though every member runs level {}",
                 firstseen_store::level::SUPPORTED
             ));
         }
@@ -1485,7 +1482,7 @@ fn windows_of(nodes: &BTreeMap<NodeId, Running>) -> Windows {
         .iter()
         .filter_map(|(id, node)| {
             let t = node.state.totals().ok()?;
-            Some((*id, t.clock_ms, t.expired))
+            Some((*id, t.clock_ms, t.expired, node.state.level()))
         })
         .collect()
 }
@@ -1966,7 +1963,16 @@ fn run_seed(
         lock(&world).log("faults over".into());
         let settle = Instant::now() + SETTLE_WITHIN;
         let mut outboxes = outboxes_of(&nodes);
-        while Instant::now() < settle && !(settled(&lock(&world)) && drained(&outboxes)) {
+        // And until the level rose (every member runs this release): the
+        // leader asks every five seconds, and faults may hold it back.
+        let risen = |nodes: &BTreeMap<NodeId, Running>| {
+            nodes
+                .values()
+                .all(|n| n.state.level() >= firstseen_store::level::SUPPORTED)
+        };
+        while Instant::now() < settle
+            && !(settled(&lock(&world)) && drained(&outboxes) && risen(&nodes))
+        {
             tokio::time::sleep(Duration::from_millis(100)).await;
             outboxes = outboxes_of(&nodes);
         }
