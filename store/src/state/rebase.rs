@@ -41,10 +41,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::apply::{locate, Written};
+use super::apply::Written;
 use super::memory::{Memory, PendingRecord};
 use super::names::Part;
-use crate::command::{Key, KeyKind, Observation, OutboxMessage, Rebase, Response};
+use crate::command::{Key, KeyKind, OutboxMessage, Rebase, Response};
 use crate::index::Slot;
 use crate::record::{self, Item, Run};
 use crate::window;
@@ -133,18 +133,12 @@ impl Memory {
         let mut items: Vec<Item> = Vec::new();
         let mut added: BTreeSet<Key> = BTreeSet::new();
         for (seq, key) in &older {
-            let probe = Observation {
-                key: *key,
-                mqtt_topic: String::new(),
-                pulsar_topic: named.clone(),
-                payload: Vec::new(),
-                qos: 0,
-                retain: false,
-                node: 0,
-                received_ms: 0,
-            };
-            if locate(&self.index, scope, &probe, KeyKind::Unknown).is_some() || !added.insert(*key)
-            {
+            // Held on this topic already: under its identities here only. A
+            // lookup of unknown kind would take a bare key of another topic
+            // for this one's, leave the key out here, and the copy would be
+            // first seen again once that other record expired (a review).
+            let here = stored(key).iter().any(|id| self.index.get(id).is_some());
+            if here || !added.insert(*key) {
                 continue;
             }
             for id in stored(key) {
@@ -417,6 +411,56 @@ mod tests {
             assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
             assert!(s.outbox_from("t", 0, 100).unwrap().is_empty());
         }
+    }
+
+    /// A key another topic holds bare (a copy of unknown kind) is still
+    /// put in the window on the rebased topic: found there by the bare
+    /// key, it was left out, and the topic's copy came back as first seen
+    /// once the other topic's record expired (a review's repro).
+    #[test]
+    fn a_bare_key_of_another_topic_does_not_keep_a_rebased_key_out() {
+        use crate::command::KeyKind;
+        const T: &str = "persistent://public/default/t";
+        const U: &str = "persistent://public/default/u";
+        let kinded = |stamped_ms: u64, o: crate::command::Observation, kind: KeyKind| {
+            Command::ObserveKinds {
+                stamped_ms,
+                window: crate::command::Window::from_ms(60_000),
+                observations: vec![o],
+                properties: Vec::new(),
+                slim: Vec::new(),
+                kinds: vec![kind],
+            }
+        };
+        let s = store();
+        s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
+            .unwrap();
+        s.apply(
+            Some(&kinded(1_000, obs(9, 1, U), KeyKind::Unknown)),
+            2,
+            b"2",
+        )
+        .unwrap();
+        // The clock moves on, so that the rebase's record outlives u's.
+        s.apply(
+            Some(&kinded(50_000, obs(1, 1, T), KeyKind::TopicPayload)),
+            3,
+            b"3",
+        )
+        .unwrap();
+        s.apply(Some(&rebase(T, 1, vec![(2, 9)], vec![])), 4, b"4")
+            .unwrap();
+        let Response::Observed(o) = s
+            .apply(
+                Some(&kinded(65_000, obs(9, 1, T), KeyKind::TopicPayload)),
+                5,
+                b"5",
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(matches!(o[0], Outcome::Duplicate { .. }), "{o:?}");
     }
 
     /// A second rebase (the old cluster published more while partitioned
