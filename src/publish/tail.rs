@@ -234,6 +234,12 @@ mod ours_after_a_rotation {
         // counts as its own message (no cut-off recorded).
         tail.classify(&rotated, TOPIC, &of_generation(&old, 3, 9), b"b", 20, true);
         assert_eq!(tail.generation, 0, "a previous secret's generation counted");
+        // Nor is it this cluster's tail: that would skip its own messages
+        // up to it (a second review).
+        assert_eq!(
+            tail.seq, None,
+            "a newer generation's message taken for the tail"
+        );
         // v1 under the current secret, a generation added after.
         let mut replayed = of_generation(&rotated, 4, 7);
         let key = [4u8; 32];
@@ -472,6 +478,18 @@ impl Tail {
         let late = props::get(meta, props::LATE).is_some();
         if let Some(g) = ours.generation_above(topic, meta, body, self.generation) {
             self.generation = g;
+        }
+        // A message that says it is of a newer generation than this
+        // cluster's is never this cluster's tail, whatever proves it: under
+        // the current secret's whole proof it made the topic another
+        // cluster's (above); under anything less (a previous secret's, after
+        // a rotation) it cannot stop this cluster, and taken for the tail it
+        // would skip this cluster's own messages (a review found it so).
+        let claimed = props::get(meta, props::GENERATION).and_then(|g| g.parse::<u64>().ok());
+        if claimed.is_some_and(|g| g > ours.generation()) {
+            self.foreign += 1;
+            self.forged += 1;
+            return None;
         }
         if let Some(watermark) = self.older_above {
             if let Some((seq, key)) = ours.of_older_generation(topic, meta, body, ours.generation())
