@@ -193,15 +193,7 @@ mod tests {
     }
 
     fn kinded(stamped_ms: u64, copies: Vec<crate::command::Observation>) -> Command {
-        let kinds = vec![KeyKind::TopicPayload; copies.len()];
-        Command::ObserveKinds {
-            stamped_ms,
-            window: crate::command::Window::from_ms(60_000),
-            observations: copies,
-            properties: Vec::new(),
-            slim: Vec::new(),
-            kinds,
-        }
+        super::super::testing::kinded(stamped_ms, copies, KeyKind::TopicPayload)
     }
 
     /// (sequence, log index, position) of each outbox message of `topic`.

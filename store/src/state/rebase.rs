@@ -423,14 +423,7 @@ mod tests {
         const T: &str = "persistent://public/default/t";
         const U: &str = "persistent://public/default/u";
         let kinded = |stamped_ms: u64, o: crate::command::Observation, kind: KeyKind| {
-            Command::ObserveKinds {
-                stamped_ms,
-                window: crate::command::Window::from_ms(60_000),
-                observations: vec![o],
-                properties: Vec::new(),
-                slim: Vec::new(),
-                kinds: vec![kind],
-            }
+            super::super::testing::kinded(stamped_ms, vec![o], kind)
         };
         let s = store();
         s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
@@ -479,15 +472,7 @@ mod tests {
         s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
             .unwrap();
         let copies: Vec<_> = (1..=6).map(|k| obs(k, 1, T)).collect();
-        let kinds = vec![KeyKind::TopicPayload; copies.len()];
-        let kinded = Command::ObserveKinds {
-            stamped_ms: 1_000,
-            window: crate::command::Window::from_ms(60_000),
-            observations: copies,
-            properties: Vec::new(),
-            slim: Vec::new(),
-            kinds,
-        };
+        let kinded = super::super::testing::kinded(1_000, copies, KeyKind::TopicPayload);
         s.apply(Some(&kinded), 2, b"2").unwrap();
         s.apply(Some(&rebase(T, 6, vec![(1, 40), (2, 41)], vec![])), 3, b"3")
             .unwrap();
@@ -521,15 +506,7 @@ mod tests {
         const T: &str = "persistent://public/default/t";
         const U: &str = "persistent://public/default/u";
         let kinded = |copies: Vec<crate::command::Observation>| {
-            let kinds = vec![KeyKind::TopicPayload; copies.len()];
-            Command::ObserveKinds {
-                stamped_ms: 1_000,
-                window: crate::command::Window::from_ms(60_000),
-                observations: copies,
-                properties: Vec::new(),
-                slim: Vec::new(),
-                kinds,
-            }
+            super::super::testing::kinded(1_000, copies, KeyKind::TopicPayload)
         };
         let s = store();
         s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
@@ -662,15 +639,7 @@ mod tests {
         s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
             .unwrap();
         let copies: Vec<_> = (1..=4).map(|k| obs(k, 1, "t")).collect();
-        let kinds = vec![KeyKind::TopicPayload; copies.len()];
-        let kinded = Command::ObserveKinds {
-            stamped_ms: 1_000,
-            window: crate::command::Window::from_ms(60_000),
-            observations: copies,
-            properties: Vec::new(),
-            slim: Vec::new(),
-            kinds,
-        };
+        let kinded = super::super::testing::kinded(1_000, copies, KeyKind::TopicPayload);
         s.apply(Some(&kinded), 2, b"2").unwrap();
         s.apply(Some(&rebase("t", 4, vec![(1, 40)], vec![])), 3, b"3")
             .unwrap();

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::StateStore;
-use crate::command::{Command, NodeId, Observation};
+use crate::command::{Command, KeyKind, NodeId, Observation};
 
 pub(super) fn store() -> StateStore {
     let db = sled::Config::new().temporary(true).open().unwrap();
@@ -20,6 +20,20 @@ pub(super) fn obs(key: u8, node: NodeId, topic: &str) -> Observation {
         retain: false,
         node,
         received_ms: 0,
+    }
+}
+
+/// An entry of `copies`, each of kind `kind` (the form from level 2),
+/// stamped at `stamped_ms`, with a 60-s window.
+pub(super) fn kinded(stamped_ms: u64, copies: Vec<Observation>, kind: KeyKind) -> Command {
+    let kinds = vec![kind; copies.len()];
+    Command::ObserveKinds {
+        stamped_ms,
+        window: crate::command::Window::from_ms(60_000),
+        observations: copies,
+        properties: Vec::new(),
+        slim: Vec::new(),
+        kinds,
     }
 }
 
