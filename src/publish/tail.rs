@@ -111,11 +111,22 @@ mod ours_after_a_rotation {
 
     /// Message `seq` with a proof `prove` makes of it.
     fn message(seq: u64, prove: impl Fn(&Message<'_>) -> String) -> MessageMetadata {
+        message_with(seq, Vec::new(), prove)
+    }
+
+    /// Message `seq` with the properties `more` besides its own, and a
+    /// proof `prove` makes of it.
+    fn message_with(
+        seq: u64,
+        more: Vec<(String, String)>,
+        prove: impl Fn(&Message<'_>) -> String,
+    ) -> MessageMetadata {
         let key = [4u8; 32];
         let mut properties = vec![
             (props::SEQ.to_string(), seq.to_string()),
             (props::KEY.to_string(), hex::encode(key)),
         ];
+        properties.extend(more);
         let view: Vec<(&str, &str)> = properties
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -185,35 +196,8 @@ mod ours_after_a_rotation {
 
     /// Message `seq` of generation `generation`, proven by `by` (v2).
     fn of_generation(by: &Ours, seq: u64, generation: u64) -> MessageMetadata {
-        let key = [4u8; 32];
-        let mut properties = vec![
-            (props::SEQ.to_string(), seq.to_string()),
-            (props::KEY.to_string(), hex::encode(key)),
-            (props::GENERATION.to_string(), generation.to_string()),
-        ];
-        let view: Vec<(&str, &str)> = properties
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let proof = by.proofs().prove(&Message {
-            claim: Claim {
-                topic: TOPIC,
-                seq,
-                key: &key,
-                marker: false,
-                body: b"b",
-            },
-            properties: &view,
-        });
-        properties.push((props::PROOF.to_string(), proof));
-        MessageMetadata {
-            producer_name: "anyone".into(),
-            properties: properties
-                .into_iter()
-                .map(|(key, value)| KeyValue { key, value })
-                .collect(),
-            ..Default::default()
-        }
+        let more = vec![(props::GENERATION.to_string(), generation.to_string())];
+        message_with(seq, more, |m| by.proofs().prove(m))
     }
 
     /// A generation counts only under the current secret's v2 proof: a v1
