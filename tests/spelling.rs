@@ -75,14 +75,7 @@ fn spelling_changes_on_sighup(test: &str, manual: bool) {
     });
 
     if manual {
-        let out = std::process::Command::new(bin())
-            .args(["upgrade", "--url"])
-            .arg(format!("http://127.0.0.1:{}", c.node(leader).http_port))
-            .arg("--secret-file")
-            .arg(c.secret_file())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "firstseen upgrade: {out:?}");
+        c.upgrade_via(leader);
         for id in 1..=3 {
             wait_until(Duration::from_secs(30), "the level raised", || {
                 c.node(id)

@@ -191,14 +191,7 @@ fn a_rolling_upgrade_from_the_previous_release_keeps_every_message_once() {
     // Raised by the operator.
     let leader = c.wait_leader(None, Duration::from_secs(30));
     let began = Instant::now();
-    let out = std::process::Command::new(bin())
-        .args(["upgrade", "--url"])
-        .arg(format!("http://127.0.0.1:{}", c.node(leader).http_port))
-        .arg("--secret-file")
-        .arg(c.secret_file())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "firstseen upgrade: {out:?}");
+    c.upgrade_via(leader);
     for id in 1..=3 {
         wait_until(
             Duration::from_secs(30),

@@ -255,6 +255,19 @@ impl TestCluster {
     pub fn secret_file(&self) -> PathBuf {
         self.secret.path().join("cluster.secret")
     }
+
+    /// `firstseen upgrade` against node `id`'s API, as an operator runs
+    /// it; panics with its output if it fails.
+    pub fn upgrade_via(&mut self, id: u64) {
+        let out = std::process::Command::new(bin())
+            .args(["upgrade", "--url"])
+            .arg(format!("http://127.0.0.1:{}", self.node(id).http_port))
+            .arg("--secret-file")
+            .arg(self.secret_file())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "firstseen upgrade: {out:?}");
+    }
 }
 
 pub fn zone(id: u64) -> String {
