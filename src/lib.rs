@@ -68,9 +68,11 @@ pub mod tls;
 pub mod verify;
 pub mod watchdog;
 
-/// Everything that can go wrong in the firstseen crate. Each variant says
-/// what was being done (a config key, a Raft action, a Pulsar topic) and
-/// keeps the error underneath as its source.
+/// What can go wrong in the firstseen crate across its stages (the config,
+/// the store, Raft, the Pulsar client and its credentials, the broker's
+/// answer). Each variant says what was being done (a config key, a Raft
+/// action) and keeps the error underneath as its source. A stage's own
+/// errors are its own (the publisher's are `publish::Error`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A setting that cannot be used as written, and why. `key` is its name
@@ -117,23 +119,9 @@ pub enum Error {
     /// A request to Pulsar's admin REST API failed.
     #[error("pulsar admin: {0}")]
     Admin(#[source] reqwest::Error),
-    /// A Pulsar topic is not as firstseen left it, or could not be read.
-    #[error("{topic}: {problem}")]
-    Topic {
-        topic: String,
-        problem: TopicProblem,
-    },
     /// The broker, as the publisher's port reports it.
     #[error("broker: {0}")]
     Broker(#[from] send::SendError),
-    /// This node could not confirm with a quorum that it still leads.
-    #[error("leadership not confirmed by a quorum")]
-    LeaseLost,
-    /// A message the broker would refuse could not be kept in the
-    /// replicated set-aside store: its marker is not sent (the publisher
-    /// tries again).
-    #[error("set-aside message not committed: {0}")]
-    SetAside(String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -159,14 +147,6 @@ impl Error {
             source: Box::new(source),
         }
     }
-
-    /// A problem with Pulsar topic `topic`.
-    pub fn topic(topic: &str, problem: TopicProblem) -> Self {
-        Error::Topic {
-            topic: topic.to_string(),
-            problem,
-        }
-    }
 }
 
 /// A task that ended before the node was asked to stop (the node's
@@ -188,34 +168,6 @@ impl std::fmt::Display for Early {
             None => write!(f, "task `{}` ended before the node was stopped", self.task),
         }
     }
-}
-
-/// What is wrong with a Pulsar topic.
-#[derive(Debug, thiserror::Error)]
-pub enum TopicProblem {
-    #[error("broker returned no last message id")]
-    NoLastMessageId,
-    #[error("last message has no firstseen-seq property; is another producer writing here?")]
-    NoSequence,
-    #[error("last message has firstseen-seq={0:?}")]
-    BadSequence(String),
-    #[error("reader closed before the last message")]
-    ReaderClosed,
-    #[error("timed out reading the last message")]
-    TailTimedOut,
-    #[error(
-        "no message for {idle:?} before reaching the last one ({ledger}:{entry}); read {count}"
-    )]
-    Stalled {
-        idle: std::time::Duration,
-        ledger: u64,
-        entry: u64,
-        count: u64,
-    },
-    #[error("outbox starts at {first} but the next sequence is {next}")]
-    OutboxGap { first: u64, next: u64 },
-    #[error("not a persistent:// topic")]
-    NotPersistent,
 }
 
 /// Milliseconds since the Unix epoch on this node's clock.

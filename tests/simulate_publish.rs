@@ -160,7 +160,10 @@ impl Consensus for SimGroup {
         self.confirm_lease().await
     }
 
-    async fn set_aside(&self, _record: firstseen_store::SetAside) -> Result<(), firstseen::Error> {
+    async fn set_aside(
+        &self,
+        _record: firstseen_store::SetAside,
+    ) -> Result<(), firstseen::publish::Error> {
         // The model's broker takes every message: nothing is set aside.
         Ok(())
     }

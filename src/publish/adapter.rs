@@ -300,7 +300,7 @@ impl Session for PulsarSession {
         topic: &str,
         assigned: u64,
         strict: bool,
-    ) -> Result<tail::Tail, Error> {
+    ) -> Result<tail::Tail, super::Error> {
         tail::last_seq(
             &self.client,
             &self.ours,
@@ -315,7 +315,7 @@ impl Session for PulsarSession {
         assigned: u64,
         watermark: u64,
         strict: bool,
-    ) -> Result<tail::Tail, Error> {
+    ) -> Result<tail::Tail, super::Error> {
         let q = self.tail_query(topic, assigned, strict);
         tail::landed(&self.client, &self.ours, q, watermark).await
     }
@@ -694,23 +694,20 @@ impl Consensus for RaftGroup {
         self.proposer.watermark(topic, seq);
     }
 
-    async fn set_aside(&self, record: firstseen_store::SetAside) -> Result<(), Error> {
+    async fn set_aside(&self, record: firstseen_store::SetAside) -> Result<(), super::Error> {
         self.proposer
             .coalescer
             .append(firstseen_store::Command::SetAside(Box::new(record)))
             .await
-            .map_err(|e| Error::SetAside(e.to_string()))
+            .map_err(super::Error::SetAside)
     }
 
-    async fn rebase(&self, rebase: firstseen_store::Rebase) -> Result<(), Error> {
+    async fn rebase(&self, rebase: firstseen_store::Rebase) -> Result<(), super::Error> {
         self.proposer
             .coalescer
             .append(firstseen_store::Command::Rebase(Box::new(rebase)))
             .await
-            .map_err(|e| Error::Raft {
-                action: "commit a rebase".into(),
-                source: e.to_string().into(),
-            })
+            .map_err(|e| Error::raft("commit a rebase", e).into())
     }
 }
 

@@ -3,8 +3,8 @@
 //! replicated set-aside store or in this node's own directory.
 
 use super::port::{Broker, Consensus, Outbox};
+use super::Error;
 use super::{format, policy, Publisher};
-use crate::Error;
 
 impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// Keeps a message that goes to Pulsar as a marker before the marker is

@@ -10,7 +10,8 @@ use pulsar::{ConnectionRetryOptions, OperationRetryOptions, Pulsar, TokioExecuto
 
 use super::auth;
 use super::config::PulsarConfig;
-use crate::{Error, TopicProblem};
+use super::TopicProblem;
+use crate::Error;
 
 /// Builds a Pulsar client whose own retries cannot resend behind our back.
 pub async fn connect(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, Error> {
@@ -137,11 +138,11 @@ impl Admin {
     /// the full spelling made the wait for pending writes give up on every
     /// short name, so a route with `pulsar_topic = "fs"` never published
     /// (the conformance test and the review found it).
-    fn topic_path(topic: &str) -> Result<String, Error> {
+    fn topic_path(topic: &str) -> Result<String, super::Error> {
         super::proof::canonical_topic(topic)
             .strip_prefix("persistent://")
             .map(|p| format!("/admin/v2/persistent/{p}"))
-            .ok_or_else(|| Error::topic(topic, TopicProblem::NotPersistent))
+            .ok_or_else(|| super::Error::topic(topic, TopicProblem::NotPersistent))
     }
 
     /// The broker's `maxMessageSize`, from its runtime configuration.
@@ -160,7 +161,7 @@ impl Admin {
     }
 
     /// The topic's own `maxMessageSize` policy, if it sets one.
-    pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, Error> {
+    pub async fn topic_max_message_size(&self, topic: &str) -> Result<Option<usize>, super::Error> {
         let path = Self::topic_path(topic)?;
         let response = self.get(&format!("{path}/maxMessageSize")).await?;
         // A topic the broker does not know yet has no policy of its own.
@@ -190,7 +191,7 @@ impl Admin {
     /// ledger's last confirmed entry moves past it. Both are far shorter
     /// than what a new producer costs before it asks (its own creation, a
     /// metadata write, this request); see docs/exactly-once.md.
-    pub async fn pending_adds(&self, topic: &str) -> Result<Option<u64>, Error> {
+    pub async fn pending_adds(&self, topic: &str) -> Result<Option<u64>, super::Error> {
         #[derive(serde::Deserialize)]
         struct InternalStats {
             #[serde(rename = "pendingAddEntriesCount")]
@@ -214,7 +215,7 @@ impl Admin {
     }
 
     /// Whether deduplication applies to `topic`.
-    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, Error> {
+    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, super::Error> {
         let path = Self::topic_path(topic)?;
         let body = self
             .get(&format!("{path}/deduplicationEnabled?applied=true"))

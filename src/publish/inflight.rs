@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use super::format;
 use super::policy::{self, held_elsewhere, retry_policy};
 use super::port::{Consensus, Receipt};
+use super::Error;
 use crate::telemetry::{self, Leg};
-use crate::Error;
 
 /// Batches sent per topic before the oldest one's receipts are awaited. With
 /// one, every batch waited out a broker round trip (and a bookie fsync)
@@ -111,10 +111,7 @@ impl<P> TopicPublisher<P> {
             .or(self.late_failed.take());
         // The broker's (or the connection's) answer, which the policy
         // reads; the publisher's own errors are none of the broker's.
-        let answer = match error {
-            Error::Broker(e) => Some(e),
-            _ => None,
-        };
+        let answer = error.broker();
         let refused = answer.is_some_and(policy::refused_by_broker);
         self.refusals.record(failed, answer);
         if refused {

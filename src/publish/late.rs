@@ -3,8 +3,8 @@
 
 use super::inflight::TopicPublisher;
 use super::port::{Broker, Consensus, Outbox, Sending, Session};
+use super::Error;
 use super::Publisher;
-use crate::Error;
 
 impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// Sends message `n`, which the broker refused after later messages had

@@ -41,6 +41,7 @@ mod aside;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod error;
 pub mod format;
 mod inflight;
 mod landed;
@@ -58,6 +59,7 @@ mod take;
 mod term;
 
 pub use client::{connect, Admin};
+pub use error::{Error, TopicProblem};
 
 use tokio_util::sync::CancellationToken;
 

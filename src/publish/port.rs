@@ -13,7 +13,7 @@ use std::pin::Pin;
 
 use firstseen_store::{OutboxMessage, TopicState};
 
-use crate::Error;
+use super::Error;
 
 pub use crate::send::SendError;
 
@@ -181,9 +181,10 @@ pub trait Consensus: Send + Sync {
 }
 
 /// The replicated outbox: messages with a sequence, not yet published.
+/// Its errors are the store's, which cross stages: the crate's.
 pub trait Outbox: Send + Sync {
     /// Every topic with its last assigned and last published sequence.
-    fn topics(&self) -> Result<Vec<(String, TopicState)>, Error>;
+    fn topics(&self) -> Result<Vec<(String, TopicState)>, crate::Error>;
 
     /// The cluster level the outbox was applied at (`firstseen_store::level`):
     /// from level 2 only proven messages count at the end of a topic.
@@ -198,7 +199,7 @@ pub trait Outbox: Send + Sync {
     }
 
     /// One topic's last assigned and last published sequence.
-    fn topic(&self, topic: &str) -> Result<TopicState, Error>;
+    fn topic(&self, topic: &str) -> Result<TopicState, crate::Error>;
 
     /// Up to `limit` messages of `topic` from sequence `from` on, in order.
     fn read(
@@ -206,7 +207,7 @@ pub trait Outbox: Send + Sync {
         topic: &str,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, OutboxMessage)>, Error>;
+    ) -> Result<Vec<(u64, OutboxMessage)>, crate::Error>;
 
     /// When the entry that assigned `seq` of `topic` was applied on this
     /// node, if it knows: where the `publish` stage of

@@ -3,8 +3,8 @@
 //! (give the topic up for good).
 
 use super::port::{Broker, Consensus, Outbox};
+use super::Error;
 use super::Publisher;
-use crate::Error;
 
 impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// Continues `topic` after `older`, the proven messages of the cluster
@@ -61,10 +61,11 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 // Apply renumbers runs and inline messages alike, so this
                 // is a state that moved under the read (it is read again).
                 tracing::error!(topic, watermark = now.published_seq, older_up_to = after, "the rebase left the watermark below the older cluster's messages: nothing is published to this topic until a new read and rebase put it past them");
-                return Err(Error::Raft {
+                return Err(crate::Error::Raft {
                     action: format!("rebase {topic}"),
                     source: "the watermark is still below the older cluster's messages".into(),
-                });
+                }
+                .into());
             }
             metrics::counter!("firstseen_publish_rebased_total").increment(1);
             tracing::warn!(topic, older = if first { older.len() } else { 0 }, older_from = low, older_up_to = after, in_pulsar_already = dropped, watermark = now.published_seq, last_assigned = now.last_seq, "the topic holds messages the cluster this one was recovered from published and this node never received: their keys are in the window, this node's copies of them left the outbox as published, and its other messages are numbered after them");

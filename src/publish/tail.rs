@@ -31,7 +31,7 @@ use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
 
 use super::landed::Landed;
 use super::props;
-use crate::{Error, TopicProblem};
+use super::{Error, TopicProblem};
 
 /// Whether a last-message id means "the topic has no message".
 pub fn is_empty_marker(id: &MessageIdData) -> bool {

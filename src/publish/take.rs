@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::inflight::TopicPublisher;
 use super::port::{Broker, Consensus, Outbox, Session};
+use super::Error;
 use super::{policy, tail, Publisher};
-use crate::Error;
 
 impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// Takes `tp`'s topic for this term: returns `None` once the producer

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use super::inflight::{first_received, InFlight, TopicPublisher, MAX_IN_FLIGHT};
 use super::port::{Broker, Consensus, Outbox, Sending, Session};
 use super::Publisher;
+use super::{Error, TopicProblem};
 use crate::telemetry::{self, Leg};
-use crate::{Error, TopicProblem};
 
 /// Why a leadership term's publishing ended.
 pub(super) enum TermEnd {

@@ -12,7 +12,7 @@ use super::compare::{Comparison, Message as CompareMessage};
 use super::{check_contents, Audit, Contents, KeyRule, Report, Seen, Source};
 use crate::publish::config::PulsarConfig;
 use crate::publish::{format, props, tail};
-use crate::{Error, TopicProblem};
+use crate::publish::{Error, TopicProblem};
 
 /// How the audit tells the cluster's messages from others'.
 #[derive(Debug, Clone)]

@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use firstseen::publish::port::{Broker, Receipt, SendError, Sending, Session};
-use firstseen::Error;
+use firstseen::publish::Error;
 use firstseen_store::OutboxMessage;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
