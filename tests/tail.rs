@@ -409,3 +409,75 @@ fn a_replayed_message_at_the_end_sends_nothing_again() {
     let got: std::collections::BTreeSet<(String, String)> = read.pairs.iter().cloned().collect();
     assert_eq!(got, want);
 }
+
+/// The tail read decides where a new leader resumes, so it must tell a
+/// topic with nothing in it from one it could not read: taking an
+/// unreadable topic for an empty one resumes after the watermark, and
+/// sends again what landed past it. A topic no one has written reads as
+/// empty (the broker's own answer, its last message id -1); a topic whose
+/// lookup the broker refuses (its namespace does not exist: the broker
+/// answers with an error code, as it does for a missing topic when it
+/// creates none) and a read out of time are errors, never empty. With
+/// the read planted to take any error for "nothing there", the last two
+/// came back empty.
+#[test]
+fn a_tail_read_tells_an_empty_topic_from_one_it_could_not_read() {
+    use firstseen::publish::tail::{self, Ours, TailQuery};
+    use firstseen::publish::{Error, TopicProblem};
+    let Some(pulsar) = shared_pulsar("a_tail_read_tells_an_empty_topic_from_one_it_could_not_read")
+    else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut config = firstseen::publish::config::PulsarConfig::new(pulsar.url.clone());
+        config.operation_timeout_ms = 10_000;
+        let client = firstseen::publish::connect(&config).await.unwrap();
+        let ours = Ours::new(
+            &firstseen::secret::ClusterKey::from_secret(b"s"),
+            &[],
+            false,
+        );
+        let query = |topic| TailQuery {
+            topic,
+            assigned: 0,
+            strict: true,
+            budget: Duration::from_secs(30),
+        };
+        let fresh = unique_topic("tail-never-written");
+        let t = tail::landed(&client, &ours, query(&fresh), 0)
+            .await
+            .expect("a topic no one has written reads");
+        assert_eq!(
+            (t.seq, t.cut_short, t.foreign, t.forged),
+            (None, false, 0, 0)
+        );
+        assert_eq!(t.missing, Some(Vec::new()));
+
+        let absent = unique_topic("tail-no-namespace").replace(
+            "persistent://public/default/",
+            "persistent://public/firstseen-absent-namespace/",
+        );
+        assert!(absent.contains("firstseen-absent-namespace"), "{absent}");
+        // The broker's answer, by its code: what a missing topic gets
+        // when the broker creates none.
+        match tail::last_seq(&client, &ours, query(&absent)).await {
+            Err(Error::Node(firstseen::Error::Pulsar(pulsar::Error::ServiceDiscovery(
+                pulsar::error::ServiceDiscoveryError::Query(Some(code), _),
+            )))) => assert_eq!(code, pulsar::proto::ServerError::TopicNotFound),
+            other => panic!("a topic the broker would not look up read as {other:?}"),
+        }
+
+        let out_of_time = TailQuery {
+            budget: Duration::ZERO,
+            ..query(&fresh)
+        };
+        match tail::last_seq(&client, &ours, out_of_time).await {
+            Err(Error::Topic {
+                problem: TopicProblem::TailTimedOut,
+                ..
+            }) => {}
+            other => panic!("a read out of time read as {other:?}"),
+        }
+    });
+}
