@@ -279,6 +279,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Per message, time spent in each stage: receive (upstream hand-over to the batch's proposal), commit (proposal to commit, on the receiving node), publish (applied on the leader to handed to the producer), receipt (handed to Pulsar's receipt)",
     ),
     (
+        "firstseen_commit_leg_seconds",
+        "histogram",
+        "The commit path's legs, each where it happens: forward (a follower's forward, sent to answered), queue (leader: a batch reached the coalescer to its entry proposed), entry (leader: proposed to committed and applied), flush (an append written to synced), to_send (leader: an entry written to the first append that carries it sent), append and heartbeat (leader: an append with and without entries, sent to answered), follower_append (follower: an append with entries received to answered), apply (one entry applied)",
+    ),
+    (
+        "firstseen_raft_appends_total",
+        "counter",
+        "Appends the leader sent to followers, per kind: entries, empty (a heartbeat or a new commit index, waited for), unawaited (empty, sent without waiting for the reply because the follower answered within half a heartbeat)",
+    ),
+    (
         "firstseen_publish_batch_seconds",
         "histogram",
         "Time to send a publish batch and receive every receipt",
@@ -403,6 +413,9 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
         })
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full("firstseen_stage_seconds".into()), &legs)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("firstseen_commit_leg_seconds".into()), &legs)
         });
     let handle = match builder.and_then(|b| b.install_recorder()) {
         Ok(h) => h,
@@ -432,6 +445,10 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
                     "counter" => metrics::counter!(*name, "upstream" => u.clone()).increment(0),
                     _ => metrics::gauge!(*name, "upstream" => u.clone()).set(0.0),
                 }
+            }
+        } else if *name == "firstseen_raft_appends_total" {
+            for kind in ["entries", "empty", "unawaited"] {
+                metrics::counter!(*name, "kind" => kind).increment(0);
             }
         } else if *name == "firstseen_dead_letter_total" {
             for reason in ["oversize", "unrouted"] {

@@ -902,7 +902,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         let opened = Gate(pause_of(world, id)).scope(Group::open(
             &config.cluster,
             &cx,
-            Network(call.clone()),
+            Network::new(call.clone()),
         ));
         match opened.await {
             Ok(g) => break g,

@@ -78,6 +78,12 @@ STAGE_HISTOGRAMS = ("firstseen_commit_seconds", "firstseen_publish_batch_seconds
 # firstseen_stage_seconds, by its stage label, in the order a message
 # passes them (src/telemetry.rs, `Stage`).
 STAGES = ("receive", "commit", "publish", "receipt")
+# firstseen_commit_leg_seconds, by its leg label: the commit stage taken
+# apart (src/telemetry.rs, docs/metrics.md), in the order a follower's batch
+# passes them.
+COMMIT_LEGS = ("forward", "queue", "entry", "flush", "to_send", "append", "heartbeat",
+               "follower_append", "apply")
+APPEND_KINDS = ("entries", "empty", "unawaited")
 TAIL_BOUNDS = ("0.01", "0.025", "0.05", "0.1")
 
 
@@ -95,6 +101,17 @@ def histogram(text, name, label=None):
         key = (m.group(1), le.group(1) if le else "")
         out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
+
+
+def counter(text, name, label):
+    """A counter's value summed over the series that carry `label`."""
+    total = 0.0
+    pattern = re.compile(r"^" + re.escape(name) + r"\{(.*)\} (\S+)$")
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if m and label in m.group(1):
+            total += float(m.group(2))
+    return total
 
 
 def quantile(buckets, n, q):
@@ -140,6 +157,18 @@ def stages(work, nodes=(1, 2, 3)):
             s = stage_summary(before, after, "firstseen_stage_seconds", f'stage="{stage}"')
             if s is not None:
                 node[f"stage_{stage}"] = s
+        for leg in COMMIT_LEGS:
+            s = stage_summary(before, after, "firstseen_commit_leg_seconds", f'leg="{leg}"')
+            if s is not None:
+                node[f"leg_{leg}"] = {k: s[k] for k in ("count", "mean_ms", "p50_ms", "p99_ms")}
+        appends = {}
+        for kind in APPEND_KINDS:
+            n = counter(after, "firstseen_raft_appends_total", f'kind="{kind}"') \
+                - counter(before, "firstseen_raft_appends_total", f'kind="{kind}"')
+            if n:
+                appends[kind] = int(n)
+        if appends:
+            node["raft_appends"] = appends
         out.append(node)
     return out
 

@@ -32,6 +32,8 @@
 //!   in the log.
 //! - [`damage`]: which errors and panics mean a damaged file, and the
 //!   marker that asks the next start to rebuild the state.
+//! - [`appends`]: when recent entries were written, for the commit path's
+//!   telemetry.
 //! - [`runtime`]: the runtime openraft's tasks run on (tokio; in the
 //!   whole-cluster simulation, under the gate that pauses a node).
 
@@ -39,6 +41,7 @@
 // only add noise to the storage code.
 #![allow(clippy::result_large_err)]
 
+pub mod appends;
 pub mod cover;
 pub mod damage;
 pub mod guard;
@@ -52,6 +55,7 @@ pub mod state_machine;
 pub mod storage;
 pub mod typ;
 
+pub use appends::AppendClock;
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
 pub use log_store::LogStore;
 pub use outbox::Outbox;

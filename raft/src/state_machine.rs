@@ -271,7 +271,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut out = Vec::new();
+        let applying = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "apply");
         for entry in entries {
+            let started = std::time::Instant::now();
             self.last_applied = Some(entry.log_id);
             let cmd = match entry.payload {
                 EntryPayload::Blank => None,
@@ -299,6 +301,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             };
             out.push(response);
+            applying.record(started.elapsed().as_secs_f64());
         }
         Ok(out)
     }

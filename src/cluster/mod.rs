@@ -229,7 +229,7 @@ impl Group {
     pub async fn open(
         section: &ClusterConfig,
         cx: &NodeCx,
-        network: network::Network,
+        mut network: network::Network,
     ) -> Result<Self, Error> {
         // A damaged log can be set aside only where other voters hold what
         // it held; a group of one refuses it. The room asked for: the
@@ -243,6 +243,7 @@ impl Group {
             firstseen_raft::OnDamagedLog::Refuse
         };
         let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
+        network.appends = Some(storage.log.append_clock());
         let raft = Raft::new(
             cx.id,
             Arc::new(raft_config(section, cx.id)?),
@@ -309,7 +310,8 @@ impl Cluster {
             liveness.clone(),
             tasks,
         );
-        let group = Group::open(section, cx, network::Network(Arc::new(peers.clone()))).await?;
+        let group =
+            Group::open(section, cx, network::Network::new(Arc::new(peers.clone()))).await?;
         Ok(Self {
             raft: group.raft,
             state: group.state,

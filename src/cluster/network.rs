@@ -3,9 +3,9 @@
 //! mapping of link failures to what openraft backs off on.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use firstseen_raft::{Member, NodeId, TypeConfig};
+use firstseen_raft::{AppendClock, Member, NodeId, TypeConfig};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -20,25 +20,50 @@ use super::wire::{Reply, Request};
 
 /// openraft's network: Raft's RPCs over a [`Call`].
 #[derive(Clone)]
-pub struct Network(pub Arc<dyn Call>);
+pub struct Network {
+    pub peers: Arc<dyn Call>,
+    /// When this node wrote recent entries: the start of the `to_send` leg
+    /// (`firstseen_commit_leg_seconds`). Set once the log is open.
+    pub appends: Option<AppendClock>,
+}
+
+impl Network {
+    pub fn new(peers: Arc<dyn Call>) -> Self {
+        Self {
+            peers,
+            appends: None,
+        }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
         PeerClient {
-            peers: self.0.clone(),
+            peers: self.peers.clone(),
             target,
             addr: node.addr.clone(),
+            appends: self.appends.clone(),
+            answered_at: None,
+            sent_upto: 0,
         }
     }
 }
 
-/// openraft's connection to one peer.
+/// openraft's connection to one peer. openraft keeps one for each
+/// replication stream (for as long as the stream lives) and makes a new one
+/// for every leadership check.
 pub struct PeerClient {
     peers: Arc<dyn Call>,
     target: NodeId,
     addr: String,
+    appends: Option<AppendClock>,
+    /// When an append this client waited for was last accepted by the peer.
+    answered_at: Option<Instant>,
+    /// The highest index this client has sent, so that the `to_send` leg
+    /// counts each entry's first send only.
+    sent_upto: u64,
 }
 
 /// The shortest time an RPC that writes on the peer (an append with
@@ -70,6 +95,67 @@ impl PeerClient {
         RPCError::Unreachable(Unreachable::new(&e))
     }
 
+    /// Whether the peer accepted one of this client's appends within half
+    /// of openraft's budget for one (`ttl`, its heartbeat interval).
+    fn heard_lately(&self, ttl: Duration) -> bool {
+        self.answered_at.is_some_and(|at| at.elapsed() < ttl / 2)
+    }
+
+    /// Sends an append without entries and does not wait for its reply.
+    ///
+    /// openraft 0.9's replication stream has one request in flight per
+    /// follower, and after every commit it sends one without entries to
+    /// carry the new commit index. The next entry, appended a moment later
+    /// (after the commit index is saved and the committed entries are read
+    /// for apply), then waits behind it for a whole round trip: between
+    /// zones, one more round trip on every commit. A follower that answered
+    /// this stream within the last half heartbeat needs no sign of life;
+    /// the commit index still reaches it at once, in this request, and in
+    /// the next append that carries entries. openraft hears a network error
+    /// for the heartbeat, which changes nothing it tracks (a heartbeat
+    /// carries no entries to count) and lets the stream send the next entry
+    /// at once. Once the follower has not answered for half a heartbeat,
+    /// every request is waited for again, so a follower that went quiet is
+    /// seen (and a leader's lease is never extended by a reply it did not
+    /// get). Leadership checks use clients of their own, which never skip.
+    fn send_unawaited(
+        &self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        ttl: Duration,
+    ) -> RPCError<NodeId, Member, RaftError<NodeId>> {
+        metrics::counter!("firstseen_raft_appends_total", "kind" => "unawaited").increment(1);
+        let (peers, target, addr) = (self.peers.clone(), self.target, self.addr.clone());
+        // On openraft's runtime, so a node the simulation pauses sends
+        // nothing while paused.
+        <firstseen_raft::runtime::GatedTokio as openraft::AsyncRuntime>::spawn(async move {
+            // The reply changes nothing here: a newer term in it is seen
+            // again by the next append this stream waits for.
+            let _ = peers
+                .call(target, &addr, &Request::AppendEntries(rpc), ttl)
+                .await;
+        });
+        let e = CallError::Protocol {
+            addr: self.addr.clone(),
+            reason: "heartbeat sent without waiting for its reply".into(),
+        };
+        RPCError::Network(NetworkError::new(&e))
+    }
+
+    /// Records the `to_send` leg for the entries `first..=last` this client
+    /// sends for the first time.
+    fn note_sent(&mut self, first: u64, last: u64) {
+        if let Some(appends) = &self.appends {
+            let now = Instant::now();
+            let h = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "to_send");
+            for index in first.max(self.sent_upto + 1)..=last {
+                if let Some(at) = appends.written_at(index) {
+                    h.record(now.saturating_duration_since(at).as_secs_f64());
+                }
+            }
+        }
+        self.sent_upto = self.sent_upto.max(last);
+    }
+
     fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, Member, E> {
         let e = CallError::Protocol {
             addr: self.addr.clone(),
@@ -85,12 +171,20 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        let ttl = if rpc.entries.is_empty() {
+        let empty = rpc.entries.is_empty();
+        if empty && self.heard_lately(option.hard_ttl()) {
+            return Err(self.send_unawaited(rpc, option.hard_ttl()));
+        }
+        if let (Some(first), Some(last)) = (rpc.entries.first(), rpc.entries.last()) {
+            self.note_sent(first.log_id.index, last.log_id.index);
+        }
+        let ttl = if empty {
             option.hard_ttl()
         } else {
             option.hard_ttl().max(WRITE_TTL_FLOOR)
         };
-        match self
+        let sent = Instant::now();
+        let result = match self
             .peers
             .call(self.target, &self.addr, &Request::AppendEntries(rpc), ttl)
             .await
@@ -102,7 +196,19 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Ok(Reply::Refused(reason)) => Err(self.refused(reason)),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(self.map_err(e)),
+        };
+        if let Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) =
+            &result
+        {
+            let now = Instant::now();
+            self.answered_at = Some(now);
+            let leg = if empty { "heartbeat" } else { "append" };
+            metrics::histogram!("firstseen_commit_leg_seconds", "leg" => leg)
+                .record(now.saturating_duration_since(sent).as_secs_f64());
         }
+        let kind = if empty { "empty" } else { "entries" };
+        metrics::counter!("firstseen_raft_appends_total", "kind" => kind).increment(1);
+        result
     }
 
     async fn install_snapshot(

@@ -320,6 +320,11 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             let (entries, prev) = (r.entries.len(), r.prev_log_id);
             let result = svc.raft.append_entries(r).await;
             let took = started.elapsed();
+            if entries > 0 {
+                // The follower's side of an append: its log write and sync.
+                metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "follower_append")
+                    .record(took.as_secs_f64());
+            }
             // openraft's leader gives the whole append one heartbeat; one
             // that takes longer here is lost to the leader and sent again.
             if took > svc.timing.heartbeat {

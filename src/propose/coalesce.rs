@@ -32,7 +32,9 @@ use crate::cluster::wire::ForwardError;
 /// 43 ms (docs/benchmarks.md).
 const IN_FLIGHT: usize = 1;
 
-type Reply = oneshot::Sender<Result<Vec<Outcome>, ForwardError>>;
+/// Where a batch's answer goes, and when the batch reached the coalescer
+/// (the start of its `queue` leg, `firstseen_commit_leg_seconds`).
+type Reply = (oneshot::Sender<Result<Vec<Outcome>, ForwardError>>, Instant);
 
 /// What the coalescer is asked to append.
 enum Work {
@@ -152,7 +154,7 @@ impl Coalescer {
         }
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Work::Batch(batch, reply))
+            .send(Work::Batch(batch, (reply, Instant::now())))
             .map_err(|_| ForwardError::ShuttingDown)?;
         answer.await.map_err(|_| ForwardError::ShuttingDown)?
     }
@@ -215,8 +217,10 @@ async fn run(
         while entries.len() < IN_FLIGHT && !queue.is_empty() {
             let parts = next_entry(&mut queue, settings.max_bytes);
             let now = Instant::now();
-            for (b, _) in &parts {
+            let queued = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "queue");
+            for (b, (_, arrived)) in &parts {
                 clocks.saw(&b.observations, now);
+                queued.record(now.saturating_duration_since(*arrived).as_secs_f64());
             }
             let (me, voters, term) = {
                 let m = raft.metrics();
@@ -229,7 +233,7 @@ async fn run(
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read the window clock: batches not committed");
                     let detail = format!("window clock: {e}");
-                    for (_, reply) in parts {
+                    for (_, (reply, _)) in parts {
                         let _ = reply.send(Err(ForwardError::NotCommitted {
                             detail: detail.clone(),
                         }));
@@ -287,10 +291,11 @@ async fn entry(
     let sizes: Vec<usize> = parts.iter().map(|(b, _)| b.len()).collect();
     let mut merged = Batch::default();
     let mut replies = Vec::with_capacity(parts.len());
-    for (b, reply) in parts {
+    for (b, (reply, _)) in parts {
         merged.extend(b);
         replies.push(reply);
     }
+    let proposed = Instant::now();
     // The formats of the level applied now: an entry appended after the
     // level rose but written at the old one is read as copies of unknown
     // kind, which apply handles.
@@ -304,6 +309,10 @@ async fn entry(
     );
     let stripped = slim::strip(&mut merged, &held, level);
     let result = commit_slim(&raft, level, stamped_ms, window, merged, stripped).await;
+    if result.is_ok() {
+        metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "entry")
+            .record(proposed.elapsed().as_secs_f64());
+    }
     match result {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();

@@ -248,9 +248,14 @@ impl Proposer {
                     Request::Forward(batch)
                 };
                 let call = self.peers.call(l, &addr, &request, FORWARD_TIMEOUT);
+                let sent = std::time::Instant::now();
                 tokio::select! {
                     r = call => match r {
-                        Ok(Reply::Forward(Ok(outcomes))) => Ok(outcomes),
+                        Ok(Reply::Forward(Ok(outcomes))) => {
+                            metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "forward")
+                                .record(sent.elapsed().as_secs_f64());
+                            Ok(outcomes)
+                        }
                         Ok(Reply::Forward(Err(source))) => Err(ProposeError::Leader { leader: l, source }),
                         Ok(_) => Err(ProposeError::WrongReply { leader: l }),
                         Err(source) => Err(ProposeError::Forward { leader: l, source }),

@@ -42,8 +42,8 @@ pub(super) struct Flusher {
 
 #[derive(Default)]
 pub(super) struct FlushQueue {
-    /// Appends written and waiting for a sync.
-    waiting: Vec<LogFlushed<TypeConfig>>,
+    /// Appends written and waiting for a sync, with when each was queued.
+    waiting: Vec<(LogFlushed<TypeConfig>, Instant)>,
     /// Whether a run is under way; it takes `waiting` before each sync.
     running: bool,
     /// When the guard was last synced by a run.
@@ -56,7 +56,7 @@ impl Flusher {
     pub(super) fn submit(self: &Arc<Self>, callback: LogFlushed<TypeConfig>) {
         let start = {
             let mut q = lock(&self.queue);
-            q.waiting.push(callback);
+            q.waiting.push((callback, Instant::now()));
             !std::mem::replace(&mut q.running, true)
         };
         if start {
@@ -91,7 +91,12 @@ impl Flusher {
             let result = self.db.sync();
             metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
             let synced = result.is_ok();
-            for callback in waiting {
+            let synced_at = Instant::now();
+            // The commit path's `flush` leg: an append written until the
+            // sync that makes it durable (docs/metrics.md).
+            let flush = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "flush");
+            for (callback, queued) in waiting {
+                flush.record(synced_at.saturating_duration_since(queued).as_secs_f64());
                 // G4 and G6 rest on this: openraft counts this node towards
                 // a commit, which releases upstream acks, only after the
                 // entries are on stable storage.

@@ -27,6 +27,7 @@ use crate::{lock, NodeId, RaftError, StorageResult, TypeConfig};
 mod flush;
 mod reaper;
 
+use crate::appends::AppendClock;
 use flush::{FlushQueue, Flusher, Written};
 use reaper::reap_loop;
 pub use reaper::Reaper;
@@ -63,6 +64,8 @@ pub struct LogStore {
     cover: SnapshotCover,
     /// What the reaper's last finished pass served (see `reaper_served`).
     passes: Arc<watch::Sender<u64>>,
+    /// When recent entries were written (telemetry, see [`AppendClock`]).
+    appends: AppendClock,
 }
 
 fn io_err(e: impl std::error::Error + 'static) -> AnyError {
@@ -162,6 +165,11 @@ pub fn seed_vote(db: &Db, vote: &Vote<NodeId>) -> Result<(), RaftError> {
 }
 
 impl LogStore {
+    /// When recent entries were written to this log (telemetry).
+    pub fn append_clock(&self) -> AppendClock {
+        self.appends.clone()
+    }
+
     /// The first index kept by the purges the reaper has served: once it
     /// passes a purge's point, the reaper has deleted what that purge
     /// allowed (or found it still held). Tests wait on it to see a purge's
@@ -246,6 +254,7 @@ impl LogStore {
             written,
             cover,
             passes,
+            appends: AppendClock::default(),
         };
         // A state whose outbox reads entries that were deleted is older than
         // the checkpoint the deletion was based on. That is not damage by
@@ -461,8 +470,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // a prefix of these entries, which is a valid Raft log, and none of
         // them was reported durable before the sync below.
         let (mut count, mut bytes) = (0u64, 0u64);
+        let mut first = None;
         let mut last = None;
         for entry in entries {
+            first.get_or_insert(entry.log_id.index);
             let raw = encode(&entry).map_err(StorageIOError::write_logs)?;
             count += 1;
             bytes += raw.len() as u64;
@@ -474,7 +485,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // The benchmark reports Raft entries and bytes per second from these.
         metrics::counter!("firstseen_raft_log_entries_total").increment(count);
         metrics::counter!("firstseen_raft_log_bytes_total").increment(bytes);
-        if last.is_some() {
+        if let (Some(first), Some(l)) = (first, last) {
+            self.appends.wrote(first, l.index);
             let mut w = lock(&self.written);
             w.last = w.last.max(last);
         }
