@@ -2,7 +2,7 @@
 //! built so that its own retries cannot resend behind the publisher's back,
 //! and the admin REST API with the same CA and credentials. What is sent,
 //! when and in what order is `mod.rs`'s; the ports' Pulsar side is
-//! `adapter.rs`.
+//! `adapter/`.
 
 use std::time::Duration;
 

@@ -27,9 +27,11 @@
 //! again after later ones. `policy` its decisions without I/O (resume
 //! point, watermark cadence, retry backoff, refusals, what is set aside);
 //! `port` its outside world as traits, whose errors are the publisher's
-//! own (`SendError`), and `adapter` the node's implementations over
+//! own (`SendError`), and `adapter` the node's implementations (a file
+//! each: the broker, a term's session, the consensus, the outbox) over
 //! `producer` (our batched, exclusive producer) and `client` (the crate's
-//! client for lookups and reads, and the admin API, with `auth`); `tail`
+//! client for lookups and reads, and the admin API, with `auth`); `error`
+//! the publish path's own errors (`Error`, `TopicProblem`); `tail`
 //! the read of a topic's end, with `ours` (which messages are the
 //! cluster's) and `landed` (what the topic lacks below its tail), `proof`
 //! the cluster's mark on its messages, `props` and `format` how a message

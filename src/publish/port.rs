@@ -4,7 +4,7 @@
 //! producer, resume after the tail, receipts oldest first, watermarks) talks
 //! to three things: the broker, the Raft group and the replicated outbox.
 //! Here they are traits, so that the same publisher runs against Pulsar and
-//! openraft in a node (`adapter.rs`) and against models of them in the
+//! openraft in a node (`adapter/`) and against models of them in the
 //! simulation (`tests/simulate_publish.rs`), where thousands of seeded
 //! schedules of leader changes, pauses and lost receipts run in seconds.
 
