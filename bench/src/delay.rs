@@ -10,128 +10,297 @@
 //! one-way latency. What it does not model: packet loss, jitter, and the
 //! kernel's own buffering between the relay and the node (loopback, about
 //! ten microseconds).
+//!
+//! Why threads and not tokio's timer: tokio's timer wheel has a resolution
+//! of one millisecond and rounds every sleep up to the next tick, so a hold
+//! of 1 ms was 1.5–2 ms, and the benchmark's "1 ms apart" rows measured
+//! zones farther apart than they said. Each direction of a connection has
+//! its own reading thread, which stamps every chunk with the moment it
+//! arrived, and its own writing thread, which releases it at that moment
+//! plus the delay: an OS sleep (with the thread's timer slack cut to a
+//! microsecond, so the kernel does not add its default 50 µs) to just
+//! before the deadline, then a short spin to it.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 /// Chunks held per direction of one connection before the reading side
 /// waits: a bound on memory, far above what a delay of milliseconds holds
 /// at the benchmark's rates.
 const HELD_CHUNKS: usize = 4096;
 
+/// How long before a deadline the writing thread stops sleeping and spins:
+/// more than the kernel's wake-up latency on this machine with the slack
+/// cut (tens of microseconds), so the sleep never overshoots, and short
+/// enough that spinning costs little CPU per chunk.
+const SPIN: Duration = Duration::from_micros(120);
+
 /// Relays every connection to `listen` on to `to`, each byte `delay` late,
 /// until the process is stopped.
 pub async fn run(listen: SocketAddr, to: SocketAddr, delay: Duration) -> Result<()> {
-    let listener = TcpListener::bind(listen)
+    let listener =
+        std::net::TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+    // The accepting loop blocks too: nothing here needs the runtime, which
+    // only hosts the caller.
+    tokio::task::spawn_blocking(move || accept(listener, to, delay))
         .await
-        .with_context(|| format!("binding {listen}"))?;
+        .context("the relay's accepting thread")?
+}
+
+/// Accepts connections on `listener` and relays each to `to`.
+fn accept(listener: std::net::TcpListener, to: SocketAddr, delay: Duration) -> Result<()> {
     loop {
-        let (inbound, _) = listener.accept().await?;
-        tokio::spawn(async move {
+        let (inbound, _) = listener.accept()?;
+        std::thread::spawn(move || {
             // A node that is down refuses the relay as it would refuse
             // the peer: the inbound connection closes at once.
-            let Ok(outbound) = TcpStream::connect(to).await else {
+            let Ok(outbound) = TcpStream::connect(to) else {
                 return;
             };
             let _ = inbound.set_nodelay(true);
             let _ = outbound.set_nodelay(true);
-            let (ir, iw) = inbound.into_split();
-            let (or, ow) = outbound.into_split();
-            tokio::join!(pump(ir, ow, delay), pump(or, iw, delay));
+            let (Ok(i2), Ok(o2)) = (inbound.try_clone(), outbound.try_clone()) else {
+                return;
+            };
+            pump(inbound, outbound, delay);
+            pump(o2, i2, delay);
         });
     }
 }
 
-/// Moves bytes from `from` to `to`, each chunk written `delay` after it was
-/// read, in order. Ends when either side closes; the write side is shut so
-/// that the far end sees the close, `delay` late like the bytes.
-async fn pump<R, W>(mut from: R, mut to: W, delay: Duration)
-where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(HELD_CHUNKS);
-    let reader = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match from.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx
-                        .send((Instant::now() + delay, buf[..n].to_vec()))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
+/// What the reading thread hands the writing one.
+enum Held {
+    Bytes(Instant, Vec<u8>),
+    /// The reading side closed (or failed) at this moment: the write side
+    /// is shut then plus the delay, so the far end sees the close late
+    /// like the bytes.
+    Closed(Instant),
+}
+
+/// Moves bytes from `from` to `to` on two threads of their own, each chunk
+/// written `delay` after it was read, in order. Ends when either side
+/// closes.
+fn pump(from: TcpStream, to: TcpStream, delay: Duration) {
+    let (tx, rx) = mpsc::sync_channel::<Held>(HELD_CHUNKS);
+    // The writer shuts the reading side if its own side fails, so that the
+    // reader (blocked in `read`) ends too.
+    let Ok(from_for_writer) = from.try_clone() else {
+        return;
+    };
+    std::thread::spawn(move || read_side(from, tx));
+    std::thread::spawn(move || write_side(rx, to, from_for_writer, delay));
+}
+
+fn read_side(mut from: TcpStream, tx: mpsc::SyncSender<Held>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                // Stamped as soon as `read` returns: the hold counts from
+                // the arrival, not from when the writer gets to it.
+                let at = Instant::now();
+                if tx.send(Held::Bytes(at, buf[..n].to_vec())).is_err() {
+                    return;
                 }
             }
         }
-        Instant::now() + delay
-    });
-    while let Some((due, chunk)) = rx.recv().await {
-        tokio::time::sleep_until(due).await;
-        if to.write_all(&chunk).await.is_err() {
-            reader.abort();
-            return;
+    }
+    let _ = tx.send(Held::Closed(Instant::now()));
+}
+
+fn write_side(rx: mpsc::Receiver<Held>, mut to: TcpStream, from: TcpStream, delay: Duration) {
+    fine_timer_slack();
+    while let Ok(held) = rx.recv() {
+        match held {
+            Held::Bytes(at, chunk) => {
+                sleep_until(at + delay);
+                if to.write_all(&chunk).is_err() {
+                    let _ = from.shutdown(Shutdown::Read);
+                    return;
+                }
+            }
+            Held::Closed(at) => {
+                sleep_until(at + delay);
+                break;
+            }
         }
     }
-    if let Ok(closed_at) = reader.await {
-        tokio::time::sleep_until(closed_at).await;
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// Returns at `due`, within microseconds: sleeps to [`SPIN`] before it,
+/// then spins (yielding, so a busy machine's other threads still run).
+fn sleep_until(due: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= due {
+            return;
+        }
+        let left = due - now;
+        if left > SPIN {
+            std::thread::sleep(left - SPIN);
+        } else {
+            std::thread::yield_now();
+        }
     }
-    let _ = to.shutdown().await;
+}
+
+/// Cuts this thread's timer slack from Linux's default 50 µs to 1 µs, so
+/// that a sleep ends when asked and not up to 50 µs later.
+fn fine_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only the
+    // calling thread; a failure leaves the default slack, which SPIN covers.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
-    /// Bytes arrive in order, each no sooner than the delay after it left,
-    /// and the close follows them.
-    #[tokio::test]
-    async fn bytes_arrive_in_order_after_the_delay() {
-        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let to = echo.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = echo.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            loop {
-                let n = s.read(&mut buf).await.unwrap();
-                if n == 0 {
-                    break;
-                }
-                s.write_all(&buf[..n]).await.unwrap();
-            }
-        });
-        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    /// Starts a relay to `to` on a free port of its own, in a runtime of
+    /// its own as the binary does, and returns the address to dial.
+    fn relay(to: SocketAddr, delay: Duration) -> SocketAddr {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
         let listen = probe.local_addr().unwrap();
         drop(probe);
-        let delay = Duration::from_millis(30);
-        tokio::spawn(run(listen, to, delay));
-        let mut c = loop {
-            match TcpStream::connect(listen).await {
-                Ok(c) => break c,
-                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(run(listen, to, delay))
+                .unwrap();
+        });
+        for _ in 0..500 {
+            if let Ok(c) = TcpStream::connect(listen) {
+                // The relay accepted and connected on to `to`: dropping
+                // this probe closes both, and the target sees a
+                // connection that ends at once.
+                drop(c);
+                return listen;
             }
-        };
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("the relay did not start");
+    }
+
+    /// Bytes arrive intact and in order both ways, each no sooner than the
+    /// delay after it left, and a close follows them.
+    #[test]
+    fn bytes_arrive_in_order_and_intact_after_the_delay() {
+        let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = echo.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in echo.incoming() {
+                let mut s = s.unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => s.write_all(&buf[..n]).unwrap(),
+                        }
+                    }
+                });
+            }
+        });
+        let delay = Duration::from_millis(30);
+        let listen = relay(to, delay);
+        let mut c = TcpStream::connect(listen).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         for round in 0..3u8 {
-            let sent = std::time::Instant::now();
-            c.write_all(&[round; 100]).await.unwrap();
+            let sent = Instant::now();
+            c.write_all(&[round; 100]).unwrap();
             let mut got = [0u8; 100];
-            c.read_exact(&mut got).await.unwrap();
+            c.read_exact(&mut got).unwrap();
             assert_eq!(got, [round; 100]);
             // There and back: the delay twice.
             assert!(sent.elapsed() >= delay * 2, "{:?}", sent.elapsed());
         }
-        c.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        c.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
+        // Many writes in a burst, each a run of counting bytes: they come
+        // back as one stream in order, none lost, none doubled.
+        let total: usize = 1 << 20;
+        let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let mut writer = c.try_clone().unwrap();
+        let sending = std::thread::spawn(move || {
+            for piece in data.chunks(1000) {
+                writer.write_all(piece).unwrap();
+            }
+            writer.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        sending.join().unwrap();
+        assert_eq!(back.len(), total);
+        assert!(back.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    }
+
+    /// Figures, not a check (the team does not assert timings): how far
+    /// from `delay` each hold is, for pings sent one way through the relay.
+    /// Run with
+    /// `cargo test --release -p firstseen-bench hold_error -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn hold_error() {
+        for ms in [1u64, 10] {
+            let delay = Duration::from_millis(ms);
+            let sink = TcpListener::bind("127.0.0.1:0").unwrap();
+            let to = sink.local_addr().unwrap();
+            let base = Instant::now();
+            let (tx, rx) = mpsc::channel::<Vec<i64>>();
+            std::thread::spawn(move || {
+                // The relay's start probe connects too and sends nothing:
+                // only the connection that brings pings reports.
+                for s in sink.incoming() {
+                    let (mut s, tx) = (s.unwrap(), tx.clone());
+                    std::thread::spawn(move || {
+                        s.set_nodelay(true).unwrap();
+                        fine_timer_slack();
+                        let mut errors = Vec::new();
+                        let mut ping = [0u8; 8];
+                        while s.read_exact(&mut ping).is_ok() {
+                            let arrived = base.elapsed().as_nanos() as i64;
+                            let sent = i64::from_be_bytes(ping);
+                            errors.push(arrived - sent - delay.as_nanos() as i64);
+                        }
+                        if !errors.is_empty() {
+                            let _ = tx.send(errors);
+                        }
+                    });
+                }
+            });
+            let listen = relay(to, delay);
+            let mut c = TcpStream::connect(listen).unwrap();
+            c.set_nodelay(true).unwrap();
+            fine_timer_slack();
+            let pings = 3000;
+            for i in 0..pings {
+                let at = base.elapsed().as_nanos() as i64;
+                c.write_all(&at.to_be_bytes()).unwrap();
+                // Irregular gaps of 0.3 to 2.3 ms, so that pings land at
+                // every phase of any timer tick.
+                std::thread::sleep(Duration::from_micros(300 + (i * 7919 % 2000)));
+            }
+            c.shutdown(Shutdown::Write).unwrap();
+            let mut errors = rx.recv().unwrap();
+            errors.sort_unstable();
+            let at = |q: f64| errors[((errors.len() - 1) as f64 * q) as usize] as f64 / 1e3;
+            println!(
+                "hold {ms} ms: {} pings, error (arrival - sent - delay) min {:.1} µs, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+                errors.len(),
+                at(0.0),
+                at(0.5),
+                at(0.99),
+                at(1.0)
+            );
+        }
     }
 }
