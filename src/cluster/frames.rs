@@ -91,19 +91,37 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 /// next of its direction, until the queue ends, a write fails or `closed`
 /// is cancelled; then cancels `closed` (so the reading half and every
 /// waiter learn the connection is gone) and shuts the writing half.
+///
+/// Flushes once the queue is empty: every frame queued so far goes out in
+/// one burst, then the flush. Under TLS the flush is what sends a frame's
+/// last bytes: tokio-rustls's `poll_write` takes the plaintext, encrypts it
+/// into its own buffer and writes as much as the socket takes without
+/// waiting; when the socket is full it answers with the bytes taken, and
+/// the rest stays in rustls until the next write or a flush. Without the
+/// flush, a frame written while the socket was full kept its tail until the
+/// next frame came, or for ever on a quiet link (a reply, a heartbeat).
 pub async fn write_frames<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut seal: wire::FrameSeal,
     mut queue: mpsc::Receiver<Vec<u8>>,
     closed: CancellationToken,
 ) {
-    loop {
+    'conn: loop {
         let mut frame = tokio::select! {
             f = queue.recv() => match f { Some(f) => f, None => break },
             _ = closed.cancelled() => break,
         };
-        seal.seal(&mut frame);
-        if wr.write_all(&frame).await.is_err() {
+        loop {
+            seal.seal(&mut frame);
+            if wr.write_all(&frame).await.is_err() {
+                break 'conn;
+            }
+            match queue.try_recv() {
+                Ok(next) => frame = next,
+                Err(_) => break,
+            }
+        }
+        if wr.flush().await.is_err() {
             break;
         }
     }
@@ -126,6 +144,93 @@ mod tests {
             wire::FrameSeal::new(&key, to, &s, &c),
             wire::FrameSeal::new(&key, to, &s, &c),
         )
+    }
+
+    /// A throwaway CA and a node certificate it signs for `firstseen-peer`,
+    /// made with the openssl CLI as the integration tests make theirs.
+    fn peer_tls(dir: &std::path::Path) -> crate::tls::PeerTls {
+        let run = |args: &str| {
+            let out = std::process::Command::new("openssl")
+                .args(args.split(' '))
+                .current_dir(dir)
+                .output()
+                .expect("openssl");
+            assert!(out.status.success(), "openssl {args}: {out:?}");
+        };
+        std::fs::write(
+            dir.join("ext.cnf"),
+            "subjectAltName=DNS:firstseen-peer\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        run(&format!(
+            "req -x509 {ec} -keyout ca.key -out ca.crt -days 2 -subj /CN=test-CA"
+        ));
+        run(&format!(
+            "req {ec} -keyout node.key -out node.csr -subj /CN=firstseen-peer"
+        ));
+        run("x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out node.crt -days 2 -extfile ext.cnf");
+        crate::tls::PeerTls::load(&crate::tls::config::TlsConfig {
+            cert_file: dir.join("node.crt"),
+            key_file: dir.join("node.key"),
+            ca_file: dir.join("ca.crt"),
+            server_name: "firstseen-peer".into(),
+        })
+        .unwrap()
+    }
+
+    /// Under TLS, one frame reaches the other side whole with nothing
+    /// written after it. The frame is far larger than the sockets' small
+    /// buffers, so the socket is full when its last bytes are encrypted and
+    /// rustls keeps them: only the writer's flush sends them (without it
+    /// the read waited for a next frame that never came).
+    #[tokio::test]
+    async fn under_tls_a_frame_arrives_whole_with_nothing_after_it() {
+        use tokio::net::TcpSocket;
+        let dir = tempfile::tempdir().unwrap();
+        let tls = peer_tls(dir.path());
+        let small = |s: &TcpSocket| {
+            s.set_send_buffer_size(4096).unwrap();
+            s.set_recv_buffer_size(4096).unwrap();
+        };
+        let server = TcpSocket::new_v4().unwrap();
+        small(&server);
+        server.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = server.local_addr().unwrap();
+        let listener = server.listen(1).unwrap();
+        let client = TcpSocket::new_v4().unwrap();
+        small(&client);
+        let (connected, accepted) = tokio::join!(client.connect(addr), listener.accept());
+        let (connected, (accepted, _)) = (connected.unwrap(), accepted.unwrap());
+        let (client, server) = tokio::join!(
+            tls.connector.connect(tls.server_name.clone(), connected),
+            tls.acceptor.accept(accepted)
+        );
+        let (client, server) = (client.unwrap(), server.unwrap());
+
+        let (seal, check) = seals();
+        let (frames, queue) = mpsc::channel(4);
+        let closed = CancellationToken::new();
+        tokio::spawn(write_frames(client, seal, queue, closed.clone()));
+        let body = vec![7u8; 1 << 20];
+        frames
+            .send(
+                wire::encode(&Envelope {
+                    id: 1,
+                    body: body.clone(),
+                })
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        // `frames` stays open and sends nothing more: no next frame, no close.
+        let mut reader = FrameReader::new(server, check);
+        let got = tokio::time::timeout(Duration::from_secs(5), reader.next::<Vec<u8>>())
+            .await
+            .expect("the frame's tail stayed in the writer's TLS buffer")
+            .unwrap();
+        assert_eq!((got.id, got.body), (1, body));
+        drop(frames);
     }
 
     /// A header followed by nothing ends the read at the body's bound,
