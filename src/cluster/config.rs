@@ -64,18 +64,27 @@ pub struct ClusterConfig {
     /// path reads every message. Off by default.
     #[serde(default)]
     pub allow_plaintext: bool,
-    /// How often the leader sends heartbeats, in milliseconds.
-    #[serde(default = "default_heartbeat_ms")]
-    pub heartbeat_ms: u64,
+    /// The round trip between the two members farthest apart, in
+    /// milliseconds (what `ping` says between their zones): the distance
+    /// the timing below is made for when it is not set.
+    #[serde(default = "default_round_trip_ms")]
+    pub round_trip_ms: u64,
+    /// How often the leader sends heartbeats, in milliseconds. openraft
+    /// also gives a whole AppendEntries (the round trip and the follower's
+    /// write) one heartbeat, so it must stay well above `round_trip_ms`.
+    /// Unset: [`ClusterConfig::heartbeat_ms`] derives it from the round trip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
     /// Elections: a follower that hears no leader for a random time between
     /// `election_timeout_max_ms` and twice that minus the minimum asks its
     /// peers for a pre-vote, and campaigns only if a majority agrees. The
     /// maximum is also how long a voter that heard from a leader refuses
-    /// to vote for another (openraft's leader lease).
-    #[serde(default = "default_election_min_ms")]
-    pub election_timeout_min_ms: u64,
-    #[serde(default = "default_election_max_ms")]
-    pub election_timeout_max_ms: u64,
+    /// to vote for another (openraft's leader lease). Unset: four and eight
+    /// heartbeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub election_timeout_min_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub election_timeout_max_ms: Option<u64>,
     /// When the cluster level rises once every member runs a release that
     /// has the next one: `"auto"` (at once) or `"manual"` (when an operator
     /// runs `firstseen upgrade`; until then a node can go back to the
@@ -96,9 +105,10 @@ impl Default for ClusterConfig {
             snapshot_logs: default_snapshot_logs(),
             tls: None,
             allow_plaintext: false,
-            heartbeat_ms: default_heartbeat_ms(),
-            election_timeout_min_ms: default_election_min_ms(),
-            election_timeout_max_ms: default_election_max_ms(),
+            round_trip_ms: default_round_trip_ms(),
+            heartbeat_ms: None,
+            election_timeout_min_ms: None,
+            election_timeout_max_ms: None,
             upgrade: Default::default(),
         }
     }
@@ -116,19 +126,49 @@ pub struct MemberConfig {
     pub http: String,
 }
 
-fn default_heartbeat_ms() -> u64 {
-    100
+/// Zones of one region are a few milliseconds apart at most; 20 ms leaves
+/// room, and keeps the timing that suits them (100 ms heartbeats).
+fn default_round_trip_ms() -> u64 {
+    20
 }
-fn default_election_min_ms() -> u64 {
-    400
-}
-fn default_election_max_ms() -> u64 {
-    800
-}
+
+/// What a heartbeat leaves beside the round trip for the follower's write
+/// of an append (an fsync) and the queues on the way.
+const WRITE_ALLOWANCE_MS: u64 = 40;
+
+/// The shortest heartbeat derived from the round trip: the timing that
+/// suits zones a few milliseconds apart, which failover times were
+/// measured with.
+const MIN_DERIVED_HEARTBEAT_MS: u64 = 100;
+
 fn default_snapshot_logs() -> u64 {
     20_000
 }
 impl ClusterConfig {
+    /// The heartbeat interval: `heartbeat_ms` if set, else two round trips
+    /// and the write allowance, at least 100 ms. openraft cuts every append
+    /// at one heartbeat, so it must hold a round trip and the follower's
+    /// write; the second round trip covers a reply that waited behind
+    /// another append on the link. 20 ms (the default) gives 100 ms, 60 ms
+    /// (zones 30 ms apart) 160 ms.
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.heartbeat_ms.unwrap_or_else(|| {
+            (2 * self.round_trip_ms + WRITE_ALLOWANCE_MS).max(MIN_DERIVED_HEARTBEAT_MS)
+        })
+    }
+
+    /// `election_timeout_min_ms` if set, else four heartbeats.
+    pub fn election_timeout_min_ms(&self) -> u64 {
+        self.election_timeout_min_ms
+            .unwrap_or_else(|| 4 * self.heartbeat_ms())
+    }
+
+    /// `election_timeout_max_ms` if set, else eight heartbeats.
+    pub fn election_timeout_max_ms(&self) -> u64 {
+        self.election_timeout_max_ms
+            .unwrap_or_else(|| 8 * self.heartbeat_ms())
+    }
+
     /// Adds every problem of `[cluster]` that needs no file to `p`.
     pub fn check(&self, p: &mut Problems) {
         let mut ids = BTreeSet::new();
@@ -149,25 +189,37 @@ impl ClusterConfig {
         if self.snapshot_logs < 10 {
             p.add("cluster.snapshot_logs", "must be at least 10");
         }
-        if self.heartbeat_ms < 10 {
+        let (heartbeat, min, max) = (
+            self.heartbeat_ms(),
+            self.election_timeout_min_ms(),
+            self.election_timeout_max_ms(),
+        );
+        if heartbeat < 10 {
             p.add("cluster.heartbeat_ms", "must be at least 10");
         }
-        if self.election_timeout_min_ms < 3 * self.heartbeat_ms {
+        if heartbeat < self.round_trip_ms + WRITE_ALLOWANCE_MS / 2 {
+            p.add(
+                "cluster.heartbeat_ms",
+                format!(
+                    "must be at least the round trip (cluster.round_trip_ms, {}) plus {} ms: openraft gives a whole append, there and back with the follower's write, one heartbeat, and cuts it after that; leave it unset to derive it from the round trip",
+                    self.round_trip_ms,
+                    WRITE_ALLOWANCE_MS / 2
+                ),
+            );
+        }
+        if min < 3 * heartbeat {
             p.add(
                 "cluster.election_timeout_min_ms",
                 format!(
                     "must be at least three heartbeats ({} ms), so that a lost heartbeat or two does not start an election",
-                    3 * self.heartbeat_ms
+                    3 * heartbeat
                 ),
             );
         }
-        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+        if max <= min {
             p.add(
                 "cluster.election_timeout_max_ms",
-                format!(
-                    "must be above cluster.election_timeout_min_ms ({})",
-                    self.election_timeout_min_ms
-                ),
+                format!("must be above cluster.election_timeout_min_ms ({min})"),
             );
         }
         if let Some(listen) = self.listen {
@@ -191,5 +243,52 @@ impl ClusterConfig {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(c: &ClusterConfig) -> Vec<String> {
+        let mut p = Problems::default();
+        c.check(&mut p);
+        p.into_vec().into_iter().map(|p| p.key).collect()
+    }
+
+    /// Unset, the timing follows the round trip: the timing of zones a few
+    /// milliseconds apart by default, longer for zones far apart; what is
+    /// set wins, and a heartbeat that cannot hold a round trip is refused.
+    #[test]
+    fn the_timing_follows_the_round_trip_unless_set() {
+        let mut c = ClusterConfig::default();
+        assert_eq!(
+            (
+                c.heartbeat_ms(),
+                c.election_timeout_min_ms(),
+                c.election_timeout_max_ms()
+            ),
+            (100, 400, 800)
+        );
+        c.round_trip_ms = 60;
+        assert_eq!(
+            (
+                c.heartbeat_ms(),
+                c.election_timeout_min_ms(),
+                c.election_timeout_max_ms()
+            ),
+            (160, 640, 1280)
+        );
+        assert!(problems(&c).is_empty(), "{:?}", problems(&c));
+        c.heartbeat_ms = Some(70);
+        assert_eq!(c.election_timeout_min_ms(), 280);
+        assert_eq!(problems(&c), vec!["cluster.heartbeat_ms".to_string()]);
+        c.heartbeat_ms = Some(100);
+        c.election_timeout_min_ms = Some(500);
+        c.election_timeout_max_ms = Some(450);
+        assert_eq!(
+            problems(&c),
+            vec!["cluster.election_timeout_max_ms".to_string()]
+        );
     }
 }

@@ -57,9 +57,9 @@ pub struct Cluster {
 /// Raft timing from `[cluster]` (`heartbeat_ms`, `election_timeout_*`).
 pub fn timing(section: &ClusterConfig) -> liveness::Timing {
     liveness::Timing {
-        heartbeat: Duration::from_millis(section.heartbeat_ms),
-        election_min: Duration::from_millis(section.election_timeout_min_ms),
-        election_max: Duration::from_millis(section.election_timeout_max_ms),
+        heartbeat: Duration::from_millis(section.heartbeat_ms()),
+        election_min: Duration::from_millis(section.election_timeout_min_ms()),
+        election_max: Duration::from_millis(section.election_timeout_max_ms()),
     }
 }
 
@@ -70,9 +70,9 @@ pub fn timing(section: &ClusterConfig) -> liveness::Timing {
 fn raft_config(section: &ClusterConfig, id: NodeId) -> Result<openraft::Config, Error> {
     openraft::Config {
         cluster_name: "firstseen".into(),
-        heartbeat_interval: section.heartbeat_ms,
-        election_timeout_min: section.election_timeout_min_ms,
-        election_timeout_max: section.election_timeout_max_ms,
+        heartbeat_interval: section.heartbeat_ms(),
+        election_timeout_min: section.election_timeout_min_ms(),
+        election_timeout_max: section.election_timeout_max_ms(),
         enable_elect: false,
         // openraft gives a whole AppendEntries (send, follower flush,
         // reply) one heartbeat interval. A catching-up follower is sent
