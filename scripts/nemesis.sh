@@ -66,6 +66,10 @@ args=(--seed "$seed" --minutes "$minutes" --rate "$rate" --profile "$profile" --
 [ "$broker_log" = 1 ] && args+=(--broker-log)
 if [ "$zone_delay_ms" != 0 ]; then
   args+=(--zone-delay-ms "$zone_delay_ms" --delay-bin "$root/target/$build/firstseen-bench")
+  # The nodes are told the distance as an operator would tell them
+  # (cluster.round_trip_ms, here through the environment the campaign
+  # passes on): there and back through two relays.
+  export FIRSTSEEN__CLUSTER__ROUND_TRIP_MS="${FIRSTSEEN__CLUSTER__ROUND_TRIP_MS:-$((2 * zone_delay_ms))}"
 fi
 set +e
 python3 "$root/tests/nemesis/campaign.py" "${args[@]}"
