@@ -18,6 +18,11 @@
 #                    clusters crosses a relay that delays each direction this
 #                    long (this kernel has no netem; `firstseen-bench delay`).
 #                    The baselines have no peer links and pay nothing.
+#   BENCH_PEER_TLS=1 the clusters' peers talk mutual TLS, as in production
+#                    (cluster.tls; a throwaway CA and node certificate made
+#                    with openssl under .bench/tls). With BENCH_ZONE_DELAY_MS
+#                    the nodes are also told the distance (cluster.round_trip_ms,
+#                    twice the delay), so a distance row is the production setup
 #   BENCH_PULSAR_WARMUP_SECS=60  load through a naive forwarder before
 #                    anything is measured, so that no system pays for
 #                    Pulsar's JIT (0: none, as runs before 4 December 2026)
@@ -85,6 +90,27 @@ export ZONE_DELAY_MS=${BENCH_ZONE_DELAY_MS:-0} DELAY_BIN="$bench"
 
 work="$root/.bench"
 rm -rf "$work"; mkdir -p "$work" "$root/bench-results"
+# The nodes read these through their FIRSTSEEN__ environment overrides
+# (scripts/lib.sh's start_cluster writes the same config either way).
+if [ "$ZONE_DELAY_MS" != 0 ]; then
+  export FIRSTSEEN__CLUSTER__ROUND_TRIP_MS=$((2 * ZONE_DELAY_MS))
+fi
+if [ "${BENCH_PEER_TLS:-0}" != 0 ]; then
+  command -v openssl >/dev/null || { log "BENCH_PEER_TLS needs openssl"; exit 1; }
+  tls="$work/tls"; mkdir -p "$tls"
+  # One CA and one certificate for all three nodes: each presents it and
+  # checks the others' against the CA and the name firstseen-peer.
+  (cd "$tls"
+   ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+   openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.crt -days 2 -subj "/CN=firstseen bench CA" 2>/dev/null
+   openssl req "${ec[@]}" -keyout node.key -out node.csr -subj "/CN=firstseen-peer" 2>/dev/null
+   printf 'subjectAltName=DNS:firstseen-peer,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' > ext.cnf
+   openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out node.crt -days 2 -extfile ext.cnf 2>/dev/null)
+  export FIRSTSEEN__CLUSTER__TLS__CERT_FILE="$tls/node.crt" \
+         FIRSTSEEN__CLUSTER__TLS__KEY_FILE="$tls/node.key" \
+         FIRSTSEEN__CLUSTER__TLS__CA_FILE="$tls/ca.crt"
+  log "peers over mutual TLS (certificates in $tls)"
+fi
 cleanup() {
   stop_pid_file "$work/pids" || true
   "$here/pulsar.sh" stop "$work/pulsar" || true
@@ -218,7 +244,7 @@ sync0=($(sync_stats))
 # (commit, publish batch) over the peak alone are their difference.
 for i in 1 2 3; do curl -fsS "http://127.0.0.1:${http[$i]}/metrics" > "$work/metrics0-$i.txt"; done
 
-log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s, zones ${ZONE_DELAY_MS} ms apart)"
+log "profile peak: $peak_rate msg/s for ${peak_secs}s (window ${peak_window}s, zones ${ZONE_DELAY_MS} ms apart, peer TLS ${BENCH_PEER_TLS:-0})"
 # RSS of every node every 5 s: flat at a constant rate, or growing?
 (
   t0=$(date +%s)
