@@ -36,4 +36,10 @@ pub enum SendError {
     /// go and the acquisition retried with backoff.
     #[error("writes of an earlier producer may still land: {0}")]
     WritesPending(String),
+    /// The broker has no such topic and creates none on its own
+    /// (`allowAutoTopicCreation=false`): its `TopicNotFound`, on the lookup
+    /// or on the producer. The publish adapter creates the topic through
+    /// the admin API when it has one; otherwise retried with backoff.
+    #[error("the broker has no such topic and does not create it: {0}")]
+    TopicNotFound(String),
 }

@@ -106,10 +106,17 @@ impl Admin {
     /// times; past that the redirect is the answer, which the caller fails
     /// to read.
     async fn get(&self, path: &str) -> Result<reqwest::Response, Error> {
+        self.send(reqwest::Method::GET, path).await
+    }
+
+    /// A request of `method` on `path`, as [`Admin::get`] makes it: with
+    /// the credentials, following the owner's redirects (a topic's PUT is
+    /// redirected to its owner as a read is).
+    async fn send(&self, method: reqwest::Method, path: &str) -> Result<reqwest::Response, Error> {
         let mut url = format!("{}{path}", self.url);
         let mut hops = 0;
         loop {
-            let request = self.client.get(&url);
+            let request = self.client.request(method.clone(), &url);
             let request = match &self.token {
                 Some(token) => request.bearer_auth(token),
                 None => request,
@@ -212,6 +219,21 @@ impl Admin {
             .await
             .map_err(Error::Admin)?;
         Ok(stats.pending)
+    }
+
+    /// Creates `topic`, non-partitioned, for a broker that creates none on
+    /// its own (`allowAutoTopicCreation=false`). Returns whether this call
+    /// created it: `false` when it existed already (the broker's 409
+    /// Conflict; another node, an operator or an earlier attempt made it),
+    /// which is as good.
+    pub async fn create_topic(&self, topic: &str) -> Result<bool, super::Error> {
+        let path = Self::topic_path(topic)?;
+        let response = self.send(reqwest::Method::PUT, &path).await?;
+        if response.status() == reqwest::StatusCode::CONFLICT {
+            return Ok(false);
+        }
+        response.error_for_status().map_err(Error::Admin)?;
+        Ok(true)
     }
 
     /// Whether deduplication applies to `topic`.

@@ -105,12 +105,9 @@ impl PulsarSession {
             pause = (pause * 2).min(Duration::from_millis(250));
         }
     }
-}
 
-impl Session for PulsarSession {
-    type Producer = Producer;
-
-    async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, SendError> {
+    /// Looks `topic` up and opens its exclusive producer under `name`.
+    async fn acquire(&self, topic: &str, name: &str) -> Result<Producer, SendError> {
         let at = self
             .client
             .lookup_topic(topic)
@@ -122,10 +119,68 @@ impl Session for PulsarSession {
             .await
             .map_or(self.max_message_bytes, |l| l.min(self.max_message_bytes));
         let proxy_to = at.proxy.then_some(at.broker_url);
-        let producer = self
-            .producers
+        self.producers
             .exclusive(at.url.as_str(), proxy_to, topic, name, limit)
-            .await?;
+            .await
+    }
+
+    /// Creates `topic`, which the broker said it does not have and will not
+    /// create on its own (`allowAutoTopicCreation=false`, common in
+    /// production), through the admin API; the caller then takes it again.
+    /// The decision is by the broker's code (`SendError::TopicNotFound`),
+    /// never its words. Without `pulsar.admin_url` nothing can create it:
+    /// one ERROR per topic says so (the retries, with backoff, do not repeat
+    /// it), and the topic stays unpublished until someone creates it.
+    async fn create(&self, topic: &str, why: String) -> Result<(), SendError> {
+        let Some(admin) = &self.admin else {
+            if first_report_of_missing(topic) {
+                tracing::error!(topic, broker = %why, "the topic does not exist and the broker does not create topics on its own (allowAutoTopicCreation=false): nothing is published to it until it exists. Set pulsar.admin_url so that the publisher creates it, or create it (non-partitioned) with pulsar-admin topics create; retrying with backoff");
+            }
+            return Err(SendError::TopicNotFound(why));
+        };
+        match admin.create_topic(topic).await {
+            Ok(created) => {
+                if created {
+                    metrics::counter!("firstseen_publish_topics_created_total").increment(1);
+                }
+                tracing::info!(
+                    topic,
+                    created,
+                    "the broker does not create topics on its own: the topic was created through the admin API (non-partitioned, or it existed already); taking it again"
+                );
+                Ok(())
+            }
+            // Still missing: retried with backoff, like the refusal itself.
+            Err(e) => Err(SendError::TopicNotFound(format!(
+                "{why}; creating it through the admin API failed: {e}"
+            ))),
+        }
+    }
+}
+
+/// Whether `topic`'s absence from a broker that creates no topics is not
+/// reported yet in this process: the ERROR goes once per topic, not once
+/// per retry.
+fn first_report_of_missing(topic: &str) -> bool {
+    static REPORTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(topic.to_string())
+}
+
+impl Session for PulsarSession {
+    type Producer = Producer;
+
+    async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, SendError> {
+        let producer = match self.acquire(topic, name).await {
+            Err(SendError::TopicNotFound(why)) => {
+                self.create(topic, why).await?;
+                self.acquire(topic, name).await?
+            }
+            other => other?,
+        };
         // Exclusive access is no fence on its own: the broker hands it over
         // as soon as the holder's connection drops, with that holder's
         // writes still pending. On an error the producer is dropped here.

@@ -17,6 +17,11 @@ pub(super) fn sort(e: &pulsar::Error) -> SendError {
     {
         return SendError::HeldElsewhere(text);
     }
+    // A broker that does not create topics on its own answers a lookup
+    // (or a producer) of a missing one so: the adapter may create it.
+    if matches!(server_error(e), Some(ServerError::TopicNotFound)) {
+        return SendError::TopicNotFound(text);
+    }
     // The broker answered the send with an error instead of a receipt, the
     // producer and its connection still up. The client carries the code
     // only in text; the variant is what is decided on.
@@ -90,6 +95,15 @@ mod tests {
                 ConnectionError::UnexpectedResponse("send_error".into())
             ))),
             SendError::Refused(_)
+        ));
+        assert!(matches!(
+            sort(&pulsar::Error::ServiceDiscovery(
+                pulsar::error::ServiceDiscoveryError::Query(
+                    Some(ServerError::TopicNotFound),
+                    Some("Topic not found".into())
+                )
+            )),
+            SendError::TopicNotFound(_)
         ));
         assert!(matches!(
             sort(&refused(ServerError::AuthorizationError)),

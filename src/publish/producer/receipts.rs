@@ -246,6 +246,7 @@ pub(super) fn refusal(code: i32, message: &str) -> SendError {
     use proto::ServerError as E;
     match E::try_from(code) {
         Ok(E::ProducerBusy | E::ProducerFenced) => SendError::HeldElsewhere(message.to_string()),
+        Ok(E::TopicNotFound) => SendError::TopicNotFound(message.to_string()),
         Ok(e) => SendError::Lost(format!("{e:?}: {message}")),
         Err(_) => SendError::Lost(format!("error {code}: {message}")),
     }

@@ -1,0 +1,155 @@
+//! A term's topics on the real broker: a missing topic is created when the
+//! broker creates none on its own, and a new leader takes its routes'
+//! topics before their first message arrives.
+//!
+//! Auto-creation is switched off per namespace (the admin API's
+//! `autoTopicCreation` policy, which the broker consults before its own
+//! `allowAutoTopicCreation`), so these tests run on the shared broker:
+//! the broker answers a lookup or a producer of a missing topic in such a
+//! namespace with `TopicNotFound`, as a broker configured with
+//! `allowAutoTopicCreation=false` does everywhere.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// A namespace of its own on the shared broker in which the broker creates
+/// no topic on its own: returns its `tenant/namespace`.
+fn namespace_without_auto_creation(pulsar: &Pulsar, name: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let ns = format!("public/{name}-{n:x}");
+    let admin = |method: &str, path: &str, body: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["-X", method])
+            .arg(format!("{}{path}", pulsar.admin_url));
+        if let Some(body) = body {
+            c.args(["-H", "Content-Type: application/json", "-d", body]);
+        }
+        let out = c.output().expect("curl");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(
+        admin("PUT", &format!("/admin/v2/namespaces/{ns}"), None),
+        "204",
+        "create {ns}"
+    );
+    assert_eq!(
+        admin(
+            "POST",
+            &format!("/admin/v2/namespaces/{ns}/autoTopicCreation"),
+            Some(r#"{"allowAutoTopicCreation":false}"#)
+        ),
+        "204",
+        "switch auto-creation off in {ns}"
+    );
+    // The broker refuses the topic before the node starts: the test then
+    // shows the node creating it, not the broker.
+    assert_eq!(
+        admin(
+            "GET",
+            &format!("/lookup/v2/topic/persistent/{ns}/probe"),
+            None
+        ),
+        "404",
+        "the broker still creates topics in {ns}"
+    );
+    ns
+}
+
+/// The topic's stats from the admin API (`None` while it has none, e.g. it
+/// does not exist).
+fn topic_stats(pulsar: &Pulsar, topic: &str) -> Option<Value> {
+    let path = topic.strip_prefix("persistent://")?;
+    let out = Command::new("curl")
+        .args(["-sSf", "-m", "5"])
+        .arg(format!(
+            "{}/admin/v2/persistent/{path}/stats",
+            pulsar.admin_url
+        ))
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// On a broker that creates no topics, a node with `pulsar.admin_url`
+/// creates its fresh topic and publishes every message into it, exactly
+/// once. Before the fix the producer was refused with `TopicNotFound`
+/// again and again, and nothing was published.
+#[test]
+fn a_fresh_topic_is_created_when_the_broker_creates_none() {
+    let Some(pulsar) = shared_pulsar("a_fresh_topic_is_created_when_the_broker_creates_none")
+    else {
+        return;
+    };
+    let ns = namespace_without_auto_creation(&pulsar, "no-auto");
+    let topic = format!("persistent://{ns}/fresh");
+    let mqtt = Mosquitto::start();
+    let node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+
+    let r = replay(mqtt.port, &["--limit", "300", "--pace", "max"]);
+    let expected = hfp_pairs(Some(300));
+    assert_eq!(r.distinct, expected.len() as u64);
+    node.wait_published(expected.len() as u64, Duration::from_secs(60));
+    assert_exactly_once(&read_back(&pulsar, &topic), &expected);
+    let log = std::fs::read_to_string(node.log_path()).unwrap_or_default();
+    assert!(
+        log.contains("created through the admin API"),
+        "the node did not say it created the topic:\n{}",
+        node.log_tail(40)
+    );
+}
+
+/// Without `pulsar.admin_url` nothing can create the topic: one ERROR names
+/// the topic and the setting, however often the publisher tries again, and
+/// it tries again with backoff (a handful of attempts in seconds, not a
+/// busy loop).
+#[test]
+fn a_missing_topic_without_the_admin_api_is_one_clear_error() {
+    let Some(pulsar) = shared_pulsar("a_missing_topic_without_the_admin_api_is_one_clear_error")
+    else {
+        return;
+    };
+    let ns = namespace_without_auto_creation(&pulsar, "no-auto-no-admin");
+    let topic = format!("persistent://{ns}/fresh");
+    let mqtt = Mosquitto::start();
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    spec.config.pulsar.admin_url = None;
+    let node = Node::start(spec);
+    node.wait_ready();
+    replay(mqtt.port, &["--limit", "20", "--pace", "max"]);
+    let attempts = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("publisher dropped its producer") && l.contains(&topic))
+            .count()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the publisher to have tried a few times",
+        || attempts(&std::fs::read_to_string(node.log_path()).unwrap_or_default()) >= 4,
+    );
+    let log = std::fs::read_to_string(node.log_path()).unwrap_or_default();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("allowAutoTopicCreation"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one ERROR, got:\n{}", errors.join("\n"));
+    assert!(
+        errors[0].contains(&topic) && errors[0].contains("pulsar.admin_url"),
+        "the ERROR names the topic and the setting: {}",
+        errors[0]
+    );
+    assert!(
+        topic_stats(&pulsar, &topic).is_none(),
+        "the topic was created without the admin API"
+    );
+    assert_eq!(node.published(), 0);
+}
