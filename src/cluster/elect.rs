@@ -426,12 +426,18 @@ pub async fn watch_lease(
     let mut tick = tokio::time::interval(timing.lease_watch());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned: Option<tokio::time::Instant> = None;
+    // The last rounds of this leadership: the warning is for a distance
+    // that stays, not for a slow round (a new leader's first confirmation
+    // waits for its first entry to be applied, 0.5 s in a campaign).
+    const SUSTAINED: usize = 8;
+    let mut recent = std::collections::VecDeque::with_capacity(SUSTAINED);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
         if raft.metrics().borrow().state != ServerState::Leader {
+            recent.clear();
             continue;
         }
         let asked = tokio::time::Instant::now();
@@ -441,14 +447,21 @@ pub async fn watch_lease(
             liveness.lease_confirmed();
             let took = asked.elapsed();
             liveness.quorum_round(took);
-            if took > timing.heartbeat
+            if recent.len() == SUSTAINED {
+                recent.pop_front();
+            }
+            recent.push_back(took);
+            let quickest = recent.iter().min().copied().unwrap_or(took);
+            if recent.len() == SUSTAINED
+                && quickest > timing.heartbeat
                 && warned.is_none_or(|w| w.elapsed() > Duration::from_secs(60))
             {
                 warned = Some(tokio::time::Instant::now());
                 tracing::warn!(
-                    took_ms = took.as_millis() as u64,
+                    quickest_ms = quickest.as_millis() as u64,
+                    rounds = SUSTAINED,
                     heartbeat_ms = timing.heartbeat.as_millis() as u64,
-                    "a quorum round took longer than a heartbeat: openraft cuts appends at one heartbeat, so replication stalls and retries; set cluster.round_trip_ms to the round trip between the farthest zones (and leave cluster.heartbeat_ms unset)"
+                    "every one of the last quorum rounds took longer than a heartbeat: openraft cuts appends at one heartbeat, so replication stalls and retries; set cluster.round_trip_ms to the round trip between the farthest zones (and leave cluster.heartbeat_ms unset)"
                 );
             }
         }
