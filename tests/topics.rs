@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use firstseen::config::RouteConfig;
 use serde_json::Value;
 
 /// A namespace of its own on the shared broker in which the broker creates
@@ -152,4 +153,64 @@ fn a_missing_topic_without_the_admin_api_is_one_clear_error() {
         "the topic was created without the admin API"
     );
     assert_eq!(node.published(), 0);
+}
+
+/// The names of the producers the topic has now.
+fn publishers(pulsar: &Pulsar, topic: &str) -> Vec<String> {
+    topic_stats(pulsar, topic)
+        .and_then(|v| {
+            v["publishers"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|p| p["producerName"].as_str().map(str::to_string))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A leader takes the topics its routes name when its term starts, before
+/// any message for them arrives: the routed topic has the node's exclusive
+/// producer while nothing has been published upstream, and one route's
+/// topic that never gets a message holds one too, harmlessly. The messages
+/// sent after go in exactly once (the take before them was a whole one:
+/// the fence, the barrier and the tail read). Before the change a topic was
+/// taken on its first message only.
+#[test]
+fn a_term_takes_its_routes_topics_before_their_first_message() {
+    let Some(pulsar) = shared_pulsar("a_term_takes_its_routes_topics_before_their_first_message")
+    else {
+        return;
+    };
+    let mqtt = Mosquitto::start();
+    let topic = unique_topic("early-take");
+    let quiet = unique_topic("early-take-quiet");
+    let mut spec = NodeSpec::new(&mqtt, &pulsar, &topic);
+    // A second route, first in line, whose topic no message of the test
+    // goes to.
+    spec.config
+        .routes
+        .insert(0, RouteConfig::new("/quiet/#", quiet.clone()));
+    let node = Node::start(spec);
+    node.wait_ready();
+    for t in [&topic, &quiet] {
+        wait_until(
+            Duration::from_secs(30),
+            "the routed topic to have the leader's producer",
+            || !publishers(&pulsar, t).is_empty(),
+        );
+    }
+    assert_eq!(node.published(), 0, "nothing was sent yet");
+    assert_eq!(
+        node.status().map(|s| s.totals.observed),
+        Some(0),
+        "no message arrived before the topics were taken"
+    );
+
+    let r = replay(mqtt.port, &["--limit", "200", "--pace", "max"]);
+    let expected = hfp_pairs(Some(200));
+    assert_eq!(r.distinct, expected.len() as u64);
+    node.wait_published(expected.len() as u64, Duration::from_secs(60));
+    assert_exactly_once(&read_back(&pulsar, &topic), &expected);
+    assert_eq!(read_back(&pulsar, &quiet).count, 0);
+    assert_eq!(publishers(&pulsar, &quiet).len(), 1);
 }

@@ -96,6 +96,17 @@ impl Formats {
             .unwrap_or_default()
     }
 
+    /// The topics the routes name, by their canonical names: a new leader
+    /// takes them before their first message (`publish::term`).
+    pub fn topics(&self) -> Vec<String> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Replaces the table with `other`'s.
     pub fn replace(&self, other: &Formats) {
         let table = other

@@ -24,13 +24,35 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
         tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
         term: u64,
     ) -> Result<Option<bool>, Error> {
-        let name = self.ours.producer_name(&format!(
+        let name = self.producer_name(term);
+        let producer = session.exclusive(&tp.topic, &name).await?;
+        self.take_with(session, tp, producer, &name).await
+    }
+
+    /// A producer name of this node and term, unique to this acquisition.
+    pub(super) fn producer_name(&self, term: u64) -> String {
+        self.ours.producer_name(&format!(
             "{}-t{}-{}",
             self.node_id,
             term,
             tail::scratch_subscription("p")
-        ));
-        let mut producer = session.exclusive(&tp.topic, &name).await?;
+        ))
+    }
+
+    /// [`Publisher::take`] once `producer`, named `name`, holds the topic's
+    /// exclusive access and the writes an earlier producer left pending
+    /// have settled ([`Session::exclusive`]): the read barrier, the tail
+    /// read under it, and the resume point. Nothing is sent before this has
+    /// run, whenever the producer was acquired: held since, exclusive, the
+    /// topic's end cannot move under it.
+    pub(super) async fn take_with(
+        &self,
+        session: &B::Session,
+        tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
+        producer: <B::Session as Session>::Producer,
+        name: &str,
+    ) -> Result<Option<bool>, Error> {
+        let mut producer = producer;
         // Every entry committed before now applied: a sequence beyond
         // what the outbox has assigned is then surely not ours.
         if !self.consensus.read_barrier().await {

@@ -3,8 +3,10 @@
 //! after a lease confirmation each, and settles their receipts, until the
 //! lease, the term or the node ends.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
 
 // Tokio's clock, not the system's: it is the same in a node, and it is the
 // simulated clock in the simulation.
@@ -15,6 +17,24 @@ use super::port::{Broker, Consensus, Outbox, Sending, Session};
 use super::Publisher;
 use super::{Error, TopicProblem};
 use crate::telemetry::{self, Leg};
+
+/// How many topics a term acquires at once at its start. Each acquisition
+/// is a lookup, a producer, and admin API requests (the topic's limit, its
+/// pending writes), and then a tail read; a config of thousands of routes
+/// at once would queue them all on the broker and its admin API together,
+/// and the topics with messages waiting, first in line, would wait behind
+/// them.
+const EARLY_AT_ONCE: usize = 16;
+
+/// How many topics a term takes at its start at most. Every one holds an
+/// exclusive producer for the term (as it would after its first message)
+/// and costs a tail read; beyond this bound a term's start would be spent
+/// on topics that may see no message, and they are taken on their first.
+const EARLY_TOPICS: usize = 256;
+
+/// A topic acquired at a term's start: its name, its producer's name, and
+/// the producer (or why not).
+type Acquired<P> = (String, String, Result<P, super::port::SendError>);
 
 /// Why a leadership term's publishing ended.
 pub(super) enum TermEnd {
@@ -97,6 +117,25 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
         let mut topics: BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>> =
             BTreeMap::new();
         let named = self.outbox.level() >= firstseen_store::level::NAMES;
+        // The term's known topics are acquired at once, beside the loop,
+        // so that a topic's first message finds its producer ready: the
+        // lookup, the producer and the wait for a predecessor's pending
+        // writes took most of a second after the first commit. Each is
+        // taken (read barrier, tail read) as soon as it is acquired, before
+        // anything is sent to it, exactly as on its first message.
+        let early = self.early_topics(named, term)?;
+        if !early.is_empty() && !self.consensus.confirm_lease().await {
+            return Ok(TermEnd::LostLease);
+        }
+        let mut acquiring: BTreeSet<String> = early.iter().map(|(t, _)| t.clone()).collect();
+        let mut acquired = Vec::new();
+        let session_ref = &session;
+        let mut acquisitions =
+            futures::stream::iter(early.into_iter().map(|(topic, name)| async move {
+                let producer = session_ref.exclusive(&topic, &name).await;
+                (topic, name, producer)
+            }))
+            .buffer_unordered(EARLY_AT_ONCE);
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(TermEnd::Shutdown);
@@ -122,6 +161,19 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                     "disk below its reserve: publisher lets go of its producers"
                 );
                 return Ok(TermEnd::LostLease);
+            }
+            while !acquiring.is_empty() {
+                match acquisitions.next().now_or_never() {
+                    Some(Some(a)) => acquired.push(a),
+                    _ => break,
+                }
+            }
+            if !acquired.is_empty() {
+                for (topic, _, _) in &acquired {
+                    acquiring.remove(topic);
+                }
+                self.take_acquired(&session, &mut topics, std::mem::take(&mut acquired))
+                    .await;
             }
             let mut worked = false;
             for (name, st) in self.outbox.topics()? {
@@ -154,6 +206,11 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                     continue;
                 }
                 if tp.retry_at.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
+                // Its producer is on its way: a second one would be refused
+                // by the first.
+                if tp.producer.is_none() && acquiring.contains(&tp.topic) {
                     continue;
                 }
                 let unsent = tp.producer.is_none() || tp.next_seq <= st.last_seq;
@@ -193,6 +250,10 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
             // peak that was most of the time from commit to send.
             let woke = tokio::select! {
                 r = first_received(&mut topics) => Some(r),
+                a = acquisitions.next(), if !acquiring.is_empty() => {
+                    acquired.extend(a);
+                    None
+                }
                 _ = self.outbox.grown() => None,
                 _ = self.consensus.changed() => None,
                 _ = tokio::time::sleep(Duration::from_millis(200)) => None,
@@ -204,6 +265,91 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 }
             }
         }
+    }
+
+    /// The topics a new term takes at once, each with its producer's name:
+    /// those with messages waiting in the outbox first (they are sent
+    /// right away), then those the routes name (their first message is
+    /// yet to come). At most [`EARLY_TOPICS`].
+    ///
+    /// A route's topic goes by its canonical name only from cluster level 3,
+    /// where the outbox names it so too; below it the outbox keeps the
+    /// route's spelling, and a producer under the other spelling would keep
+    /// the outbox's own out of the same broker topic. Topics another
+    /// cluster took over are left alone.
+    fn early_topics(&self, named: bool, term: u64) -> Result<Vec<(String, String)>, Error> {
+        let mut list: Vec<String> = self
+            .outbox
+            .topics()?
+            .into_iter()
+            .filter(|(_, st)| st.last_seq > st.published_seq)
+            .map(|(t, _)| t)
+            .collect();
+        if named {
+            list.extend(self.formats.topics());
+        }
+        let superseded = self.ours.superseded();
+        let mut seen = BTreeSet::new();
+        list.retain(|t| !superseded.contains(t) && seen.insert(t.clone()));
+        if list.len() > EARLY_TOPICS {
+            tracing::info!(
+                topics = list.len(),
+                taken = EARLY_TOPICS,
+                "more topics than a term takes at its start: the rest are taken on their first message"
+            );
+            list.truncate(EARLY_TOPICS);
+        }
+        Ok(list
+            .into_iter()
+            .map(|t| {
+                let name = self.producer_name(term);
+                (t, name)
+            })
+            .collect())
+    }
+
+    /// Takes the topics whose producers the term acquired at its start
+    /// (each [`Publisher::take_with`], together), so that their first
+    /// message finds them taken. One whose acquisition failed is left as
+    /// it was: its first message takes it as before, with the backoff of
+    /// its failures. An acquired topic holds its producer even with
+    /// nothing to send, as every topic does after its last message; the
+    /// idle lease check lets go of them all when the lease is lost.
+    async fn take_acquired(
+        &self,
+        session: &B::Session,
+        topics: &mut BTreeMap<String, TopicPublisher<<B::Session as Session>::Producer>>,
+        acquired: Vec<Acquired<<B::Session as Session>::Producer>>,
+    ) {
+        let mut ready = BTreeMap::new();
+        for (topic, name, producer) in acquired {
+            match producer {
+                Ok(p) => {
+                    topics.entry(topic.clone()).or_insert_with(|| {
+                        let format = self.formats.of(&topic);
+                        TopicPublisher::new(topic.clone(), format)
+                    });
+                    ready.insert(topic, (name, p));
+                }
+                Err(e) => {
+                    tracing::info!(topic = %topic, error = %e, "could not take the topic at the term's start; its first message takes it");
+                }
+            }
+        }
+        let takes = topics.iter_mut().filter_map(|(topic, tp)| {
+            let (name, producer) = ready.remove(topic)?;
+            // A topic taken meanwhile (it cannot be: its take waited for
+            // this acquisition) keeps its producer; this one goes.
+            if tp.producer.is_some() {
+                return None;
+            }
+            Some(async move {
+                if let Err(e) = self.take_with(session, tp, producer, &name).await {
+                    tp.fail(&e).await;
+                }
+            })
+        });
+        futures::future::join_all(takes).await;
     }
 
     /// Sends the next batch of one topic without awaiting its receipts.
