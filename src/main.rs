@@ -135,7 +135,10 @@ fn init_logging(format: LogFormat, quiet_clients: bool) {
     // firstseen says the same once (`cluster::peers`: one line when a peer
     // goes, a reminder a minute, one when it is back; the counts in
     // /metrics), and a storage error openraft meets comes back to firstseen
-    // as an error it logs. `RUST_LOG=info,openraft=warn` brings them back.
+    // as an error it logs. `RUST_LOG=info,openraft=warn` brings them back,
+    // with one "heartbeat error" line for each empty append the leader
+    // sends without waiting for its reply (`cluster::network`), which is
+    // the normal course under load, not a fault.
     let default = if quiet_clients {
         "info,pulsar=error,openraft=off,sled=warn"
     } else {
