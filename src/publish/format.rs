@@ -71,7 +71,7 @@ impl Format {
 /// Cheap to clone; clones share one table, which a reload replaces (the
 /// publisher reads a topic's format when it takes the topic's producer).
 #[derive(Debug, Clone, Default)]
-pub struct Formats(Arc<std::sync::RwLock<HashMap<String, Format>>>);
+pub struct Formats(Arc<std::sync::RwLock<HashMap<String, (Format, String)>>>);
 
 impl Formats {
     /// The table, by each topic's canonical name: the publisher asks by
@@ -81,7 +81,7 @@ impl Formats {
         Self(Arc::new(std::sync::RwLock::new(
             by_topic
                 .into_iter()
-                .map(|(t, f)| (firstseen_store::topic::canonical(&t).into_owned(), f))
+                .map(|(t, f)| (firstseen_store::topic::canonical(&t).into_owned(), (f, t)))
                 .collect(),
         )))
     }
@@ -92,18 +92,20 @@ impl Formats {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(firstseen_store::topic::canonical(pulsar_topic).as_ref())
-            .copied()
+            .map(|(f, _)| *f)
             .unwrap_or_default()
     }
 
-    /// The topics the routes name, by their canonical names: a new leader
-    /// takes them before their first message (`publish::term`).
-    pub fn topics(&self) -> Vec<String> {
+    /// The topics the routes name, by their canonical names or, with
+    /// `canonical` false, as the routes write them (below cluster level 3
+    /// the outbox names a topic so): a new leader takes them before their
+    /// first message (`publish::term`).
+    pub fn topics(&self, canonical: bool) -> Vec<String> {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .keys()
-            .cloned()
+            .iter()
+            .map(|(full, (_, written))| if canonical { full } else { written }.clone())
             .collect()
     }
 

@@ -272,11 +272,11 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
     /// right away), then those the routes name (their first message is
     /// yet to come). At most [`EARLY_TOPICS`].
     ///
-    /// A route's topic goes by its canonical name only from cluster level 3,
-    /// where the outbox names it so too; below it the outbox keeps the
-    /// route's spelling, and a producer under the other spelling would keep
-    /// the outbox's own out of the same broker topic. Topics another
-    /// cluster took over are left alone.
+    /// A route's topic goes by the name the outbox gives it: its canonical
+    /// one from cluster level 3, the route's spelling below (a producer
+    /// under the other spelling would keep the outbox's own out of the same
+    /// broker topic for the whole term). Topics another cluster took over
+    /// are left alone.
     fn early_topics(&self, named: bool, term: u64) -> Result<Vec<(String, String)>, Error> {
         let mut list: Vec<String> = self
             .outbox
@@ -285,9 +285,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
             .filter(|(_, st)| st.last_seq > st.published_seq)
             .map(|(t, _)| t)
             .collect();
-        if named {
-            list.extend(self.formats.topics());
-        }
+        list.extend(self.formats.topics(named));
         let superseded = self.ours.superseded();
         let mut seen = BTreeSet::new();
         list.retain(|t| !superseded.contains(t) && seen.insert(t.clone()));
