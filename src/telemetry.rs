@@ -91,6 +91,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Times a new exclusive producer was let go because the broker still held an earlier producer's writes of the topic (or could not say) after one operation timeout; retried",
     ),
     (
+        "firstseen_publish_topics_created_total",
+        "counter",
+        "Topics the publisher created through the admin API because the broker had not got them and would not create them (allowAutoTopicCreation off)",
+    ),
+    (
         "firstseen_publish_unfenced_total",
         "counter",
         "Exclusive producers taken without waiting for an earlier producer's pending writes (no pulsar.admin_url)",
