@@ -415,8 +415,8 @@ pub async fn drive(
 /// before a batch. Each confirmation is one empty append to every follower:
 /// at the default 100 ms heartbeat, 20 rounds a second (40 appends with two
 /// followers) beside openraft's 10 heartbeat rounds. It also measures the
-/// quorum's round trip, and says when it no longer fits in a heartbeat
-/// (openraft then cuts appends short: `cluster.round_trip_ms`).
+/// quorum's round trip, and says when the group is farther apart than its
+/// timing allows ([`too_far`]).
 pub async fn watch_lease(
     raft: Raft,
     liveness: Arc<Liveness>,
@@ -426,10 +426,7 @@ pub async fn watch_lease(
     let mut tick = tokio::time::interval(timing.lease_watch());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned: Option<tokio::time::Instant> = None;
-    // The last rounds of this leadership: the warning is for a distance
-    // that stays, not for a slow round (a new leader's first confirmation
-    // waits for its first entry to be applied, 0.5 s in a campaign).
-    const SUSTAINED: usize = 8;
+    // The last rounds of this leadership (`None`: not confirmed in time).
     let mut recent = std::collections::VecDeque::with_capacity(SUSTAINED);
     loop {
         tokio::select! {
@@ -441,31 +438,61 @@ pub async fn watch_lease(
             continue;
         }
         let asked = tokio::time::Instant::now();
-        if let Ok(Ok(_)) =
-            tokio::time::timeout(timing.confirm_timeout(), raft.ensure_linearizable()).await
+        let round = match tokio::time::timeout(timing.confirm_timeout(), raft.ensure_linearizable())
+            .await
         {
-            liveness.lease_confirmed();
-            let took = asked.elapsed();
-            liveness.quorum_round(took);
-            if recent.len() == SUSTAINED {
-                recent.pop_front();
+            Ok(Ok(_)) => {
+                liveness.lease_confirmed();
+                let took = asked.elapsed();
+                liveness.quorum_round(took);
+                Some(took)
             }
-            recent.push_back(took);
-            let quickest = recent.iter().min().copied().unwrap_or(took);
-            if recent.len() == SUSTAINED
-                && quickest > timing.heartbeat
-                && warned.is_none_or(|w| w.elapsed() > Duration::from_secs(60))
-            {
-                warned = Some(tokio::time::Instant::now());
-                tracing::warn!(
-                    quickest_ms = quickest.as_millis() as u64,
-                    rounds = SUSTAINED,
-                    heartbeat_ms = timing.heartbeat.as_millis() as u64,
-                    "every one of the last quorum rounds took longer than a heartbeat: openraft cuts appends at one heartbeat, so replication stalls and retries; set cluster.round_trip_ms to the round trip between the farthest zones (and leave cluster.heartbeat_ms unset)"
-                );
-            }
+            _ => None,
+        };
+        if recent.len() == SUSTAINED {
+            recent.pop_front();
+        }
+        recent.push_back(round);
+        // Replies did come (late ones too: the link reads them after the
+        // call gave up), so the peers are there and only slow to answer.
+        let answered = liveness
+            .peer_ages()
+            .values()
+            .any(|age| *age < timing.lease());
+        if too_far(&recent, timing.heartbeat, answered)
+            && warned.is_none_or(|w| w.elapsed() > Duration::from_secs(60))
+        {
+            warned = Some(tokio::time::Instant::now());
+            tracing::warn!(
+                rounds = SUSTAINED,
+                last_round_ms = ?liveness.last_quorum_round().map(|d| d.as_millis() as u64),
+                heartbeat_ms = timing.heartbeat.as_millis() as u64,
+                "none of the last quorum rounds came back within a heartbeat although the peers answer: the zones are farther apart than the timing allows; openraft cuts every append at one heartbeat, so replication stalls and the leadership goes unconfirmed. Set cluster.round_trip_ms to the round trip between the farthest zones (and leave cluster.heartbeat_ms unset)"
+            );
         }
     }
+}
+
+/// Rounds the lease watch looks back over before it says the group is too
+/// far apart: a slow round is not a distance (a new leader's first
+/// confirmation waits for its first entry to be applied, 0.5 s in a
+/// campaign).
+const SUSTAINED: usize = 8;
+
+/// Whether the last [`SUSTAINED`] quorum rounds say the zones are farther
+/// apart than the heartbeat allows: each one either took longer than a
+/// heartbeat or was not confirmed at all (openraft cuts a leadership check's
+/// appends at one heartbeat too, so past it none is), while the peers do
+/// answer (`answered`; a leader cut off from them is not too far, it is cut
+/// off).
+fn too_far(
+    recent: &std::collections::VecDeque<Option<Duration>>,
+    heartbeat: Duration,
+    answered: bool,
+) -> bool {
+    answered
+        && recent.len() == SUSTAINED
+        && recent.iter().all(|r| r.is_none_or(|took| took > heartbeat))
 }
 
 #[cfg(test)]
@@ -556,6 +583,27 @@ mod tests {
         assert!(grant(&req(3, log(3, 50)), &quiet, &t).is_err());
         assert!(grant(&req(4, log(3, 51)), &quiet, &t).is_ok());
         assert!(grant(&req(4, log(4, 1)), &quiet, &t).is_ok());
+    }
+
+    #[test]
+    fn only_a_sustained_slowness_with_peers_answering_is_too_far() {
+        use std::collections::VecDeque;
+        let hb = Duration::from_millis(100);
+        let slow: VecDeque<_> = (0..SUSTAINED)
+            .map(|_| Some(Duration::from_millis(130)))
+            .collect();
+        assert!(too_far(&slow, hb, true));
+        // A leader cut off from its peers is not told to move its zones.
+        assert!(!too_far(&slow, hb, false));
+        let failed: VecDeque<_> = (0..SUSTAINED).map(|_| None).collect();
+        assert!(too_far(&failed, hb, true));
+        // One round in time among them: not a distance.
+        let mut one_quick = slow.clone();
+        one_quick[3] = Some(Duration::from_millis(61));
+        assert!(!too_far(&one_quick, hb, true));
+        // Too few rounds yet (a new leadership).
+        let short: VecDeque<_> = slow.iter().take(SUSTAINED - 1).copied().collect();
+        assert!(!too_far(&short, hb, true));
     }
 
     #[test]
