@@ -17,6 +17,7 @@
 
 mod bounds;
 mod delay;
+mod propcost;
 mod sync;
 mod window;
 
@@ -152,6 +153,34 @@ enum Cmd {
         /// Keys per second of window clock.
         #[arg(long, default_value_t = 2_000)]
         rate: u64,
+    },
+    /// The broker's CPU per stored message with firstseen's properties or
+    /// without, by messages per entry (bench/src/propcost.rs).
+    Propcost {
+        #[arg(long)]
+        pulsar: String,
+        /// The Pulsar JVM's pid, whose CPU time is read.
+        #[arg(long)]
+        pulsar_pid: u32,
+        #[arg(long)]
+        template: String,
+        #[arg(long, default_value_t = 100_000)]
+        messages: u64,
+        #[arg(long, default_value_t = 2_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long, default_value_t = 60)]
+        warm_secs: u64,
+        #[arg(long, default_value_t = 20)]
+        idle_secs: u64,
+        /// PROPS:PER_ENTRY, PROPS one of full, seven, seqkey, none.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "full:1,full:5,full:20,full:100,none:5,seqkey:5,none:20"
+        )]
+        cases: Vec<propcost::Case>,
     },
 }
 
@@ -587,6 +616,30 @@ async fn main() -> Result<()> {
             })?;
             println!("{out}");
             Ok(())
+        }
+        Cmd::Propcost {
+            pulsar,
+            pulsar_pid,
+            template,
+            messages,
+            rate,
+            rounds,
+            warm_secs,
+            idle_secs,
+            cases,
+        } => {
+            propcost::run(propcost::Params {
+                pulsar,
+                pulsar_pid,
+                template,
+                messages,
+                rate,
+                rounds,
+                warm_secs,
+                idle_secs,
+                cases,
+            })
+            .await
         }
     }
 }
