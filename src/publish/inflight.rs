@@ -86,11 +86,11 @@ impl<P> TopicPublisher<P> {
         }
     }
 
-    /// Proposes the confirmed watermark through Raft if it moved, and, unless
-    /// `now` is set, if the last proposal is [`policy::WATERMARK_EVERY`] old.
-    pub(super) fn propose_watermark(&mut self, consensus: &impl Consensus, now: bool) {
+    /// Proposes the confirmed watermark through Raft if it moved and the
+    /// last proposal is [`policy::WATERMARK_EVERY`] old.
+    pub(super) fn propose_watermark(&mut self, consensus: &impl Consensus) {
         let since_last = self.proposed_at.map(|t| t.elapsed());
-        if !policy::watermark_due(self.confirmed, self.proposed, since_last, now) {
+        if !policy::watermark_due(self.confirmed, self.proposed, since_last) {
             return;
         }
         self.proposed = self.confirmed;
@@ -98,6 +98,15 @@ impl<P> TopicPublisher<P> {
         // Committed in the background: the next batch need not wait for it.
         // Apply keeps the larger of two watermarks whatever their order.
         consensus.watermark(self.topic.clone(), self.confirmed);
+    }
+
+    /// How long until a watermark held back is due, if one is.
+    pub(super) fn watermark_wait(&self) -> Option<Duration> {
+        policy::watermark_wait(
+            self.confirmed,
+            self.proposed,
+            self.proposed_at.map(|t| t.elapsed()),
+        )
     }
 
     /// Drops the producer and its pending queue; the next attempt re-reads

@@ -9,9 +9,13 @@ use std::time::Duration;
 
 use super::port::SendError;
 
-/// Least time between two watermark proposals of a topic while busy. Each
-/// is a Raft entry; one per publish batch was about half of all entries at
-/// the HSL peak. A watermark that lags what is in Pulsar is safe (a new
+/// Least time between two watermark proposals of a topic, busy or idle.
+/// Each is a Raft entry, and between zones every entry holds the replication
+/// stream to each follower for a round trip: proposed at every pause of the
+/// publisher (each time its batches were all confirmed), watermarks were as
+/// many entries as the batches themselves at the HSL peak with zones 10 ms
+/// apart, and the next batch's entry waited behind one (docs/benchmarks.md,
+/// "Zones apart"). A watermark that lags what is in Pulsar is safe (a new
 /// publisher resumes after the tail), so it only trims the outbox later.
 pub const WATERMARK_EVERY: Duration = Duration::from_millis(100);
 
@@ -31,16 +35,24 @@ pub fn resume_at(tail: Option<u64>, watermark: u64) -> u64 {
 }
 
 /// Whether to propose `confirmed` as the topic's watermark now: only if it
-/// moved past what was `proposed`, and then at once when `flush` is set (the
-/// publisher is idle) or when the last proposal is [`WATERMARK_EVERY`] old
-/// (`since_last` is `None` before the first).
-pub fn watermark_due(
+/// moved past what was `proposed`, and the last proposal is
+/// [`WATERMARK_EVERY`] old (`since_last` is `None` before the first).
+pub fn watermark_due(confirmed: u64, proposed: u64, since_last: Option<Duration>) -> bool {
+    watermark_wait(confirmed, proposed, since_last) == Some(Duration::ZERO)
+}
+
+/// How long until `confirmed` may be proposed, or `None` when there is
+/// nothing to propose: an idle publisher sleeps no longer than this, so a
+/// watermark held back goes once it is due.
+pub fn watermark_wait(
     confirmed: u64,
     proposed: u64,
     since_last: Option<Duration>,
-    flush: bool,
-) -> bool {
-    confirmed > proposed && (flush || since_last.is_none_or(|d| d >= WATERMARK_EVERY))
+) -> Option<Duration> {
+    if confirmed <= proposed {
+        return None;
+    }
+    Some(since_last.map_or(Duration::ZERO, |d| WATERMARK_EVERY.saturating_sub(d)))
 }
 
 /// Why a message goes to Pulsar as a marker instead of itself, or `None`
@@ -413,22 +425,21 @@ mod tests {
     }
 
     #[test]
-    fn a_watermark_is_proposed_when_it_moved_and_at_most_every_interval_while_busy() {
-        // Nothing new confirmed: never, not even when idle.
-        assert!(!watermark_due(10, 10, None, true));
-        assert!(!watermark_due(10, 10, Some(Duration::from_secs(9)), false));
+    fn a_watermark_is_proposed_when_it_moved_and_at_most_every_interval() {
+        // Nothing new confirmed: never.
+        assert!(!watermark_due(10, 10, None));
+        assert!(!watermark_due(10, 10, Some(Duration::from_secs(9))));
+        assert_eq!(watermark_wait(10, 10, Some(Duration::from_secs(9))), None);
         // The first one goes at once.
-        assert!(watermark_due(11, 10, None, false));
-        // While busy, it waits out the interval since the last proposal.
-        assert!(!watermark_due(
-            11,
-            10,
-            Some(Duration::from_millis(40)),
-            false
-        ));
-        assert!(watermark_due(11, 10, Some(WATERMARK_EVERY), false));
-        // When the publisher is idle the held-back one goes now.
-        assert!(watermark_due(11, 10, Some(Duration::from_millis(40)), true));
+        assert!(watermark_due(11, 10, None));
+        // Later ones wait out the interval since the last proposal, idle or
+        // not, and say how long is left.
+        assert!(!watermark_due(11, 10, Some(Duration::from_millis(40))));
+        assert_eq!(
+            watermark_wait(11, 10, Some(Duration::from_millis(40))),
+            Some(WATERMARK_EVERY - Duration::from_millis(40))
+        );
+        assert!(watermark_due(11, 10, Some(WATERMARK_EVERY)));
     }
 
     #[test]

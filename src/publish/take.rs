@@ -135,7 +135,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
         // past them (the whole-cluster simulation found it).
         tp.proposed = tp.proposed.max(watermark);
         tp.confirmed = tp.confirmed.max(tail_seq.unwrap_or(0));
-        tp.propose_watermark(&self.consensus, true);
+        tp.propose_watermark(&self.consensus);
         Ok(None)
     }
 }

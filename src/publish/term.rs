@@ -190,13 +190,15 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                         // It may lag what is in Pulsar, which is safe: a new
                         // publisher resumes after max(tail, watermark).
                         tp.confirmed = tp.confirmed.max(upto);
-                        tp.propose_watermark(&self.consensus, false);
                     }
                     Err(e) => {
                         tp.fail(&e).await;
                         continue;
                     }
                 }
+                // On every pass, so that one held back goes once due, and
+                // the idle wait below is never zero.
+                tp.propose_watermark(&self.consensus);
                 if st.published_seq >= st.last_seq && tp.in_flight.is_empty() {
                     continue;
                 }
@@ -230,10 +232,6 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 continue;
             }
             if topics.values().all(|t| t.in_flight.is_empty()) {
-                // Idle: the watermarks held back while busy go now.
-                for tp in topics.values_mut() {
-                    tp.propose_watermark(&self.consensus, true);
-                }
                 // An idle publisher still holds its producers, which keeps a
                 // successor's exclusive producers out. So the lease is also
                 // confirmed on a timer: a leader cut off from its peers lets
@@ -248,6 +246,14 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
             // the oldest batch alone made every message committed meanwhile
             // wait out Pulsar's round trip before it could leave; at the HSL
             // peak that was most of the time from commit to send.
+            // No longer than a held-back watermark has until it is due;
+            // never zero, so that a topic this pass did not visit cannot
+            // make the loop spin (it is proposed on the next pass).
+            let idle_wait = topics
+                .values()
+                .filter_map(|t| t.watermark_wait())
+                .fold(Duration::from_millis(200), Duration::min)
+                .max(Duration::from_millis(10));
             let woke = tokio::select! {
                 r = first_received(&mut topics) => Some(r),
                 a = acquisitions.next(), if !acquiring.is_empty() => {
@@ -256,7 +262,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 }
                 _ = self.outbox.grown() => None,
                 _ = self.consensus.changed() => None,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => None,
+                _ = tokio::time::sleep(idle_wait) => None,
                 _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
             };
             if let Some((name, Err(e))) = woke {
