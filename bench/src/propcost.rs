@@ -203,8 +203,14 @@ async fn one(
         now_ms()
     );
     let name = format!("propcost-{}", now_ms());
+    // The lookup makes the broker serve the topic's bundle, as the
+    // publisher's own lookup does before it takes a producer.
+    let client = pulsar::Pulsar::builder(p.pulsar.clone(), pulsar::TokioExecutor)
+        .build()
+        .await?;
+    let at = client.lookup_topic(topic.clone()).await?;
     let mut producer = producers
-        .exclusive(&p.pulsar, None, &topic, &name, 5 << 20)
+        .exclusive(at.url.as_str(), None, &topic, &name, 5 << 20)
         .await
         .map_err(|e| anyhow::anyhow!("producer on {topic}: {e:?}"))?;
     let keys = proof::ProofKeys::new(&ClusterKey::from_secret(b"propcost's secret"), &[]);
