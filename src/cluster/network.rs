@@ -3,7 +3,11 @@
 //! mapping of link failures to what openraft backs off on.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, not std's: the whole-cluster simulation runs on a paused
+// clock, and "answered within half a heartbeat" must be read on it.
+use tokio::time::Instant;
 
 use firstseen_raft::{AppendClock, Member, NodeId, TypeConfig};
 use openraft::error::{
@@ -149,7 +153,7 @@ impl PeerClient {
             let h = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "to_send");
             for index in first.max(self.sent_upto + 1)..=last {
                 if let Some(at) = appends.written_at(index) {
-                    h.record(now.saturating_duration_since(at).as_secs_f64());
+                    h.record(now.into_std().saturating_duration_since(at).as_secs_f64());
                 }
             }
         }

@@ -519,6 +519,10 @@ impl Peers {
         wr.write_all(&frame)
             .await
             .map_err(|e| lost(e.to_string()))?;
+        // Under TLS the stream keeps what the socket did not take until the
+        // next write or a flush; nothing else is written here, so without
+        // it a large request's tail never left (`frames::write_frames`).
+        wr.flush().await.map_err(|e| lost(e.to_string()))?;
         let env = match FrameReader::new(rd, check).next::<Reply>().await {
             Ok(env) => env,
             Err(ReadError::Closed) => {

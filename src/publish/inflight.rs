@@ -100,6 +100,16 @@ impl<P> TopicPublisher<P> {
         consensus.watermark(self.topic.clone(), self.confirmed);
     }
 
+    /// Proposes the confirmed watermark if it moved, whatever the cadence
+    /// (the publisher is stopping).
+    pub(super) fn propose_watermark_now(&mut self, consensus: &impl Consensus) {
+        if self.confirmed > self.proposed {
+            self.proposed = self.confirmed;
+            self.proposed_at = Some(Instant::now());
+            consensus.watermark(self.topic.clone(), self.confirmed);
+        }
+    }
+
     /// How long until a watermark held back is due, if one is.
     pub(super) fn watermark_wait(&self) -> Option<Duration> {
         policy::watermark_wait(

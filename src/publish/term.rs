@@ -26,11 +26,15 @@ use crate::telemetry::{self, Leg};
 /// them.
 const EARLY_AT_ONCE: usize = 16;
 
-/// How many topics a term takes at its start at most. Every one holds an
-/// exclusive producer for the term (as it would after its first message)
-/// and costs a tail read; beyond this bound a term's start would be spent
-/// on topics that may see no message, and they are taken on their first.
-const EARLY_TOPICS: usize = 256;
+/// How many topics a term takes at its start at most: one round of
+/// [`EARLY_AT_ONCE`]. Every one holds an exclusive producer for the term
+/// (as it would after its first message) and costs a tail read. A topic
+/// whose first message comes while its early take is still queued waits
+/// for that take (a second producer would be refused by the first), so
+/// with more than one round a routed topic's first message could wait
+/// behind many others' lookups and tail reads on a slow broker; the rest
+/// are taken on their first message, at once.
+const EARLY_TOPICS: usize = EARLY_AT_ONCE;
 
 /// A topic acquired at a term's start: its name, its producer's name, and
 /// the producer (or why not).
@@ -138,6 +142,7 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
             .buffer_unordered(EARLY_AT_ONCE);
         loop {
             if self.shutdown.is_cancelled() {
+                flush_watermarks(&mut topics, &self.consensus);
                 return Ok(TermEnd::Shutdown);
             }
             if self.consensus.leadership() != (term, Some(self.node_id)) {
@@ -263,7 +268,10 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 _ = self.outbox.grown() => None,
                 _ = self.consensus.changed() => None,
                 _ = tokio::time::sleep(idle_wait) => None,
-                _ = self.shutdown.cancelled() => return Ok(TermEnd::Shutdown),
+                _ = self.shutdown.cancelled() => {
+                    flush_watermarks(&mut topics, &self.consensus);
+                    return Ok(TermEnd::Shutdown);
+                }
             };
             if let Some((name, Err(e))) = woke {
                 if let Some(tp) = topics.get_mut(&name) {
@@ -435,5 +443,18 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
         });
         tp.next_seq = last + 1;
         sent.map(|()| true).map_err(Error::from)
+    }
+}
+
+/// Proposes every watermark held back by the cadence, at a stop: the last
+/// receipts are then recorded, so a next leader that finds the topic's tail
+/// gone (retention, a topic deleted and created again) still resumes after
+/// them. Best effort: a node that no longer leads proposes nothing.
+fn flush_watermarks<P>(
+    topics: &mut BTreeMap<String, TopicPublisher<P>>,
+    consensus: &impl Consensus,
+) {
+    for tp in topics.values_mut() {
+        tp.propose_watermark_now(consensus);
     }
 }
