@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 
-use crate::command::{Key, NodeId};
 use crate::record::{MAX_NODE_BITS, UNTRACKED};
+use crate::{Key, NodeId};
 
 /// Where a key of the window lives, and what is known about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,9 @@
 //! firstseen's replicated state, in the order a message meets it:
 //!
 //! 1. [`command`]: the plain data in the Raft log — a [`command::Observation`] is
-//!    one copy of an upstream message, a [`command::Command`] one log entry.
+//!    one copy of an upstream message, a [`command::Command`] one log entry;
+//!    [`view`], what applying one answers and what the state shows of itself
+//!    (outcomes, the outbox's messages, a topic's sequences, totals).
 //! 2. [`window`]: the pure rules of the dedup window (leader-stamped clock,
 //!    cutoff) and the byte layouts of the sled keys.
 //! 3. [`record`]: the packed byte layouts of the window on disk.
@@ -30,10 +32,12 @@ pub mod lock;
 pub mod record;
 pub mod state;
 pub mod topic;
+pub mod view;
 pub mod window;
 
 pub use command::*;
 pub use state::StateStore;
+pub use view::*;
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]

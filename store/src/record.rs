@@ -15,7 +15,7 @@
 //!   entry, so the outbox costs a few bytes per message instead of the
 //!   payload, which stays in the Raft log until it is published.
 
-use crate::command::Key;
+use crate::Key;
 
 /// Node bit of a node that could not be given one (more than [`MAX_NODE_BITS`]
 /// nodes delivered keys that are still in the window): its copies are not

@@ -2,7 +2,7 @@
 //!
 //! Kept free of I/O so the rules that G5 depends on can be unit-tested alone.
 
-use crate::command::{Key, KeyKind, Properties, Window};
+use crate::{Key, KeyKind, Properties, Window};
 
 /// Largest number of keys expired while applying one entry. Expiry is part of
 /// the deterministic apply, so every node does the same amount of it; the

@@ -16,14 +16,12 @@ use std::collections::BTreeMap;
 
 use super::memory::{Head, Memory, PendingRecord};
 use super::{corrupt, StateStore};
-use crate::command::{
-    Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response,
-};
 use crate::index::{Index, Slot};
 use crate::level::{Levels, KINDS, NAMES};
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
+use crate::{Command, Coverage, Key, KeyKind, Observation, OutboxMessage, Outcome, Response};
 
 /// Per topic, the position and outbox charge of each first copy in an entry.
 type RunMessages = Vec<(u32, u64)>;
@@ -174,7 +172,7 @@ impl Memory {
             }
             Some(Command::Level { level }) => self.raise_level(disk, *level)?,
             Some(Command::SetAside(s)) if self.levels.level >= NAMES => {
-                let named = crate::command::SetAside {
+                let named = crate::SetAside {
                     pulsar_topic: crate::topic::canonical(&s.pulsar_topic).into_owned(),
                     ..(**s).clone()
                 };
@@ -266,7 +264,7 @@ impl Memory {
         &mut self,
         disk: &impl Written,
         stamped_ms: u64,
-        window: crate::command::Window,
+        window: crate::Window,
         observations: &[Observation],
         cmd: &Command,
         log_index: u64,
@@ -513,7 +511,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::super::testing::{obs, observe, store};
-    use crate::command::{Command, Coverage, Outcome, Response};
+    use crate::{Command, Coverage, Outcome, Response};
 
     #[test]
     fn keeps_the_first_copy_and_numbers_topics_without_gaps() {
@@ -583,8 +581,8 @@ mod tests {
         assert_eq!(s.applied_marker().unwrap().as_deref(), Some(&b"2"[..]));
     }
 
-    fn slim(o: crate::command::Observation) -> crate::command::Observation {
-        crate::command::Observation {
+    fn slim(o: crate::Observation) -> crate::Observation {
+        crate::Observation {
             payload: Vec::new(),
             mqtt_topic: String::new(),
             pulsar_topic: String::new(),
@@ -594,12 +592,12 @@ mod tests {
 
     fn observe_slim(
         stamped_ms: u64,
-        observations: Vec<crate::command::Observation>,
+        observations: Vec<crate::Observation>,
         at: Vec<u32>,
     ) -> Command {
         Command::ObserveSlim {
             stamped_ms,
-            window: crate::command::Window::from_ms(500),
+            window: crate::Window::from_ms(500),
             observations,
             properties: Vec::new(),
             slim: at,
@@ -784,11 +782,11 @@ mod tests {
         assert_eq!((t.outbox_messages, t.outbox_bytes), (0, 0));
     }
 
-    fn kinded(stamped_ms: u64, copies: Vec<(crate::command::Observation, KindOf)>) -> Command {
+    fn kinded(stamped_ms: u64, copies: Vec<(crate::Observation, KindOf)>) -> Command {
         let kinds = copies.iter().map(|(_, k)| *k).collect();
         Command::ObserveKinds {
             stamped_ms,
-            window: crate::command::Window::from_ms(60_000),
+            window: crate::Window::from_ms(60_000),
             observations: copies.into_iter().map(|(o, _)| o).collect(),
             properties: Vec::new(),
             slim: Vec::new(),
@@ -796,7 +794,7 @@ mod tests {
         }
     }
 
-    type KindOf = crate::command::KeyKind;
+    type KindOf = crate::KeyKind;
 
     fn outcomes(s: &crate::StateStore, cmd: &Command, at: u64) -> Vec<Outcome> {
         match s.apply(Some(cmd), at, &at.to_be_bytes()).unwrap() {
@@ -860,7 +858,7 @@ mod tests {
     /// published; at level 2 each is first seen in its own topic and kind.
     #[test]
     fn at_level_two_a_key_is_first_seen_per_topic_and_kind() {
-        use crate::command::KeyKind::{Payload, TopicPayload};
+        use crate::KeyKind::{Payload, TopicPayload};
         let collide = vec![
             (obs(1, 1, "t"), TopicPayload),
             (obs(1, 1, "t"), Payload),
@@ -903,7 +901,7 @@ mod tests {
     /// level rise), and the other way round.
     #[test]
     fn copies_on_either_side_of_the_level_rising_are_one_message() {
-        use crate::command::KeyKind::{TopicPayload, Unknown};
+        use crate::KeyKind::{TopicPayload, Unknown};
         let s = store();
         assert!(first(
             &outcomes(&s, &observe(1_000, 60_000, vec![obs(1, 1, "t")]), 1)[0]

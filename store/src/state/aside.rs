@@ -10,15 +10,15 @@
 //! the bound the leader stamped into the command.
 //!
 //! Records: id (big-endian, in the order they were set aside) →
-//! [`crate::command::SetAside`] without its bound.
+//! [`crate::SetAside`] without its bound.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::{corrupt, decode, encode, StateStore};
-use crate::command::{Response, SetAside};
 use crate::StoreError;
+use crate::{Response, SetAside};
 
 /// One set-aside message, as kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,7 +26,7 @@ pub struct Kept {
     pub pulsar_topic: String,
     pub seq: u64,
     pub reason: String,
-    pub message: crate::command::OutboxMessage,
+    pub message: crate::OutboxMessage,
     /// The window clock when it was set aside.
     pub at_ms: u64,
 }
@@ -59,7 +59,7 @@ pub(super) struct Aside {
 }
 
 /// The bytes a set-aside message counts for.
-fn charge(m: &crate::command::OutboxMessage) -> u64 {
+fn charge(m: &crate::OutboxMessage) -> u64 {
     (m.payload.len() + m.mqtt_topic.len()) as u64
 }
 
@@ -179,7 +179,7 @@ fn hex_of(key: &[u8; 32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{reopenable, store};
-    use crate::command::{Command, OutboxMessage, SetAside};
+    use crate::{Command, OutboxMessage, SetAside};
 
     fn aside(topic: &str, seq: u64, bytes: usize, keep_bytes: u64) -> Command {
         Command::SetAside(Box::new(SetAside {

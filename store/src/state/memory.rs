@@ -7,10 +7,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::NO_HOLD;
-use crate::command::{Coverage, NodeId, TopicState, Totals};
 use crate::index::{Index, NodeBits};
 use crate::record::{Item, Run};
 use crate::window;
+use crate::{Coverage, NodeId, TopicState, Totals};
 
 /// Everything small about the state, written whole at each checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

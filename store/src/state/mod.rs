@@ -51,11 +51,11 @@ use std::time::Instant;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::command::{Command, Response};
 use crate::disk::{Db, Disk};
 use crate::index::{Index, Slot};
 use crate::record;
 use crate::StoreError;
+use crate::{Command, Response};
 use memory::{Head, Memory};
 
 pub use aside::{Kept, KeptEntry};
@@ -347,8 +347,8 @@ mod tests {
 
     use super::testing::{obs, observe, reopenable};
     use super::{StateStore, META_HEAD};
-    use crate::command::{Coverage, Outcome, Response};
     use crate::StoreError;
+    use crate::{Coverage, Outcome, Response};
 
     #[test]
     fn a_reopened_store_rebuilds_its_index_and_coverage() {

@@ -30,11 +30,11 @@ use std::collections::BTreeMap;
 
 use super::apply::{InlineMessages, Written};
 use super::memory::Memory;
-use crate::command::TopicState;
 use crate::record::Run;
 use crate::topic::canonical;
 use crate::window;
 use crate::StoreError;
+use crate::TopicState;
 
 /// One spelling's unpublished messages, in sequence order: inline records
 /// (from a snapshot) and the unpublished part of runs (in the log). Also
@@ -182,8 +182,8 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{obs, publish, store};
-    use crate::command::{Command, KeyKind, OutboxItem, Outcome, Response};
     use crate::StateStore;
+    use crate::{Command, KeyKind, OutboxItem, Outcome, Response};
 
     const FULL: &str = "persistent://public/default/fs";
 
@@ -192,7 +192,7 @@ mod tests {
             .unwrap();
     }
 
-    fn kinded(stamped_ms: u64, copies: Vec<crate::command::Observation>) -> Command {
+    fn kinded(stamped_ms: u64, copies: Vec<crate::Observation>) -> Command {
         super::super::testing::kinded(stamped_ms, copies, KeyKind::TopicPayload)
     }
 

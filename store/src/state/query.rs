@@ -2,13 +2,13 @@
 //! the outbox and single keys.
 
 use super::{corrupt, StateStore};
-use crate::command::{
-    Coverage, FirstSeen, Key, KeyKind, NodeId, Observation, OutboxItem, OutboxMessage, TopicState,
-    Totals,
-};
 use crate::record;
 use crate::window;
 use crate::StoreError;
+use crate::{
+    Coverage, FirstSeen, Key, KeyKind, NodeId, Observation, OutboxItem, OutboxMessage, TopicState,
+    Totals,
+};
 
 impl StateStore {
     /// The marker stored with the last applied entry, if any.
@@ -203,8 +203,8 @@ impl StateStore {
 mod tests {
     use super::super::testing::{obs, observe, publish, store};
     use super::super::NO_HOLD;
-    use crate::command::OutboxItem;
     use crate::window;
+    use crate::OutboxItem;
 
     #[test]
     fn the_outbox_points_into_the_log_until_published() {

@@ -44,11 +44,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::apply::Written;
 use super::memory::{Memory, PendingRecord};
 use super::names::Part;
-use crate::command::{Key, KeyKind, OutboxMessage, Rebase, Response};
 use crate::index::Slot;
 use crate::record::{self, Item, Run};
 use crate::window;
 use crate::StoreError;
+use crate::{Key, KeyKind, OutboxMessage, Rebase, Response};
 
 impl Memory {
     pub(super) fn rebase(
@@ -261,7 +261,7 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{obs, observe, store};
-    use crate::command::{Command, Outcome, Rebase, Response};
+    use crate::{Command, Outcome, Rebase, Response};
 
     fn rebase(topic: &str, assigned: u64, older: Vec<(u64, u8)>, drop: Vec<u64>) -> Command {
         Command::Rebase(Box::new(Rebase {
@@ -298,7 +298,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(seq, item)| match item {
-                crate::command::OutboxItem::InLog { pos, .. } => (seq, pos as u8 + 1),
+                crate::OutboxItem::InLog { pos, .. } => (seq, pos as u8 + 1),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -334,11 +334,11 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(seq, item)| match item {
-                crate::command::OutboxItem::InLog {
+                crate::OutboxItem::InLog {
                     pos, log_index: 1, ..
                 } => (seq, pos as u8 + 1),
-                crate::command::OutboxItem::InLog { .. } => (seq, 0),
-                crate::command::OutboxItem::Inline(m) => (seq, m.key[0]),
+                crate::OutboxItem::InLog { .. } => (seq, 0),
+                crate::OutboxItem::Inline(m) => (seq, m.key[0]),
             })
             .collect()
     }
@@ -419,10 +419,10 @@ mod tests {
     /// once the other topic's record expired (a review's repro).
     #[test]
     fn a_bare_key_of_another_topic_does_not_keep_a_rebased_key_out() {
-        use crate::command::KeyKind;
+        use crate::KeyKind;
         const T: &str = "persistent://public/default/t";
         const U: &str = "persistent://public/default/u";
-        let kinded = |stamped_ms: u64, o: crate::command::Observation, kind: KeyKind| {
+        let kinded = |stamped_ms: u64, o: crate::Observation, kind: KeyKind| {
             super::super::testing::kinded(stamped_ms, vec![o], kind)
         };
         let s = store();
@@ -466,7 +466,7 @@ mod tests {
     /// stale number would have caused.
     #[test]
     fn a_later_rebase_does_not_drop_by_a_number_an_earlier_one_changed() {
-        use crate::command::KeyKind;
+        use crate::KeyKind;
         const T: &str = "persistent://public/default/t";
         let s = store();
         s.apply(Some(&Command::Level { level: 3 }), 1, b"1")
@@ -484,7 +484,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(_, item)| match item {
-                crate::command::OutboxItem::InLog { pos, .. } => pos,
+                crate::OutboxItem::InLog { pos, .. } => pos,
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -501,11 +501,11 @@ mod tests {
     /// of this one's range, drops nothing here.
     #[test]
     fn copies_first_seen_after_the_read_are_dropped_too() {
-        use crate::command::{KeyKind, OutboxItem};
+        use crate::{KeyKind, OutboxItem};
         // Named canonically, as every topic is at level 3.
         const T: &str = "persistent://public/default/t";
         const U: &str = "persistent://public/default/u";
-        let kinded = |copies: Vec<crate::command::Observation>| {
+        let kinded = |copies: Vec<crate::Observation>| {
             super::super::testing::kinded(1_000, copies, KeyKind::TopicPayload)
         };
         let s = store();
@@ -617,14 +617,14 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|(seq, item)| match item {
-                crate::command::OutboxItem::InLog { log_index, .. } => (seq, log_index),
+                crate::OutboxItem::InLog { log_index, .. } => (seq, log_index),
                 other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(runs, vec![(3, 1), (4, 3), (5, 4)]);
         assert_eq!(s.totals().unwrap().outbox_messages, 3);
         assert!(s
-            .lookup_copy("t", crate::command::KeyKind::Unknown, &[50; 32])
+            .lookup_copy("t", crate::KeyKind::Unknown, &[50; 32])
             .unwrap()
             .is_some());
     }
@@ -634,7 +634,7 @@ mod tests {
     /// numbering up after the watermark. It survives a snapshot.
     #[test]
     fn at_level_two_and_with_nothing_older() {
-        use crate::command::KeyKind;
+        use crate::KeyKind;
         let s = store();
         s.apply(Some(&Command::Level { level: 2 }), 1, b"1")
             .unwrap();

@@ -6,10 +6,10 @@ use std::io::{Read, Write};
 
 use super::memory::Memory;
 use super::{corrupt, encode, StateStore, META_IMPORTING};
-use crate::command::{Command, OutboxMessage};
 use crate::record;
 use crate::window;
 use crate::StoreError;
+use crate::{Command, OutboxMessage};
 
 /// Snapshot tags are positions in [`super::TREES`]; `runs` is never
 /// exported (its messages are written as `inline` records, see
@@ -201,7 +201,7 @@ fn read_chunk<R: Read>(input: &mut R) -> Result<Vec<u8>, StoreError> {
 mod tests {
     use super::super::testing::{obs, observe, store};
     use super::super::NO_HOLD;
-    use crate::command::OutboxItem;
+    use crate::OutboxItem;
 
     #[test]
     fn export_and_import_round_trip() {

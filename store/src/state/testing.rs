@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::StateStore;
-use crate::command::{Command, KeyKind, NodeId, Observation};
+use crate::{Command, KeyKind, NodeId, Observation};
 
 pub(super) fn store() -> StateStore {
     let db = sled::Config::new().temporary(true).open().unwrap();
@@ -29,7 +29,7 @@ pub(super) fn kinded(stamped_ms: u64, copies: Vec<Observation>, kind: KeyKind) -
     let kinds = vec![kind; copies.len()];
     Command::ObserveKinds {
         stamped_ms,
-        window: crate::command::Window::from_ms(60_000),
+        window: crate::Window::from_ms(60_000),
         observations: copies,
         properties: Vec::new(),
         slim: Vec::new(),
@@ -40,7 +40,7 @@ pub(super) fn kinded(stamped_ms: u64, copies: Vec<Observation>, kind: KeyKind) -
 pub(super) fn observe(stamped_ms: u64, window_ms: u64, observations: Vec<Observation>) -> Command {
     Command::Observe {
         stamped_ms,
-        window: crate::command::Window::from_ms(window_ms),
+        window: crate::Window::from_ms(window_ms),
         observations,
     }
 }
