@@ -92,7 +92,9 @@ work="$root/.bench"
 rm -rf "$work"; mkdir -p "$work" "$root/bench-results"
 # The nodes read these through their FIRSTSEEN__ environment overrides
 # (scripts/lib.sh's start_cluster writes the same config either way).
-if [ "$ZONE_DELAY_MS" != 0 ]; then
+# BENCH_TELL_ROUND_TRIP=0 leaves it out, for a BENCH_FIRSTSEEN_BIN from before
+# cluster.round_trip_ms (which would refuse the unknown setting).
+if [ "$ZONE_DELAY_MS" != 0 ] && [ "${BENCH_TELL_ROUND_TRIP:-1}" != 0 ]; then
   export FIRSTSEEN__CLUSTER__ROUND_TRIP_MS=$((2 * ZONE_DELAY_MS))
 fi
 if [ "${BENCH_PEER_TLS:-0}" != 0 ]; then
