@@ -261,3 +261,96 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::BoxFuture;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use std::sync::Mutex;
+
+    /// A peer that accepts every append at once and records how many of
+    /// each kind it was sent.
+    #[derive(Default)]
+    struct Accepting {
+        empty: Mutex<usize>,
+        with_entries: Mutex<usize>,
+    }
+
+    impl Call for Accepting {
+        fn call<'a>(
+            &'a self,
+            _node: NodeId,
+            _addr: &'a str,
+            request: &'a Request,
+            _timeout: Duration,
+        ) -> BoxFuture<'a, Result<Reply, CallError>> {
+            if let Request::AppendEntries(r) = request {
+                let n = if r.entries.is_empty() {
+                    &self.empty
+                } else {
+                    &self.with_entries
+                };
+                *n.lock().unwrap() += 1;
+            }
+            Box::pin(async { Ok(Reply::AppendEntries(Ok(AppendEntriesResponse::Success))) })
+        }
+    }
+
+    fn append(entries: u64) -> AppendEntriesRequest<TypeConfig> {
+        let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(id(1)),
+            leader_commit: Some(id(1)),
+            entries: (2..2 + entries)
+                .map(|i| Entry {
+                    log_id: id(i),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+        }
+    }
+
+    /// The replication stream's empty appends do not hold the next entry a
+    /// round trip while the follower answers: sent, not waited for. Once it
+    /// has not answered for half a heartbeat, they are waited for again.
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_append_goes_unawaited_only_while_the_follower_answers() {
+        let peer = Arc::new(Accepting::default());
+        let mut client = Network::new(peer.clone())
+            .new_client(2, &Member::default())
+            .await;
+        let heartbeat = RPCOption::new(Duration::from_millis(100));
+        // Nothing answered yet: waited for.
+        assert!(client
+            .append_entries(append(0), heartbeat.clone())
+            .await
+            .is_ok());
+        assert!(client
+            .append_entries(append(1), heartbeat.clone())
+            .await
+            .is_ok());
+        // Answered just now: sent without waiting, openraft hears it failed.
+        let skipped = client.append_entries(append(0), heartbeat.clone()).await;
+        assert!(matches!(skipped, Err(RPCError::Network(_))), "{skipped:?}");
+        tokio::task::yield_now().await;
+        assert_eq!(
+            *peer.empty.lock().unwrap(),
+            2,
+            "the unawaited one was still sent"
+        );
+        // Quiet for more than half a heartbeat: waited for again.
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert!(client
+            .append_entries(append(0), heartbeat.clone())
+            .await
+            .is_ok());
+        // A leadership check's client has heard nothing: it always waits.
+        let mut check = Network::new(peer.clone())
+            .new_client(2, &Member::default())
+            .await;
+        assert!(check.append_entries(append(0), heartbeat).await.is_ok());
+        assert_eq!(*peer.with_entries.lock().unwrap(), 1);
+    }
+}
