@@ -639,6 +639,103 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
     });
 }
 
+/// A watermark held back by the cadence (at most one per topic every
+/// 100 ms) is proposed when the publisher stops: otherwise the last
+/// receipts of a stop went unrecorded, and a next leader that found the
+/// topic's tail gone (retention, a topic deleted and created again) would
+/// resume below them and publish them again. Found in review.
+#[test]
+fn a_stopping_publisher_records_its_last_receipts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_view, rx) = watch::channel((1, Some(1)));
+        let world = World::new(Rng(7), BTreeMap::new(), &TOPICS[..1]);
+        let stop = CancellationToken::new();
+        let disk_stop = CancellationToken::new();
+        let disk = tokio::spawn(pulsar::disk(world.clone(), disk_stop.clone(), (1, 4), 4));
+        let publisher = Publisher {
+            broker: SimBroker {
+                node: 1,
+                world: world.clone(),
+            },
+            consensus: SimGroup {
+                node: 1,
+                world: world.clone(),
+                view: rx,
+            },
+            outbox: SimOutbox {
+                world: world.clone(),
+                fed: lock(&world).fed.subscribe(),
+            },
+            node_id: 1,
+            batch: 8,
+            shutdown: stop.clone(),
+            disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
+            max_message_bytes: usize::MAX,
+            set_aside_local: None,
+            set_aside_max_bytes: u64::MAX,
+            ours: firstseen::publish::tail::Ours::new(
+                &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
+                &[],
+                false,
+            ),
+            formats: Default::default(),
+        };
+        let task = tokio::spawn(publisher.run());
+        let feed = |n: u64| {
+            let mut w = lock(&world);
+            let t = w.topics.get_mut(TOPICS[0]).expect("known topic");
+            for _ in 0..n {
+                let seq = t.messages.len() as u64 + 1;
+                t.messages.push(message(0, seq));
+            }
+            w.fed.send_modify(|n| *n += 1);
+        };
+        let published = || lock(&world).topics[TOPICS[0]].published;
+        let stored = || lock(&world).pulsar.messages(TOPICS[0]).len();
+        feed(3);
+        let start = Instant::now();
+        while published() < 3 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the first watermark never came"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let first = Instant::now();
+        feed(2);
+        while stored() < 5 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the second batch never landed"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Its receipts settled, its watermark held back by the cadence.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(
+            first.elapsed() < firstseen::publish::policy::WATERMARK_EVERY,
+            "the test must stop within the cadence ({:?})",
+            first.elapsed()
+        );
+        stop.cancel();
+        task.await.expect("publisher panicked");
+        // The group applies a watermark 1-20 ms after it is proposed.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            published(),
+            5,
+            "the last receipts were not recorded at the stop"
+        );
+        disk_stop.cancel();
+        disk.await.unwrap();
+    });
+}
+
 /// Seed 3015, replayed on every run: a term ended (lost lease) after
 /// receipts up to 986 came back but before their watermark was proposed;
 /// the next term read the tail and resumed after it, but recorded nothing
