@@ -205,6 +205,20 @@ fn a_term_takes_its_routes_topics_before_their_first_message() {
         Some(0),
         "no message arrived before the topics were taken"
     );
+    // Held, not yet taken: a quiet topic's tail is read on its first
+    // message, so that a slow read (a flood of foreign messages) holds up
+    // nobody at the term's start. "exclusive producer acquired" is logged
+    // once the tail is read.
+    let taken = |t: &str| {
+        std::fs::read_to_string(node.log_path())
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("exclusive producer acquired") && l.contains(t))
+    };
+    assert!(
+        !taken(&topic) && !taken(&quiet),
+        "a tail was read before any message"
+    );
 
     let r = replay(mqtt.port, &["--limit", "200", "--pace", "max"]);
     let expected = hfp_pairs(Some(200));
@@ -213,4 +227,12 @@ fn a_term_takes_its_routes_topics_before_their_first_message() {
     assert_exactly_once(&read_back(&pulsar, &topic), &expected);
     assert_eq!(read_back(&pulsar, &quiet).count, 0);
     assert_eq!(publishers(&pulsar, &quiet).len(), 1);
+    assert!(
+        taken(&topic),
+        "the busy topic was taken on its first message"
+    );
+    assert!(
+        !taken(&quiet),
+        "the quiet topic's tail was read with nothing to send"
+    );
 }

@@ -64,6 +64,14 @@ pub(super) struct TopicPublisher<P> {
     pub(super) format: format::Format,
     /// The cluster's generation, as applied when the producer was taken.
     pub(super) generation: u64,
+    /// A producer acquired at the term's start (exclusive, a predecessor's
+    /// pending writes settled) for a topic with nothing to send yet, and its
+    /// name: its read barrier and tail read wait for the topic's first
+    /// message ([`super::Publisher::take`]). Read at the term's start, a
+    /// quiet topic's tail held up every other topic for as long as the read
+    /// took, and anyone who can write foreign messages to it could make that
+    /// long.
+    pub(super) held: Option<(String, P)>,
 }
 
 impl<P> TopicPublisher<P> {
@@ -83,6 +91,7 @@ impl<P> TopicPublisher<P> {
             late_failed: None,
             format,
             generation: 0,
+            held: None,
         }
     }
 
@@ -140,6 +149,7 @@ impl<P> TopicPublisher<P> {
         let (delay, next) = retry_policy(self.backoff, answer.is_some_and(held_elsewhere));
         tracing::warn!(topic = %self.topic, %error, seq = ?failed, refused_by_broker = refused, retry_in_ms = delay.as_millis() as u64, "publisher dropped its producer");
         self.producer = None;
+        self.held = None;
         self.in_flight.clear();
         self.retry_at = Some(Instant::now() + delay);
         self.backoff = next;

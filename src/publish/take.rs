@@ -24,6 +24,9 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
         tp: &mut TopicPublisher<<B::Session as Session>::Producer>,
         term: u64,
     ) -> Result<Option<bool>, Error> {
+        if let Some((name, producer)) = tp.held.take() {
+            return self.take_with(session, tp, producer, &name).await;
+        }
         let name = self.producer_name(term);
         let producer = session.exclusive(&tp.topic, &name).await?;
         self.take_with(session, tp, producer, &name).await

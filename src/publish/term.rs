@@ -241,7 +241,9 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 // successor's exclusive producers out. So the lease is also
                 // confirmed on a timer: a leader cut off from its peers lets
                 // go of Pulsar even when it has nothing to send.
-                let holding = topics.values().any(|t| t.producer.is_some());
+                let holding = topics
+                    .values()
+                    .any(|t| t.producer.is_some() || t.held.is_some());
                 if holding && !self.consensus.confirm_lease().await {
                     return Ok(TermEnd::LostLease);
                 }
@@ -348,11 +350,26 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 }
             }
         }
+        let waiting: BTreeSet<String> = match self.outbox.topics() {
+            Ok(all) => all
+                .into_iter()
+                .filter(|(_, st)| st.last_seq > st.published_seq)
+                .map(|(t, _)| t)
+                .collect(),
+            // Unknown: every one is taken now, as a topic with messages is.
+            Err(_) => ready.keys().cloned().collect(),
+        };
         let takes = topics.iter_mut().filter_map(|(topic, tp)| {
             let (name, producer) = ready.remove(topic)?;
             // A topic taken meanwhile (it cannot be: its take waited for
             // this acquisition) keeps its producer; this one goes.
-            if tp.producer.is_some() {
+            if tp.producer.is_some() || tp.held.is_some() {
+                return None;
+            }
+            // Nothing to send yet: held, its tail read on its first message
+            // (`TopicPublisher::held`).
+            if !waiting.contains(topic) {
+                tp.held = Some((name, producer));
                 return None;
             }
             Some(async move {
