@@ -563,6 +563,42 @@ fn every_message_reaches_pulsar_exactly_once_under_seeded_faults() {
     check_seeds("simulate_publish", 300, FAULTS_FOR, run);
 }
 
+/// Node 1's publisher alone in `world`, stopped by `stop`.
+fn lone_publisher(
+    world: &Shared,
+    view: watch::Receiver<(u64, Option<u64>)>,
+    stop: &CancellationToken,
+) -> Publisher<SimBroker<World>, SimGroup, SimOutbox> {
+    Publisher {
+        broker: SimBroker {
+            node: 1,
+            world: world.clone(),
+        },
+        consensus: SimGroup {
+            node: 1,
+            world: world.clone(),
+            view,
+        },
+        outbox: SimOutbox {
+            world: world.clone(),
+            fed: lock(world).fed.subscribe(),
+        },
+        node_id: 1,
+        batch: 8,
+        shutdown: stop.clone(),
+        disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
+        max_message_bytes: usize::MAX,
+        set_aside_local: None,
+        set_aside_max_bytes: u64::MAX,
+        ours: firstseen::publish::tail::Ours::new(
+            &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
+            &[],
+            false,
+        ),
+        formats: Default::default(),
+    }
+}
+
 /// A batch committed while an earlier one still waits for its receipts
 /// leaves at once. The publisher used to await the oldest batch whenever it
 /// had nothing left to send, so a message applied meanwhile waited out the
@@ -580,34 +616,7 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
         let (_view, rx) = watch::channel((1, Some(1)));
         let world = World::new(Rng(1), BTreeMap::new(), &TOPICS[..1]);
         let stop = CancellationToken::new();
-        let publisher = Publisher {
-            broker: SimBroker {
-                node: 1,
-                world: world.clone(),
-            },
-            consensus: SimGroup {
-                node: 1,
-                world: world.clone(),
-                view: rx,
-            },
-            outbox: SimOutbox {
-                world: world.clone(),
-                fed: lock(&world).fed.subscribe(),
-            },
-            node_id: 1,
-            batch: 8,
-            shutdown: stop.clone(),
-            disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
-            max_message_bytes: usize::MAX,
-            set_aside_local: None,
-            set_aside_max_bytes: u64::MAX,
-            ours: firstseen::publish::tail::Ours::new(
-                &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
-                &[],
-                false,
-            ),
-            formats: Default::default(),
-        };
+        let publisher = lone_publisher(&world, rx, &stop);
         let task = tokio::spawn(publisher.run());
         let feed = |n: u64| {
             let mut w = lock(&world);
@@ -657,34 +666,7 @@ fn a_stopping_publisher_records_its_last_receipts() {
         let stop = CancellationToken::new();
         let disk_stop = CancellationToken::new();
         let disk = tokio::spawn(pulsar::disk(world.clone(), disk_stop.clone(), (1, 4), 4));
-        let publisher = Publisher {
-            broker: SimBroker {
-                node: 1,
-                world: world.clone(),
-            },
-            consensus: SimGroup {
-                node: 1,
-                world: world.clone(),
-                view: rx,
-            },
-            outbox: SimOutbox {
-                world: world.clone(),
-                fed: lock(&world).fed.subscribe(),
-            },
-            node_id: 1,
-            batch: 8,
-            shutdown: stop.clone(),
-            disk: firstseen::diskspace::DiskSpace::new(std::env::temp_dir(), 0),
-            max_message_bytes: usize::MAX,
-            set_aside_local: None,
-            set_aside_max_bytes: u64::MAX,
-            ours: firstseen::publish::tail::Ours::new(
-                &firstseen::cluster::wire::ClusterKey::from_secret(b"sim"),
-                &[],
-                false,
-            ),
-            formats: Default::default(),
-        };
+        let publisher = lone_publisher(&world, rx, &stop);
         let task = tokio::spawn(publisher.run());
         let feed = |n: u64| {
             let mut w = lock(&world);
