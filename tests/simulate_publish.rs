@@ -563,6 +563,17 @@ fn every_message_reaches_pulsar_exactly_once_under_seeded_faults() {
     check_seeds("simulate_publish", 300, FAULTS_FOR, run);
 }
 
+/// Commits `n` more messages to the first topic, as apply would.
+fn feed_first_topic(world: &Shared, n: u64) {
+    let mut w = lock(world);
+    let t = w.topics.get_mut(TOPICS[0]).expect("known topic");
+    for _ in 0..n {
+        let seq = t.messages.len() as u64 + 1;
+        t.messages.push(message(0, seq));
+    }
+    w.fed.send_modify(|n| *n += 1);
+}
+
 /// Node 1's publisher alone in `world`, stopped by `stop`.
 fn lone_publisher(
     world: &Shared,
@@ -618,15 +629,7 @@ fn a_batch_committed_meanwhile_leaves_before_earlier_receipts_return() {
         let stop = CancellationToken::new();
         let publisher = lone_publisher(&world, rx, &stop);
         let task = tokio::spawn(publisher.run());
-        let feed = |n: u64| {
-            let mut w = lock(&world);
-            let t = w.topics.get_mut(TOPICS[0]).expect("known topic");
-            for _ in 0..n {
-                let seq = t.messages.len() as u64 + 1;
-                t.messages.push(message(0, seq));
-            }
-            w.fed.send_modify(|n| *n += 1);
-        };
+        let feed = |n: u64| feed_first_topic(&world, n);
         feed(3);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
@@ -668,15 +671,7 @@ fn a_stopping_publisher_records_its_last_receipts() {
         let disk = tokio::spawn(pulsar::disk(world.clone(), disk_stop.clone(), (1, 4), 4));
         let publisher = lone_publisher(&world, rx, &stop);
         let task = tokio::spawn(publisher.run());
-        let feed = |n: u64| {
-            let mut w = lock(&world);
-            let t = w.topics.get_mut(TOPICS[0]).expect("known topic");
-            for _ in 0..n {
-                let seq = t.messages.len() as u64 + 1;
-                t.messages.push(message(0, seq));
-            }
-            w.fed.send_modify(|n| *n += 1);
-        };
+        let feed = |n: u64| feed_first_topic(&world, n);
         let published = || lock(&world).topics[TOPICS[0]].published;
         let stored = || lock(&world).pulsar.messages(TOPICS[0]).len();
         feed(3);
