@@ -307,6 +307,33 @@ pub fn trace_append(to: u64, entries: usize, sent: Instant, rtt: Option<Duration
     );
 }
 
+/// Prints to stderr each change of (term, leader) a node sees, with the
+/// time since the first call, so a run that lost its leader says when.
+pub fn note_leader(node: u64, term: u64, leader: Option<u64>) {
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t0 = *T0.get_or_init(Instant::now);
+    eprintln!(
+        "node {node} at_ms={:.1} term={term} leader={leader:?}",
+        t0.elapsed().as_secs_f64() * 1000.0
+    );
+}
+
+/// CPU seconds this process has used (user + system), from /proc; 0 where
+/// that is not readable. Linux reports it in ticks of 1/100 s.
+pub fn cpu_secs() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let Some(rest) = stat.rsplit(')').next() else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
 /// Marks the load generator passes, so a caller can snapshot its counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
@@ -327,6 +354,9 @@ pub struct LoadResult {
     pub achieved_rate: f64,
     /// Writes outstanding, sampled every 100 ms through the window.
     pub inflight_samples: Vec<u64>,
+    /// CPU the whole process (three nodes, links, load) used in the window,
+    /// in cores (CPU seconds per second).
+    pub cpu_cores: f64,
 }
 
 /// Calls `write` `rate` times a second, evenly spaced, each on its own task
@@ -360,6 +390,7 @@ where
 
     let mut i: u64 = 0;
     let mut first_in_window: Option<u64> = None;
+    let mut cpu_at_start = 0.0;
     loop {
         let due = start + interval.mul_f64(i as f64);
         if due >= win_end {
@@ -370,6 +401,7 @@ where
         }
         if first_in_window.is_none() && due >= win_start {
             first_in_window = Some(i);
+            cpu_at_start = cpu_secs();
             mark(Mark::WindowStart);
         }
         let payload = vec![(i % 251) as u8; args.entry_bytes];
@@ -387,6 +419,7 @@ where
         i += 1;
     }
     tokio::time::sleep_until(tokio::time::Instant::from_std(win_end)).await;
+    let cpu_cores = (cpu_secs() - cpu_at_start) / args.secs as f64;
     mark(Mark::WindowEnd);
     drop(tx);
     let inflight_samples = sampler.await.unwrap_or_default();
@@ -424,6 +457,7 @@ where
         unfinished: issued - seen,
         achieved_rate: returned_in_window as f64 / args.secs as f64,
         inflight_samples,
+        cpu_cores,
     }
 }
 
@@ -455,6 +489,9 @@ pub struct Report {
     pub append_rpcs: AppendCounts,
     pub mean_entries_per_append: f64,
     pub leader_fsyncs: u64,
+    pub cpu_cores: f64,
+    /// Terms the leader went through during the window (0: one leader).
+    pub term_changes: u64,
     pub inflight_first_quarter: f64,
     pub inflight_last_quarter: f64,
     pub kept_up: bool,
@@ -476,6 +513,7 @@ impl Report {
         load: LoadResult,
         appends: AppendCounts,
         leader_fsyncs: u64,
+        term_changes: u64,
     ) -> Report {
         let mut lat = load.latencies_ms;
         lat.sort_by(|a, b| a.total_cmp(b));
@@ -489,6 +527,7 @@ impl Report {
         let kept_up = load.achieved_rate >= 0.97 * args.rate
             && !growing
             && load.failed == 0
+            && term_changes == 0
             && load.unfinished == 0;
         Report {
             version: version.to_string(),
@@ -511,6 +550,8 @@ impl Report {
                 appends.entries as f64 / appends.with_entries as f64
             },
             leader_fsyncs,
+            cpu_cores: load.cpu_cores,
+            term_changes,
             inflight_first_quarter: first_q,
             inflight_last_quarter: last_q,
             kept_up,

@@ -23,6 +23,7 @@ use std::time::Duration;
 use clap::Parser;
 use futures_util::{Stream, StreamExt};
 use openraft::alias::{EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf, VoteOf};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError,
@@ -39,7 +40,7 @@ use openraft::{
 };
 use raft_ab_common::{
     AbandonGuard, AppendCounters, Args, Link, LogFile, Mark, Report, encode_entry, node_dir,
-    run_load, timing, trace_append, write_synced,
+    note_leader, run_load, timing, trace_append, write_synced,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
@@ -623,6 +624,26 @@ async fn run(args: Args) {
         tokio::spawn(serve_appends(router.clone(), a, b, rx));
     }
 
+    for (&id, r) in &rafts {
+        let mut rx = r.metrics();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let now = {
+                    let m = rx.borrow_watched();
+                    (m.current_term, m.current_leader)
+                };
+                if last != Some(now) {
+                    note_leader(id, now.0, now.1);
+                    last = Some(now);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
     let members: BTreeMap<NodeId, BasicNode> =
         IDS.iter().map(|&i| (i, BasicNode::default())).collect();
     rafts[&1].initialize(members).await.expect("initialize");
@@ -636,7 +657,8 @@ async fn run(args: Args) {
     let counters = router.counters[&leader_id].clone();
     let file = files[&leader_id].clone();
 
-    let mut at_start = (counters.get(), file.syncs());
+    let term = || leader.metrics().borrow_watched().current_term;
+    let mut at_start = (counters.get(), file.syncs(), term());
     let mut at_end = at_start;
     let load = run_load(
         &args,
@@ -653,8 +675,8 @@ async fn run(args: Args) {
             }
         },
         |mark| match mark {
-            Mark::WindowStart => at_start = (counters.get(), file.syncs()),
-            Mark::WindowEnd => at_end = (counters.get(), file.syncs()),
+            Mark::WindowStart => at_start = (counters.get(), file.syncs(), term()),
+            Mark::WindowEnd => at_end = (counters.get(), file.syncs(), term()),
         },
     )
     .await;
@@ -665,6 +687,7 @@ async fn run(args: Args) {
         load,
         at_end.0.since(at_start.0),
         at_end.1 - at_start.1,
+        at_end.2 - at_start.2,
     )
     .print();
 
