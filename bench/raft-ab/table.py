@@ -16,14 +16,14 @@ def f(x):
 
 
 print(f"{'tag':<8} {'load':>5} {'delay':>5} {'rate':>6} {'version':<10} {'p50':>7} {'p90':>7} {'p99':>7} "
-      f"{'max':>7} {'achieved':>8} {'appends e/0':>12} {'ent/app':>7} {'fsyncs':>6} {'cpu':>5} kept_up")
+      f"{'max':>7} {'achieved':>8} {'appends e/0':>12} {'ent/app':>7} {'fsyncs':>6} {'cpu':>5} {'fsync^':>6} kept_up")
 for t in rows:
     r = t["run"]
     a = r["append_rpcs"]
     print(f"{t['tag']:<8} {t.get('load1', 0):>5.2f} {r['delay_ms']:>5g} {r['rate']:>6g} {name(r):<10} {f(r['p50_ms']):>7} "
           f"{f(r['p90_ms']):>7} {f(r['p99_ms']):>7} {f(r['max_ms']):>7} {r['achieved_rate']:>8.1f} "
           f"{str(a['with_entries']) + '/' + str(a['empty']):>12} {r['mean_entries_per_append']:>7.1f} "
-          f"{r['leader_fsyncs']:>6} {r.get('cpu_cores', 0):>5.2f} {r['kept_up']}"
+          f"{r['leader_fsyncs']:>6} {r.get('cpu_cores', 0):>5.2f} {r.get('max_fsync_ms', 0):>6.1f} {r['kept_up']}"
           + ("" if r.get("term_changes", 0) == 0 else f" (leader changed: {r['term_changes']} terms)"))
 
 best = {}

@@ -183,6 +183,8 @@ struct LogFileInner {
     file: Mutex<File>,
     queue: Mutex<Queue>,
     syncs: AtomicU64,
+    /// Longest write + sync so far, in microseconds.
+    max_sync_us: AtomicU64,
 }
 
 #[derive(Default)]
@@ -199,6 +201,7 @@ impl LogFile {
                 file: Mutex::new(file),
                 queue: Mutex::new(Queue::default()),
                 syncs: AtomicU64::new(0),
+                max_sync_us: AtomicU64::new(0),
             }),
         })
     }
@@ -219,6 +222,11 @@ impl LogFile {
     pub fn syncs(&self) -> u64 {
         self.inner.syncs.load(Ordering::Relaxed)
     }
+
+    /// The longest write + sync since the last call, in milliseconds.
+    pub fn take_max_sync_ms(&self) -> f64 {
+        self.inner.max_sync_us.swap(0, Ordering::Relaxed) as f64 / 1000.0
+    }
 }
 
 impl LogFileInner {
@@ -232,6 +240,7 @@ impl LogFileInner {
                 }
                 std::mem::take(&mut q.waiting)
             };
+            let started = Instant::now();
             let result = {
                 let mut f = self.file.lock().unwrap();
                 batch
@@ -240,6 +249,8 @@ impl LogFileInner {
                     .and_then(|_| f.sync_data())
             };
             self.syncs.fetch_add(1, Ordering::Relaxed);
+            let took = started.elapsed().as_micros() as u64;
+            self.max_sync_us.fetch_max(took, Ordering::Relaxed);
             for (_, done) in batch {
                 done(match &result {
                     Ok(()) => Ok(()),
@@ -490,6 +501,9 @@ pub struct Report {
     pub mean_entries_per_append: f64,
     pub leader_fsyncs: u64,
     pub cpu_cores: f64,
+    /// Longest log write + fsync in the window, on any node (disk stalls on
+    /// this shared machine show here).
+    pub max_fsync_ms: f64,
     /// Terms the leader went through during the window (0: one leader).
     pub term_changes: u64,
     pub inflight_first_quarter: f64,
@@ -514,6 +528,7 @@ impl Report {
         appends: AppendCounts,
         leader_fsyncs: u64,
         term_changes: u64,
+        max_fsync_ms: f64,
     ) -> Report {
         let mut lat = load.latencies_ms;
         lat.sort_by(|a, b| a.total_cmp(b));
@@ -551,6 +566,7 @@ impl Report {
             },
             leader_fsyncs,
             cpu_cores: load.cpu_cores,
+            max_fsync_ms,
             term_changes,
             inflight_first_quarter: first_q,
             inflight_last_quarter: last_q,

@@ -550,6 +550,7 @@ async fn run(args: Args) {
     let term = || leader.metrics().borrow().current_term;
     let mut at_start = (counters.get(), file.syncs(), term());
     let mut at_end = at_start;
+    let mut max_fsync_ms = 0.0;
     let load = run_load(
         &args,
         |_, payload| {
@@ -565,8 +566,19 @@ async fn run(args: Args) {
             }
         },
         |mark| match mark {
-            Mark::WindowStart => at_start = (counters.get(), file.syncs(), term()),
-            Mark::WindowEnd => at_end = (counters.get(), file.syncs(), term()),
+            Mark::WindowStart => {
+                for f in files.values() {
+                    f.take_max_sync_ms();
+                }
+                at_start = (counters.get(), file.syncs(), term())
+            }
+            Mark::WindowEnd => {
+                at_end = (counters.get(), file.syncs(), term());
+                max_fsync_ms = files
+                    .values()
+                    .map(|f| f.take_max_sync_ms())
+                    .fold(0.0, f64::max);
+            }
         },
     )
     .await;
@@ -578,6 +590,7 @@ async fn run(args: Args) {
         at_end.0.since(at_start.0),
         at_end.1 - at_start.1,
         at_end.2 - at_start.2,
+        max_fsync_ms,
     )
     .print();
 
