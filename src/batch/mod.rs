@@ -142,10 +142,8 @@ impl InFlightLimit {
 
     /// A batch committed after `took` (its last, successful proposal).
     pub fn record(&mut self, took: Duration) {
-        // Weight 1/8: a change of distance shows within a few dozen
-        // commits. A single stall does move it (one 28-ms commit among 3-ms
-        // ones opens all four slots for a while); that costs a few more
-        // forwards, never a message.
+        // Weight 1/8: a few slow commits (a failover, a stall) do not
+        // swing it, and a change of distance shows within a second.
         self.mean = Some(match self.mean {
             None => took,
             Some(m) => (m * 7 + took) / 8,
@@ -217,7 +215,7 @@ mod tests {
             l.record(ms(45));
         }
         assert_eq!(l.limit(linger), InFlightLimit::MAX);
-        // One slow commit among fast ones opens a slot for a while.
+        // One slow commit among fast ones does not open the slots.
         let mut l = InFlightLimit::new();
         for _ in 0..20 {
             l.record(ms(3));

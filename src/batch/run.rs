@@ -44,14 +44,8 @@ pub async fn run(b: Batcher, mut rx: mpsc::Receiver<Received>) {
     let mut in_flight = FuturesOrdered::new();
     let mut limit = InFlightLimit::new();
     let mut closed = false;
-    let mut shown = 0;
     loop {
-        let allowed = limit.limit(b.policy.linger);
-        if allowed != shown {
-            metrics::gauge!("firstseen_batches_in_flight_limit").set(allowed as f64);
-            shown = allowed;
-        }
-        let room = in_flight.len() < allowed;
+        let room = in_flight.len() < limit.limit(b.policy.linger);
         let due = pending.deadline(&b.policy);
         let ready = !pending.is_empty()
             && (pending.is_full(&b.policy) || closed || due.is_some_and(|d| d <= Instant::now()));

@@ -201,11 +201,6 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "1 while the outbox is over its quota, or the disk below its reserve, and acks are held",
     ),
     (
-        "firstseen_batches_in_flight_limit",
-        "gauge",
-        "Batches this node may have proposed and not yet committed (2 to 4, from its commit times)",
-    ),
-    (
         "firstseen_outbox_messages",
         "gauge",
         "Messages committed but not yet confirmed in Pulsar",
