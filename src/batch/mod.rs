@@ -112,61 +112,6 @@ impl Pending {
     }
 }
 
-/// How many batches may be proposed and not yet committed: enough that a
-/// batch which lingered out rarely waits for a commit to end, and no more.
-///
-/// Two are enough when a commit takes about a linger (zones side by side:
-/// 2-3 ms against 2 ms). Between zones a commit takes two or more round
-/// trips, and with two in flight a batch that lingered out waited for one
-/// of them: 13.8 ms of a follower's receive leg at zones 10 ms apart
-/// (docs/benchmarks.md, "The commit path between zones"). Four in flight
-/// cut that, but at zero distance they cost 12% more node CPU for nothing,
-/// so the limit follows the commits this node sees rather than a setting:
-/// `cluster.round_trip_ms` has one default for both cases.
-#[derive(Debug, Clone)]
-pub struct InFlightLimit {
-    /// A moving mean of recent commit times; none before the first.
-    mean: Option<Duration>,
-}
-
-impl InFlightLimit {
-    /// Side by side, and the floor: one batch commits while the next fills.
-    pub const MIN: usize = 2;
-    /// More only split the same messages into more forwards; the leader's
-    /// coalescer merges what queues behind its entry in flight anyway.
-    pub const MAX: usize = 4;
-
-    pub fn new() -> Self {
-        Self { mean: None }
-    }
-
-    /// A batch committed after `took` (its last, successful proposal).
-    pub fn record(&mut self, took: Duration) {
-        // Weight 1/8: a few slow commits (a failover, a stall) do not
-        // swing it, and a change of distance shows within a second.
-        self.mean = Some(match self.mean {
-            None => took,
-            Some(m) => (m * 7 + took) / 8,
-        });
-    }
-
-    /// Batches allowed in flight: one per linger that a commit lasts.
-    pub fn limit(&self, linger: Duration) -> usize {
-        let Some(mean) = self.mean else {
-            return Self::MIN;
-        };
-        let linger = linger.max(Duration::from_millis(1));
-        let per_commit = mean.as_secs_f64() / linger.as_secs_f64();
-        (per_commit.ceil() as usize).clamp(Self::MIN, Self::MAX)
-    }
-}
-
-impl Default for InFlightLimit {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// A received message for the batcher's tests: key byte 0 is `tag`, the
 /// payload `bytes` long, received now.
 #[cfg(test)]
@@ -197,37 +142,6 @@ mod tests {
 
     fn item(bytes: usize) -> Received {
         test_message(0, bytes)
-    }
-
-    #[test]
-    fn batches_in_flight_follow_the_commit_time() {
-        let ms = Duration::from_millis;
-        let linger = ms(2);
-        let mut l = InFlightLimit::new();
-        assert_eq!(l.limit(linger), 2, "before any commit");
-        // Zones side by side: commits about a linger long.
-        for _ in 0..20 {
-            l.record(ms(3));
-        }
-        assert_eq!(l.limit(linger), 2);
-        // Zones 10 ms apart: commits of two round trips and more.
-        for _ in 0..40 {
-            l.record(ms(45));
-        }
-        assert_eq!(l.limit(linger), InFlightLimit::MAX);
-        // One slow commit among fast ones does not open the slots.
-        let mut l = InFlightLimit::new();
-        for _ in 0..20 {
-            l.record(ms(3));
-        }
-        l.record(ms(20));
-        assert_eq!(l.limit(linger), 3, "a 20-ms stall moves the mean to 5 ms");
-        for _ in 0..20 {
-            l.record(ms(3));
-        }
-        assert_eq!(l.limit(linger), 2, "and it falls back");
-        // A linger of 0 counts as 1 ms rather than dividing by zero.
-        assert_eq!(l.limit(ms(0)), l.limit(ms(1)));
     }
 
     #[test]
