@@ -1,6 +1,6 @@
 //! On the leader: batches that wait for a proposal slot go into one entry.
 //!
-//! Every node's batcher keeps one batch in flight, and the leader commits its
+//! Every node's batcher keeps two batches in flight, and the leader commits its
 //! own and the forwarded ones. Proposed one entry per batch, a 2,000 msg/s
 //! feed over three zones made 400 to 570 entries a second, each paying its own
 //! replication messages, apply, response and wake-ups of every task that
