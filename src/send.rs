@@ -42,4 +42,11 @@ pub enum SendError {
     /// the admin API when it has one; otherwise retried with backoff.
     #[error("the broker has no such topic and does not create it: {0}")]
     TopicNotFound(String),
+    /// The topic is partitioned (the admin API said so). firstseen writes a
+    /// topic through one exclusive producer and reads its end to resume,
+    /// which a partitioned topic does not give: nothing is published to it,
+    /// and the acquisition is retried with backoff in case an operator
+    /// replaces it with a non-partitioned one.
+    #[error("the topic is partitioned: {0}")]
+    Partitioned(String),
 }

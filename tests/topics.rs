@@ -155,6 +155,99 @@ fn a_missing_topic_without_the_admin_api_is_one_clear_error() {
     assert_eq!(node.published(), 0);
 }
 
+/// Sends `method` to the admin API's `path`; returns the HTTP status.
+fn admin_call(pulsar: &Pulsar, method: &str, path: &str, body: Option<&str>) -> String {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(["-X", method])
+        .arg(format!("{}{path}", pulsar.admin_url));
+    if let Some(body) = body {
+        c.args(["-H", "Content-Type: application/json", "-d", body]);
+    }
+    let out = c.output().expect("curl");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A route to a partitioned topic gets one clear ERROR and publishes
+/// nothing, and loses nothing: once an operator replaces the topic with a
+/// non-partitioned one, every message goes in exactly once. Before the
+/// fix, with auto-creation on (the broker's default), the producer took a
+/// non-partitioned topic the broker made beside the partitions while the
+/// tail read followed the partitions, and no ERROR was logged: the test
+/// fails at the ERROR's wait.
+#[test]
+fn a_partitioned_topic_is_one_clear_error_and_loses_nothing() {
+    let Some(pulsar) = shared_pulsar("a_partitioned_topic_is_one_clear_error_and_loses_nothing")
+    else {
+        return;
+    };
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    // A namespace of its own, auto-creation as the broker has it (on).
+    let ns = format!("public/partitioned-{n:x}");
+    assert_eq!(
+        admin_call(&pulsar, "PUT", &format!("/admin/v2/namespaces/{ns}"), None),
+        "204"
+    );
+    let path = format!("/admin/v2/persistent/{ns}/part");
+    assert_eq!(
+        admin_call(&pulsar, "PUT", &format!("{path}/partitions"), Some("2")),
+        "204",
+        "create the partitioned topic"
+    );
+    let topic = format!("persistent://{ns}/part");
+    let mqtt = Mosquitto::start();
+    let node = Node::start(NodeSpec::new(&mqtt, &pulsar, &topic));
+    node.wait_ready();
+    let r = replay(mqtt.port, &["--limit", "50", "--pace", "max"]);
+    let expected = hfp_pairs(Some(50));
+    assert_eq!(r.distinct, expected.len() as u64);
+
+    let log = || std::fs::read_to_string(node.log_path()).unwrap_or_default();
+    let attempts = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("publisher dropped its producer") && l.contains(&topic))
+            .count()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the publisher to have tried a few times",
+        || attempts(&log()) >= 3,
+    );
+    let text = log();
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("partitioned"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one ERROR, got:\n{}", node.log_tail(30));
+    assert!(
+        errors[0].contains(&topic),
+        "the ERROR names the topic: {}",
+        errors[0]
+    );
+    assert_eq!(node.published(), 0);
+    assert!(
+        topic_stats(&pulsar, &topic).is_none(),
+        "a non-partitioned topic was made beside the partitions"
+    );
+
+    // The operator replaces it; the next attempt publishes everything.
+    assert_eq!(
+        admin_call(
+            &pulsar,
+            "DELETE",
+            &format!("{path}/partitions?force=true"),
+            None
+        ),
+        "204",
+        "delete the partitioned topic"
+    );
+    node.wait_published(expected.len() as u64, Duration::from_secs(60));
+    assert_exactly_once(&read_back(&pulsar, &topic), &expected);
+}
+
 /// The names of the producers the topic has now.
 fn publishers(pulsar: &Pulsar, topic: &str) -> Vec<String> {
     topic_stats(pulsar, topic)

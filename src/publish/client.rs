@@ -236,6 +236,25 @@ impl Admin {
         Ok(true)
     }
 
+    /// How many partitions `topic` has: 0 for a non-partitioned topic, and
+    /// for one that does not exist.
+    pub async fn partitions(&self, topic: &str) -> Result<u32, super::Error> {
+        #[derive(serde::Deserialize)]
+        struct Metadata {
+            partitions: u32,
+        }
+        let path = Self::topic_path(topic)?;
+        let metadata: Metadata = self
+            .get(&format!("{path}/partitions"))
+            .await?
+            .error_for_status()
+            .map_err(Error::Admin)?
+            .json()
+            .await
+            .map_err(Error::Admin)?;
+        Ok(metadata.partitions)
+    }
+
     /// Whether deduplication applies to `topic`.
     pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, super::Error> {
         let path = Self::topic_path(topic)?;

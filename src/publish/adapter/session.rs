@@ -124,6 +124,35 @@ impl PulsarSession {
             .await
     }
 
+    /// Refuses a partitioned `topic`, when the admin API can tell. A
+    /// producer on a partitioned topic's name writes to a non-partitioned
+    /// topic the broker makes beside the partitions (with auto-creation on;
+    /// with it off the producer is refused and the creation answers that
+    /// the name is taken, forever), while the tail read follows the
+    /// partitions: a new leader would resume from an end that is not the
+    /// one written. One ERROR per topic says so; retried with backoff.
+    /// When the admin API does not answer, the take goes on as before.
+    async fn refuse_partitioned(&self, topic: &str) -> Result<(), SendError> {
+        let Some(admin) = &self.admin else {
+            return Ok(());
+        };
+        match admin.partitions(topic).await {
+            Ok(0) => Ok(()),
+            Ok(n) => {
+                if first_report(Problem::Partitioned, topic) {
+                    tracing::error!(topic, partitions = n, "the topic is partitioned, and firstseen publishes only to non-partitioned topics (one exclusive producer, and the topic's end read back to resume): nothing is published to it. Route to a non-partitioned topic, or replace this one (pulsar-admin topics delete-partitioned-topic, then create it without partitions); retrying with backoff");
+                }
+                Err(SendError::Partitioned(format!(
+                    "{topic} has {n} partitions"
+                )))
+            }
+            Err(e) => {
+                tracing::debug!(topic, error = %e, "could not read the topic's partitions; taking it as non-partitioned");
+                Ok(())
+            }
+        }
+    }
+
     /// Creates `topic`, which the broker said it does not have and will not
     /// create on its own (`allowAutoTopicCreation=false`, common in
     /// production), through the admin API; the caller then takes it again.
@@ -162,18 +191,31 @@ impl PulsarSession {
 /// reported yet in this process: the ERROR goes once per topic, not once
 /// per retry.
 fn first_report_of_missing(topic: &str) -> bool {
-    static REPORTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    first_report(Problem::Missing, topic)
+}
+
+/// What a topic's one ERROR is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Problem {
+    Missing,
+    Partitioned,
+}
+
+/// Whether `problem` with `topic` is not reported yet in this process.
+fn first_report(problem: Problem, topic: &str) -> bool {
+    static REPORTED: std::sync::Mutex<std::collections::BTreeSet<(Problem, String)>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     REPORTED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(topic.to_string())
+        .insert((problem, topic.to_string()))
 }
 
 impl Session for PulsarSession {
     type Producer = Producer;
 
     async fn exclusive(&self, topic: &str, name: &str) -> Result<Self::Producer, SendError> {
+        self.refuse_partitioned(topic).await?;
         let producer = match self.acquire(topic, name).await {
             Err(SendError::TopicNotFound(why)) => {
                 self.create(topic, why).await?;
