@@ -131,7 +131,8 @@ impl PulsarSession {
     /// the name is taken, forever), while the tail read follows the
     /// partitions: a new leader would resume from an end that is not the
     /// one written. One ERROR per topic says so; retried with backoff.
-    /// When the admin API does not answer, the take goes on as before.
+    /// When the admin API does not answer, the take goes on as before, with
+    /// one WARN per topic.
     async fn refuse_partitioned(&self, topic: &str) -> Result<(), SendError> {
         let Some(admin) = &self.admin else {
             return Ok(());
@@ -146,8 +147,13 @@ impl PulsarSession {
                     "{topic} has {n} partitions"
                 )))
             }
+            // Fails open: the admin API down, a token without the right or
+            // a non-persistent topic must not stop publishing. Said once per
+            // topic, since a partitioned topic then goes unnoticed.
             Err(e) => {
-                tracing::debug!(topic, error = %e, "could not read the topic's partitions; taking it as non-partitioned");
+                if first_report(Problem::PartitionsUnknown, topic) {
+                    tracing::warn!(topic, error = %e, "could not read the topic's partitions from the admin API; taking it as non-partitioned (a partitioned topic is not supported)");
+                }
                 Ok(())
             }
         }
@@ -199,6 +205,7 @@ fn first_report_of_missing(topic: &str) -> bool {
 enum Problem {
     Missing,
     Partitioned,
+    PartitionsUnknown,
 }
 
 /// Whether `problem` with `topic` is not reported yet in this process.
