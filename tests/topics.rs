@@ -26,17 +26,8 @@ fn namespace_without_auto_creation(pulsar: &Pulsar, name: &str) -> String {
         .unwrap()
         .as_nanos();
     let ns = format!("public/{name}-{n:x}");
-    let admin = |method: &str, path: &str, body: Option<&str>| {
-        let mut c = Command::new("curl");
-        c.args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"])
-            .args(["-X", method])
-            .arg(format!("{}{path}", pulsar.admin_url));
-        if let Some(body) = body {
-            c.args(["-H", "Content-Type: application/json", "-d", body]);
-        }
-        let out = c.output().expect("curl");
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let admin =
+        |method: &str, path: &str, body: Option<&str>| admin_call(pulsar, method, path, body);
     assert_eq!(
         admin("PUT", &format!("/admin/v2/namespaces/{ns}"), None),
         "204",
