@@ -46,14 +46,6 @@ pub struct PulsarConfig {
     /// Messages sent before awaiting all their receipts.
     #[serde(default = "default_publish_batch")]
     pub publish_batch: usize,
-    /// While a topic has an entry awaiting the broker's receipt, how long
-    /// newly committed messages may wait to go together in its next entry,
-    /// in milliseconds (0: each goes as soon as it is committed). The broker
-    /// spends its CPU per entry more than per message, so this trades a
-    /// little latency at busy times for much less broker work; an idle
-    /// topic never waits.
-    #[serde(default = "default_gather_ms")]
-    pub gather_ms: u64,
     /// The broker's `maxMessageSize`, in bytes (Pulsar's default is 5 MiB).
     /// Pulsar refuses a larger message by closing the connection, which a
     /// client cannot tell from any other lost connection: a message over
@@ -118,9 +110,6 @@ fn default_pulsar_max_message() -> usize {
 fn default_publish_batch() -> usize {
     500
 }
-fn default_gather_ms() -> u64 {
-    GATHER_MS
-}
 fn default_quota() -> u64 {
     1024 * 1024 * 1024
 }
@@ -132,10 +121,6 @@ impl Default for OutboxConfig {
         }
     }
 }
-
-/// `pulsar.gather_ms` by default (see docs/benchmarks.md for the A/B that
-/// chose it).
-pub const GATHER_MS: u64 = 5;
 
 impl PulsarConfig {
     pub fn new(url: impl Into<String>) -> Self {
@@ -149,7 +134,6 @@ impl PulsarConfig {
             tls_hostname_verification: true,
             operation_timeout_ms: default_operation_timeout_ms(),
             publish_batch: default_publish_batch(),
-            gather_ms: default_gather_ms(),
             max_message_bytes: default_pulsar_max_message(),
         }
     }
@@ -176,12 +160,6 @@ impl PulsarConfig {
     pub fn check(&self, p: &mut Problems) {
         if self.publish_batch == 0 {
             p.add("pulsar.publish_batch", "must be at least 1");
-        }
-        if self.gather_ms > 1_000 {
-            p.add(
-                "pulsar.gather_ms",
-                "must be at most 1000: every message of a busy topic may wait this long",
-            );
         }
         if self.operation_timeout_ms < 100 {
             p.add("pulsar.operation_timeout_ms", "must be at least 100");

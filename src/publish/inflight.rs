@@ -72,9 +72,6 @@ pub(super) struct TopicPublisher<P> {
     /// took, and anyone who can write foreign messages to it could make that
     /// long.
     pub(super) held: Option<(String, P)>,
-    /// Since when committed messages have waited to go together behind an
-    /// entry in flight ([`TopicPublisher::gather_wait`]).
-    pub(super) gathering: Option<Instant>,
 }
 
 impl<P> TopicPublisher<P> {
@@ -95,34 +92,7 @@ impl<P> TopicPublisher<P> {
             format,
             generation: 0,
             held: None,
-            gathering: None,
         }
-    }
-
-    /// Whether this topic's committed messages wait to go together
-    /// ([`policy::gather_wait`]), and for how long more; `unsent` is how many
-    /// are committed and not sent. The wait starts at the first call that
-    /// holds them and ends when they may go.
-    pub(super) fn gather_wait(
-        &mut self,
-        unsent: u64,
-        batch: usize,
-        gather: Duration,
-    ) -> Option<Duration> {
-        let in_flight = self.producer.is_some() && !self.in_flight.is_empty();
-        let since = *self.gathering.get_or_insert_with(Instant::now);
-        let wait = policy::gather_wait(in_flight, unsent, batch, since.elapsed(), gather);
-        if wait.is_none() {
-            self.gathering = None;
-        }
-        wait
-    }
-
-    /// How long until the messages held by [`TopicPublisher::gather_wait`]
-    /// are due, if any are held.
-    pub(super) fn gather_due(&self, gather: Duration) -> Option<Duration> {
-        self.gathering
-            .map(|since| gather.saturating_sub(since.elapsed()))
     }
 
     /// Proposes the confirmed watermark through Raft if it moved and the

@@ -77,9 +77,6 @@ pub struct Publisher<B: Broker, C: Consensus, O: Outbox> {
     pub node_id: u64,
     /// Messages per batch (`pulsar.publish_batch`).
     pub batch: usize,
-    /// How long committed messages may gather behind a topic's entry in
-    /// flight (`pulsar.gather_ms`, [`policy::gather_wait`]).
-    pub gather: std::time::Duration,
     pub shutdown: CancellationToken,
     /// A leader whose disk is low stops publishing, so that it stops
     /// confirming its lease and the others elect one with room.
@@ -155,7 +152,6 @@ pub fn build<B: Broker + 'static>(
         },
         node_id: cx.id,
         batch: pulsar.publish_batch,
-        gather: std::time::Duration::from_millis(pulsar.gather_ms),
         shutdown: stop,
         disk: links.disk,
         max_message_bytes: pulsar.max_message_bytes,

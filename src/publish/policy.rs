@@ -55,30 +55,6 @@ pub fn watermark_wait(
     Some(since_last.map_or(Duration::ZERO, |d| WATERMARK_EVERY.saturating_sub(d)))
 }
 
-/// How much longer a topic's committed messages wait to go out together,
-/// or `None` to send them now.
-///
-/// The broker's work follows the entries it stores more than the messages
-/// in them (docs/benchmarks.md, "Pulsar's CPU per message"): one message
-/// per entry costs it about three times what twenty do. So while an entry
-/// of the topic awaits its receipt, what was committed meanwhile gathers
-/// for the next one, until that receipt comes back (the caller sends once
-/// nothing is in flight), `batch` messages are waiting, or the first of
-/// them has waited `gather`. An idle topic pays nothing: with nothing in
-/// flight its messages leave at once. `gather` zero turns it off.
-pub fn gather_wait(
-    in_flight: bool,
-    unsent: u64,
-    batch: usize,
-    waited: Duration,
-    gather: Duration,
-) -> Option<Duration> {
-    if !in_flight || unsent >= batch as u64 || waited >= gather {
-        return None;
-    }
-    Some(gather - waited)
-}
-
 /// Why a message goes to Pulsar as a marker instead of itself, or `None`
 /// when it goes as it is. A message larger than the broker accepts
 /// (`pulsar.max_message_bytes`) is refused for good: the broker closes the
@@ -284,21 +260,6 @@ pub fn retry_policy(backoff: Duration, held_elsewhere: bool) -> (Duration, Durat
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn messages_gather_only_behind_an_entry_in_flight_and_never_past_the_bound() {
-        let ms = Duration::from_millis;
-        // Nothing in flight: at once, however few.
-        assert_eq!(gather_wait(false, 1, 500, ms(0), ms(5)), None);
-        // Behind an entry in flight: the rest of the bound.
-        assert_eq!(gather_wait(true, 3, 500, ms(0), ms(5)), Some(ms(5)));
-        assert_eq!(gather_wait(true, 3, 500, ms(2), ms(5)), Some(ms(3)));
-        // The bound reached, or a whole batch waiting: now.
-        assert_eq!(gather_wait(true, 3, 500, ms(5), ms(5)), None);
-        assert_eq!(gather_wait(true, 500, 500, ms(0), ms(5)), None);
-        // Turned off.
-        assert_eq!(gather_wait(true, 3, 500, ms(0), ms(0)), None);
-    }
 
     fn refused() -> SendError {
         SendError::Refused("send_error".into())

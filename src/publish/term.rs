@@ -222,10 +222,6 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 }
                 let unsent = tp.producer.is_none() || tp.next_seq <= st.last_seq;
                 if unsent && tp.in_flight.len() < MAX_IN_FLIGHT {
-                    let waiting = (st.last_seq + 1).saturating_sub(tp.next_seq);
-                    if tp.gather_wait(waiting, self.batch, self.gather).is_some() {
-                        continue;
-                    }
                     // The lease, confirmed with a quorum before every batch:
                     // a leader that was paused or cut off stops here.
                     if !self.consensus.confirm_lease().await {
@@ -265,15 +261,6 @@ impl<B: Broker, C: Consensus, O: Outbox> Publisher<B, C, O> {
                 .filter_map(|t| t.watermark_wait())
                 .fold(Duration::from_millis(200), Duration::min)
                 .max(Duration::from_millis(10));
-            // Messages gathering behind an entry in flight go when their
-            // bound is due, if its receipt has not come back first: sooner
-            // than the floor above, which is for watermarks. At least a
-            // millisecond, the timer's grain, so the loop never spins.
-            let idle_wait = topics
-                .values()
-                .filter_map(|t| t.gather_due(self.gather))
-                .fold(idle_wait, Duration::min)
-                .max(Duration::from_millis(1));
             let woke = tokio::select! {
                 r = first_received(&mut topics) => Some(r),
                 a = acquisitions.next(), if !acquiring.is_empty() => {
