@@ -442,7 +442,7 @@ pub async fn watch_lease(
             .await
         {
             Ok(Ok(_)) => {
-                liveness.lease_confirmed();
+                liveness.lease_confirmed(asked);
                 let took = asked.elapsed();
                 liveness.quorum_round(took);
                 Some(took)

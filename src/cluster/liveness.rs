@@ -127,9 +127,21 @@ impl Liveness {
         self.age(&self.leader_contact)
     }
 
-    /// This node, as leader, confirmed its leadership with a quorum.
-    pub fn lease_confirmed(&self) {
-        self.lease_confirmed.store(self.now(), Ordering::Release);
+    /// This node, as leader, confirmed its leadership with a quorum, in a
+    /// check that began at `asked`. The lease runs from then, not from the
+    /// answer: every vote that confirmed it was given after `asked`, but a
+    /// slow round (a follower's fsync, a lost packet resent) could otherwise
+    /// stretch the lease past what the quorum vouched for by as long as the
+    /// round took. A check that began earlier and ended later never moves
+    /// it back.
+    pub fn lease_confirmed(&self, asked: Instant) {
+        let at = asked.saturating_duration_since(self.started).as_millis() as u64;
+        let _ = self
+            .lease_confirmed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |was| match was {
+                NEVER => Some(at),
+                was => Some(was.max(at)),
+            });
     }
 
     /// Since the last quorum confirmation, if any.
@@ -201,7 +213,7 @@ mod tests {
         assert!(l.leader_contact_age().is_none());
         assert!(l.lease_age().is_none());
         l.leader_contact();
-        l.lease_confirmed();
+        l.lease_confirmed(Instant::now());
         l.peer_seen(3);
         assert!(l.leader_contact_age().unwrap() < Duration::from_secs(1));
         assert!(l.lease_age().unwrap() < Duration::from_secs(1));
@@ -217,5 +229,22 @@ mod tests {
         assert!(l.last_quorum_round().is_none());
         l.quorum_round(Duration::from_millis(61));
         assert_eq!(l.last_quorum_round(), Some(Duration::from_millis(61)));
+    }
+
+    /// The lease runs from when the confirming check began: a round that
+    /// took 80 ms leaves a lease already 80 ms old, and an older check
+    /// answering later does not make it older again.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_runs_from_when_its_check_began() {
+        let l = Liveness::new();
+        let asked = Instant::now();
+        tokio::time::advance(Duration::from_millis(80)).await;
+        l.lease_confirmed(asked);
+        assert_eq!(l.lease_age(), Some(Duration::from_millis(80)));
+        let later = Instant::now();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        l.lease_confirmed(later);
+        l.lease_confirmed(asked);
+        assert_eq!(l.lease_age(), Some(Duration::from_millis(20)));
     }
 }

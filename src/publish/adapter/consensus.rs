@@ -63,12 +63,13 @@ impl Consensus for RaftGroup {
         {
             return true;
         }
+        let asked = tokio::time::Instant::now();
         let ok = matches!(
             tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
             Ok(Ok(_))
         );
         if ok {
-            self.liveness.lease_confirmed();
+            self.liveness.lease_confirmed(asked);
         }
         ok
     }
@@ -96,12 +97,13 @@ impl Consensus for RaftGroup {
                 .await
                 .ok()
         };
+        let asked = tokio::time::Instant::now();
         let ok = matches!(
             tokio::time::timeout(self.lease_timeout, barrier).await,
             Ok(Some(_))
         );
         if ok {
-            self.liveness.lease_confirmed();
+            self.liveness.lease_confirmed(asked);
         }
         ok
     }
