@@ -8,6 +8,9 @@
 #   BENCH_ONLY_PEAK=1 scripts/bench.sh       the peak alone, with the latency
 #                    split at the producer's send and the stage histograms
 #   BENCH_PERF=1     adds a perf profile of the nodes over the peak
+#   BENCH_JFR=1      records the Pulsar JVM (Java Flight Recorder) over each
+#                    system's peak and prints where the broker's CPU went for
+#                    each (bench/py/jfrtop.py); the files stay in .bench/jfr
 #   BENCH_PEAK_RATE  the peak profiles' rate (2000)
 #   BENCH_FLAME=1    records the leader's call stacks over the peak and draws
 #                    bench-results/flame-peak.svg (perf and inferno)
@@ -161,6 +164,16 @@ fi
 cpu_secs() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # Pulsar's own CPU (core-seconds): the broker and bookie share one JVM.
 pulsar_cpu() { cpu_secs "$(cat "$work/pulsar/pid")"; }
+# BENCH_JFR=1: a flight recording of the broker over one system's peak, named $1.
+jfr_start() {
+  [ "${BENCH_JFR:-0}" != 0 ] || return 0
+  mkdir -p "$work/jfr"
+  jcmd "$(cat "$work/pulsar/pid")" JFR.start name="$1" settings=profile filename="$work/jfr/$1.jfr" > /dev/null
+}
+jfr_stop() {
+  [ "${BENCH_JFR:-0}" != 0 ] || return 0
+  jcmd "$(cat "$work/pulsar/pid")" JFR.stop name="$1" > /dev/null
+}
 # Core-seconds per second between two readings $1 and $2 over $3 seconds.
 share() { awk -v a="$2" -v b="$1" -v s="$3" 'BEGIN { printf "%.3f", (a - b) / s }'; }
 peak_rss_mb() { awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
@@ -271,7 +284,9 @@ if [ -n "${BENCH_PERF:-}" ]; then
   perf_pid=$!
 fi
 pulsar0=$(pulsar_cpu)
+jfr_start firstseen
 peak=$(step "$peak_rate" "$peak_secs" "$topic" "$run-peak")
+jfr_stop firstseen
 share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-firstseen.txt"
 kill "$sampler"
 if [ -n "${BENCH_PERF:-}" ]; then
@@ -444,7 +459,9 @@ for c in "${competitors[@]}"; do
   c0=$(cpu_sum "${benthos_pids[@]}")
   r0=0; [ -n "$redis_pid" ] && r0=$(cpu_secs "$redis_pid")
   pulsar0=$(pulsar_cpu)
+  jfr_start "$name"
   step "$peak_rate" "$peak_secs" "$ctopic" "$run-$name-peak" > "$work/$name-peak.json"
+  jfr_stop "$name"
   share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-$name.txt"
   c1=$(cpu_sum "${benthos_pids[@]}")
   r1=0; [ -n "$redis_pid" ] && r1=$(cpu_secs "$redis_pid")
@@ -477,6 +494,10 @@ if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
   report peak-summary "$work" "$peak_secs" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}"
   report competitors "$work" "$peak_secs"
+  if [ "${BENCH_JFR:-0}" != 0 ]; then
+    echo "Where the broker's CPU went over each peak (Java Flight Recorder):"
+    python3 "$root/bench/py/jfrtop.py" "$work"/jfr/*.jfr
+  fi
   if [ -n "${BENCH_PERF:-}" ]; then
     echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
     perf report -q -i "$work/perf.data" --sort pid,sym --percent-limit 0.7 2>/dev/null | head -80
