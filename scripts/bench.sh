@@ -8,9 +8,9 @@
 #   BENCH_ONLY_PEAK=1 scripts/bench.sh       the peak alone, with the latency
 #                    split at the producer's send and the stage histograms
 #   BENCH_PERF=1     adds a perf profile of the nodes over the peak
-#   BENCH_JFR=1      records the Pulsar JVM (Java Flight Recorder) over each
-#                    system's peak and prints where the broker's CPU went for
-#                    each (bench/py/jfrtop.py); the files stay in .bench/jfr
+#   BENCH_BROKER_THREADS=1  where the broker's CPU went over each system's
+#                    peak: the Pulsar JVM's threads' CPU from /proc, before
+#                    and after, by thread pool (bench/py/brokerthreads.py)
 #   BENCH_PEAK_RATE  the peak profiles' rate (2000)
 #   BENCH_FLAME=1    records the leader's call stacks over the peak and draws
 #                    bench-results/flame-peak.svg (perf and inferno)
@@ -164,15 +164,19 @@ fi
 cpu_secs() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # Pulsar's own CPU (core-seconds): the broker and bookie share one JVM.
 pulsar_cpu() { cpu_secs "$(cat "$work/pulsar/pid")"; }
-# BENCH_JFR=1: a flight recording of the broker over one system's peak, named $1.
-jfr_start() {
-  [ "${BENCH_JFR:-0}" != 0 ] || return 0
-  mkdir -p "$work/jfr"
-  jcmd "$(cat "$work/pulsar/pid")" JFR.start name="$1" settings=profile filename="$work/jfr/$1.jfr" > /dev/null
-}
-jfr_stop() {
-  [ "${BENCH_JFR:-0}" != 0 ] || return 0
-  jcmd "$(cat "$work/pulsar/pid")" JFR.stop name="$1" > /dev/null
+# BENCH_BROKER_THREADS=1: every broker thread's CPU ticks (utime + stime)
+# into $work/broker-threads/<system>.<when>, as "tid name ticks" lines. Read
+# from /proc, so measuring costs the broker nothing (a flight recording's
+# start cost more than the peak it was to explain).
+broker_threads() {
+  [ "${BENCH_BROKER_THREADS:-0}" != 0 ] || return 0
+  local pid t dir="$work/broker-threads"
+  pid=$(cat "$work/pulsar/pid")
+  mkdir -p "$dir"
+  for t in /proc/"$pid"/task/*; do
+    # The name may hold spaces; the ticks are fields 14 and 15 after it.
+    echo "${t##*/} $(tr ' ' '_' < "$t/comm") $(sed 's/.*) //' "$t/stat" | awk '{ print $12 + $13 }')"
+  done > "$dir/$1.$2" 2>/dev/null || true
 }
 # Core-seconds per second between two readings $1 and $2 over $3 seconds.
 share() { awk -v a="$2" -v b="$1" -v s="$3" 'BEGIN { printf "%.3f", (a - b) / s }'; }
@@ -284,9 +288,9 @@ if [ -n "${BENCH_PERF:-}" ]; then
   perf_pid=$!
 fi
 pulsar0=$(pulsar_cpu)
-jfr_start firstseen
+broker_threads firstseen before
 peak=$(step "$peak_rate" "$peak_secs" "$topic" "$run-peak")
-jfr_stop firstseen
+broker_threads firstseen after
 share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-firstseen.txt"
 kill "$sampler"
 if [ -n "${BENCH_PERF:-}" ]; then
@@ -459,9 +463,9 @@ for c in "${competitors[@]}"; do
   c0=$(cpu_sum "${benthos_pids[@]}")
   r0=0; [ -n "$redis_pid" ] && r0=$(cpu_secs "$redis_pid")
   pulsar0=$(pulsar_cpu)
-  jfr_start "$name"
+  broker_threads "$name" before
   step "$peak_rate" "$peak_secs" "$ctopic" "$run-$name-peak" > "$work/$name-peak.json"
-  jfr_stop "$name"
+  broker_threads "$name" after
   share "$pulsar0" "$(pulsar_cpu)" "$peak_secs" > "$work/pulsar-cpu-$name.txt"
   c1=$(cpu_sum "${benthos_pids[@]}")
   r1=0; [ -n "$redis_pid" ] && r1=$(cpu_secs "$redis_pid")
@@ -494,9 +498,9 @@ if [ -n "${BENCH_ONLY_PEAK:-}" ]; then
   # A quick look at the peak profile alone, while working on latency.
   report peak-summary "$work" "$peak_secs" "${cpu[1]}" "${cpu[2]}" "${cpu[3]}"
   report competitors "$work" "$peak_secs"
-  if [ "${BENCH_JFR:-0}" != 0 ]; then
-    echo "Where the broker's CPU went over each peak (Java Flight Recorder):"
-    python3 "$root/bench/py/jfrtop.py" "$work"/jfr/*.jfr
+  if [ "${BENCH_BROKER_THREADS:-0}" != 0 ]; then
+    echo "Where the broker's CPU went over each peak (core-seconds by thread pool):"
+    python3 "$root/bench/py/brokerthreads.py" "$work/broker-threads"
   fi
   if [ -n "${BENCH_PERF:-}" ]; then
     echo "CPU profile of the nodes over the peak (perf, by process and symbol):"
