@@ -413,7 +413,7 @@ pub async fn drive(
 /// and `/status` can tell a leader that still leads from one that was cut
 /// off, and the publisher finds a fresh lease instead of asking a quorum
 /// before a batch. Each confirmation is one empty append to every follower:
-/// at the default 100 ms heartbeat, 20 rounds a second (40 appends with two
+/// at the default 100 ms heartbeat, 10 rounds a second (20 appends with two
 /// followers) beside openraft's 10 heartbeat rounds. It also measures the
 /// quorum's round trip, and says when the group is farther apart than its
 /// timing allows ([`too_far`]).

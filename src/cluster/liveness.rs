@@ -48,18 +48,24 @@ impl Timing {
     }
 
     /// A quorum confirmation younger than this stands for a new one: the
-    /// publisher asks for none (`publish::adapter`, `lease_fresh`, which is
-    /// the heartbeat too). One heartbeat: followers wait at least an
-    /// election timeout, four heartbeats by default, before they campaign.
+    /// publisher asks for none (`publish::adapter`, `lease_fresh`). Its age
+    /// counts from when the check began ([`Liveness::lease_confirmed`]), and
+    /// every follower that vouched did so after that; none campaigns before
+    /// an election timeout without hearing from the leader. So half of
+    /// `election_min` (at least one and a half heartbeats, since
+    /// `election_min` is at least three) leaves the other half for clocks
+    /// that run at different rates. It used to be one heartbeat counted
+    /// from the answer, which let a slow round stretch it.
     pub fn lease_fresh(&self) -> Duration {
-        self.heartbeat
+        self.election_min / 2
     }
 
     /// How often the lease watch confirms the leadership: half of
     /// [`Timing::lease_fresh`], so that a healthy leader always holds a
-    /// fresh confirmation and no publish batch pays a round trip for one.
-    /// At a quarter of `election_min` (the earlier period, 200 ms against a
-    /// freshness of 100 ms) about half of the batches asked a quorum first.
+    /// fresh confirmation and no publish batch pays a round trip for one,
+    /// as long as a round takes less than the other half. At a quarter of
+    /// `election_min` against a freshness of one heartbeat (200 ms against
+    /// 100 at the defaults) about half of the batches asked a quorum first.
     pub fn lease_watch(&self) -> Duration {
         self.lease_fresh() / 2
     }
@@ -226,6 +232,7 @@ mod tests {
         assert!(t.confirm_timeout() < t.lease());
         assert!(t.lease() < t.stale());
         assert!(t.lease_watch() < t.lease_fresh());
+        assert!(t.lease_fresh() >= t.heartbeat && t.lease_fresh() * 2 <= t.election_min);
         assert!(l.last_quorum_round().is_none());
         l.quorum_round(Duration::from_millis(61));
         assert_eq!(l.last_quorum_round(), Some(Duration::from_millis(61)));

@@ -141,7 +141,7 @@ pub fn build<B: Broker + 'static>(
             proposer: links.proposer,
             liveness: links.liveness,
             lease_timeout: links.timing.confirm_timeout(),
-            lease_fresh: links.timing.heartbeat,
+            lease_fresh: links.timing.lease_fresh(),
             metrics: links.raft.server_metrics(),
         },
         outbox: adapter::StateOutbox {

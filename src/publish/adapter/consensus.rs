@@ -50,9 +50,10 @@ impl Consensus for RaftGroup {
     }
 
     async fn confirm_lease(&self) -> bool {
-        // Confirmed by a quorum within the last heartbeat: no successor can
-        // exist yet (followers wait an election timeout, four heartbeats,
-        // before they campaign), and a quorum round per batch put a
+        // Confirmed by a quorum in a check begun less than half an election
+        // timeout ago (`Timing::lease_fresh`): no successor can exist yet
+        // (followers wait an election timeout after the leader last reached
+        // them before they campaign), and a quorum round per batch put a
         // follower's append-and-fsync in front of every batch. G2 does not
         // rest on the lease: the exclusive producer and the tail read do
         // (docs/exactly-once.md, "The stale-producer hazard").
