@@ -60,14 +60,18 @@ impl Timing {
         self.election_min / 2
     }
 
-    /// How often the lease watch confirms the leadership: half of
-    /// [`Timing::lease_fresh`], so that a healthy leader always holds a
-    /// fresh confirmation and no publish batch pays a round trip for one,
-    /// as long as a round takes less than the other half. At a quarter of
-    /// `election_min` against a freshness of one heartbeat (200 ms against
-    /// 100 at the defaults) about half of the batches asked a quorum first.
+    /// How often the lease watch confirms the leadership, so that a
+    /// healthy leader always holds a fresh confirmation and no publish batch
+    /// pays a round trip for one: a round that takes up to the freshness
+    /// minus this period still lands before the last one goes stale. Half
+    /// the freshness, and never so long that this margin falls below a
+    /// heartbeat, which every accepted timing fits a round into (with
+    /// `election_min` at three heartbeats half would leave three quarters of
+    /// one). When the watch ran every half `election_min` against a
+    /// freshness of one heartbeat, about half of the batches asked a quorum
+    /// first.
     pub fn lease_watch(&self) -> Duration {
-        self.lease_fresh() / 2
+        (self.lease_fresh() / 2).min(self.lease_fresh().saturating_sub(self.heartbeat))
     }
 
     /// Evidence older than this means the node cannot vouch for its role:
@@ -233,6 +237,17 @@ mod tests {
         assert!(t.lease() < t.stale());
         assert!(t.lease_watch() < t.lease_fresh());
         assert!(t.lease_fresh() >= t.heartbeat && t.lease_fresh() * 2 <= t.election_min);
+        // Every timing the config accepts (election_min at least three
+        // heartbeats): a round of up to a heartbeat keeps the lease fresh.
+        for (heartbeat, min) in [(100, 300), (100, 400), (20, 60), (160, 1000)] {
+            let t = Timing {
+                heartbeat: Duration::from_millis(heartbeat),
+                election_min: Duration::from_millis(min),
+                election_max: Duration::from_millis(2 * min),
+            };
+            assert!(t.lease_watch() > Duration::ZERO, "{t:?}");
+            assert!(t.lease_fresh() - t.lease_watch() >= t.heartbeat, "{t:?}");
+        }
         assert!(l.last_quorum_round().is_none());
         l.quorum_round(Duration::from_millis(61));
         assert_eq!(l.last_quorum_round(), Some(Duration::from_millis(61)));

@@ -32,7 +32,8 @@ pub struct Status {
     pub role: String,
     /// Since the last accepted append from a leader, in milliseconds.
     pub leader_contact_ms: Option<u64>,
-    /// Since this node, as leader, last had a quorum confirm it.
+    /// Since this node, as leader, began the last check in which a quorum
+    /// confirmed it.
     pub lease_confirmed_ms: Option<u64>,
     pub term: u64,
     pub last_applied: Option<u64>,

@@ -24,7 +24,7 @@ pub struct RaftGroup {
     /// timeout, so a leader cut off lets go before a successor can exist.
     pub lease_timeout: Duration,
     /// A confirmation younger than this (by the publisher or the lease
-    /// watch) stands for a new one: one heartbeat interval.
+    /// watch) stands for a new one (`Timing::lease_fresh`).
     pub lease_fresh: Duration,
     /// openraft's server metrics: vote, role, leader and membership. They
     /// change with leadership only, not with every apply or replication
