@@ -209,15 +209,7 @@ impl Admin {
             // after a successor read the topic's end.
             return Ok(Some(0));
         }
-        let path = Self::topic_path(topic)?;
-        let stats: InternalStats = self
-            .get(&format!("{path}/internalStats"))
-            .await?
-            .error_for_status()
-            .map_err(Error::Admin)?
-            .json()
-            .await
-            .map_err(Error::Admin)?;
+        let stats: InternalStats = self.topic_json(topic, "/internalStats").await?;
         Ok(stats.pending)
     }
 
@@ -243,16 +235,27 @@ impl Admin {
         struct Metadata {
             partitions: u32,
         }
+        let metadata: Metadata = self.topic_json(topic, "/partitions").await?;
+        Ok(metadata.partitions)
+    }
+
+    /// GETs what the admin API says under `topic`'s path and `suffix`, and
+    /// decodes its JSON.
+    async fn topic_json<T: serde::de::DeserializeOwned>(
+        &self,
+        topic: &str,
+        suffix: &str,
+    ) -> Result<T, super::Error> {
         let path = Self::topic_path(topic)?;
-        let metadata: Metadata = self
-            .get(&format!("{path}/partitions"))
+        let value = self
+            .get(&format!("{path}{suffix}"))
             .await?
             .error_for_status()
             .map_err(Error::Admin)?
             .json()
             .await
             .map_err(Error::Admin)?;
-        Ok(metadata.partitions)
+        Ok(value)
     }
 
     /// Whether deduplication applies to `topic`.
