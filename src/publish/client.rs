@@ -246,26 +246,35 @@ impl Admin {
         topic: &str,
         suffix: &str,
     ) -> Result<T, super::Error> {
-        let path = Self::topic_path(topic)?;
         let value = self
-            .get(&format!("{path}{suffix}"))
+            .topic_get(topic, suffix)
             .await?
-            .error_for_status()
-            .map_err(Error::Admin)?
             .json()
             .await
             .map_err(Error::Admin)?;
         Ok(value)
     }
 
-    /// Whether deduplication applies to `topic`.
-    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, super::Error> {
+    /// GETs what the admin API says under `topic`'s path and `suffix`; an
+    /// answer other than success is the error.
+    async fn topic_get(
+        &self,
+        topic: &str,
+        suffix: &str,
+    ) -> Result<reqwest::Response, super::Error> {
         let path = Self::topic_path(topic)?;
-        let body = self
-            .get(&format!("{path}/deduplicationEnabled?applied=true"))
+        Ok(self
+            .get(&format!("{path}{suffix}"))
             .await?
             .error_for_status()
-            .map_err(Error::Admin)?
+            .map_err(Error::Admin)?)
+    }
+
+    /// Whether deduplication applies to `topic`.
+    pub async fn dedup_enabled(&self, topic: &str) -> Result<bool, super::Error> {
+        let body = self
+            .topic_get(topic, "/deduplicationEnabled?applied=true")
+            .await?
             .text()
             .await
             .map_err(Error::Admin)?;
