@@ -32,6 +32,8 @@
 //!   in the log.
 //! - [`damage`]: which errors and panics mean a damaged file, and the
 //!   marker that asks the next start to rebuild the state.
+//! - [`faults`]: counts the storage errors openraft is handed, so that a
+//!   core openraft stopped by itself is not taken for a storage failure.
 //! - [`appends`]: when recent entries were written, for the commit path's
 //!   telemetry.
 //! - [`runtime`]: the runtime openraft's tasks run on (tokio; in the
@@ -44,6 +46,7 @@
 pub mod appends;
 pub mod cover;
 pub mod damage;
+pub mod faults;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
@@ -56,6 +59,7 @@ pub mod storage;
 pub mod typ;
 
 pub use appends::AppendClock;
+pub use faults::{StoreFaults, Watched};
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
 pub use log_store::LogStore;
 pub use outbox::Outbox;
