@@ -495,6 +495,137 @@ pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError
 mod tests {
     use super::*;
 
+    /// The Raft messages and replies as they cross the peer link, byte for
+    /// byte (bincode: fixed-width little-endian integers, a u32 variant
+    /// index, a one-byte option tag, a u64 length before a sequence). A node
+    /// of the next release must send and read these exactly during a
+    /// rolling upgrade, whatever openraft release it is built on: a reply
+    /// one side cannot decode closes the link and fails every call on it.
+    /// openraft 0.10 changes some of these types (its `StorageError` is a
+    /// struct), so this pins what the running release sends.
+    #[test]
+    fn raft_messages_and_replies_keep_their_bytes() {
+        use openraft::error::{Fatal, SnapshotMismatch};
+        use openraft::{SnapshotMeta, SnapshotSegmentId, StoredMembership, Vote};
+        let le = |v: u64| v.to_le_bytes().to_vec();
+        let tag = |v: u32| v.to_le_bytes().to_vec();
+        let vote =
+            |term, node, committed: bool| [le(term), le(node), vec![committed as u8]].concat();
+        let id =
+            |term, node, index| LogId::new(openraft::CommittedLeaderId::new(term, node), index);
+        // An Option's tag, then the id's term, node and index.
+        let some_id = |term, node, index| [vec![1u8], le(term), le(node), le(index)].concat();
+        let text = |s: &str| [le(s.len() as u64), s.as_bytes().to_vec()].concat();
+        fn bytes<T: Serialize>(v: &T) -> Vec<u8> {
+            bincode::serialize(v).expect("encodes")
+        }
+
+        let ask = Request::Vote(VoteRequest {
+            vote: Vote::new(5, 2),
+            last_log_id: Some(id(4, 1, 9)),
+        });
+        let want = [tag(1), vote(5, 2, false), some_id(4, 1, 9)].concat();
+        assert_eq!(bytes(&ask), want, "vote request");
+
+        let granted = Reply::Vote(Ok(VoteResponse::new(
+            Vote::new_committed(5, 2),
+            Some(id(4, 1, 9)),
+            true,
+        )));
+        let want = [tag(1), tag(0), vote(5, 2, true), vec![1], some_id(4, 1, 9)].concat();
+        assert_eq!(bytes(&granted), want, "vote reply");
+
+        let append = Request::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(5, 2),
+            prev_log_id: Some(id(5, 2, 9)),
+            entries: vec![openraft::Entry {
+                log_id: id(5, 2, 10),
+                payload: openraft::EntryPayload::Blank,
+            }],
+            leader_commit: None,
+        });
+        let entry = [le(5), le(2), le(10), tag(0)].concat();
+        let want = [
+            tag(0),
+            vote(5, 2, true),
+            some_id(5, 2, 9),
+            le(1),
+            entry,
+            vec![0],
+        ]
+        .concat();
+        assert_eq!(bytes(&append), want, "append request");
+
+        // A node whose core stopped answers every append with this.
+        let stopped = Reply::AppendEntries(Err(RaftError::Fatal(Fatal::Stopped)));
+        assert_eq!(
+            bytes(&stopped),
+            [tag(0), tag(1), tag(1), tag(2)].concat(),
+            "append refused: raft stopped"
+        );
+
+        let chunk = Request::InstallSnapshot(InstallSnapshotRequest {
+            vote: Vote::new_committed(5, 2),
+            meta: SnapshotMeta {
+                last_log_id: Some(id(4, 1, 9)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "s-1".into(),
+            },
+            offset: 7,
+            data: vec![0xab, 0xcd],
+            done: true,
+        });
+        // The default membership: no log id, no configs, no nodes.
+        let membership = [vec![0u8], le(0), le(0)].concat();
+        let want = [
+            tag(2),
+            vote(5, 2, true),
+            some_id(4, 1, 9),
+            membership,
+            text("s-1"),
+            le(7),
+            le(2),
+            vec![0xab, 0xcd],
+            vec![1],
+        ]
+        .concat();
+        assert_eq!(bytes(&chunk), want, "snapshot chunk");
+
+        let taken = Reply::InstallSnapshot(Ok(InstallSnapshotResponse {
+            vote: Vote::new_committed(5, 2),
+        }));
+        assert_eq!(
+            bytes(&taken),
+            [tag(2), tag(0), vote(5, 2, true)].concat(),
+            "snapshot chunk taken"
+        );
+
+        let mismatch = Reply::InstallSnapshot(Err(RaftError::APIError(
+            InstallSnapshotError::SnapshotMismatch(SnapshotMismatch {
+                expect: SnapshotSegmentId {
+                    id: "s-1".into(),
+                    offset: 0,
+                },
+                got: SnapshotSegmentId {
+                    id: "s-1".into(),
+                    offset: 7,
+                },
+            }),
+        )));
+        let want = [
+            tag(2),
+            tag(1),
+            tag(0),
+            tag(0),
+            text("s-1"),
+            le(0),
+            text("s-1"),
+            le(7),
+        ]
+        .concat();
+        assert_eq!(bytes(&mismatch), want, "snapshot chunk out of place");
+    }
+
     #[test]
     fn a_handshake_passes_with_the_secret_and_fails_without_it() {
         let key = ClusterKey::from_secret(b"the secret");
