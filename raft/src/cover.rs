@@ -16,10 +16,9 @@
 
 use std::sync::Arc;
 
-use openraft::LogId;
 use tokio::sync::watch;
 
-use crate::NodeId;
+use crate::LogId;
 
 /// Where a snapshot install stands, as far as a purge cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +34,7 @@ enum Install {
 #[derive(Clone, Copy, Debug)]
 struct Cover {
     /// The last entry the current snapshot on disk holds.
-    on_disk: Option<LogId<NodeId>>,
+    on_disk: Option<LogId>,
     install: Install,
 }
 
@@ -45,8 +44,8 @@ struct Cover {
     "refusing to purge the log up to {upto}: the snapshot on disk ends at {on_disk:?} and the install of a newer one failed"
 )]
 pub struct Uncovered {
-    pub upto: LogId<NodeId>,
-    pub on_disk: Option<LogId<NodeId>>,
+    pub upto: LogId,
+    pub on_disk: Option<LogId>,
 }
 
 /// The shared record; cheap to clone.
@@ -55,7 +54,7 @@ pub struct SnapshotCover(Arc<watch::Sender<Cover>>);
 
 impl SnapshotCover {
     /// Starts from the snapshot found on disk at open.
-    pub fn new(on_disk: Option<LogId<NodeId>>) -> Self {
+    pub fn new(on_disk: Option<LogId>) -> Self {
         let (tx, _) = watch::channel(Cover {
             on_disk,
             install: Install::Idle,
@@ -71,13 +70,13 @@ impl SnapshotCover {
     /// A snapshot this node built, ending at `last`, is now the current one
     /// on disk. An install under way stays under way: builds and installs
     /// take turns on the state machine's task.
-    pub fn built(&self, last: Option<LogId<NodeId>>) {
+    pub fn built(&self, last: Option<LogId>) {
         self.0.send_modify(|c| c.on_disk = c.on_disk.max(last));
     }
 
     /// The received snapshot, ending at `last`, is now the current one on
     /// disk (its import into the state comes next).
-    pub fn installed(&self, last: Option<LogId<NodeId>>) {
+    pub fn installed(&self, last: Option<LogId>) {
         self.0.send_modify(|c| {
             c.on_disk = c.on_disk.max(last);
             c.install = Install::Idle;
@@ -94,7 +93,7 @@ impl SnapshotCover {
     /// is coming that could: openraft's conformance suite purges without
     /// snapshots, and so did data directories written before this rule);
     /// otherwise when the install under way has put its snapshot on disk.
-    pub async fn wait_until_covered(&self, upto: LogId<NodeId>) -> Result<(), Uncovered> {
+    pub async fn wait_until_covered(&self, upto: LogId) -> Result<(), Uncovered> {
         let mut rx = self.0.subscribe();
         loop {
             let c = *rx.borrow_and_update();
@@ -125,12 +124,10 @@ mod tests {
     use std::pin::pin;
     use std::task::{Context, Poll, Waker};
 
-    use openraft::CommittedLeaderId;
-
     use super::*;
 
-    fn id(index: u64) -> LogId<NodeId> {
-        LogId::new(CommittedLeaderId::new(1, 1), index)
+    fn id(index: u64) -> LogId {
+        crate::log_id(1, 1, index)
     }
 
     #[tokio::test]

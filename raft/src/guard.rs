@@ -33,10 +33,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use openraft::{LogId, Vote};
 use serde::{Deserialize, Serialize};
 
-use crate::{NodeId, RaftError};
+use crate::{LogId, RaftError, Vote};
 
 const MAGIC: &[u8; 8] = b"FSGUARD1";
 /// Bytes per slot: far above the record, so a slot never needs two writes.
@@ -46,11 +45,11 @@ const SLOT: usize = 512;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Marks {
     /// The last vote saved and synced.
-    pub vote: Option<Vote<NodeId>>,
+    pub vote: Option<Vote>,
     /// Every entry up to this one was durable in the log.
-    pub durable: Option<LogId<NodeId>>,
+    pub durable: Option<LogId>,
     /// The log's purge point.
-    pub purged: Option<LogId<NodeId>>,
+    pub purged: Option<LogId>,
     /// Entries below this index were deleted: a state whose outbox still
     /// reads from below it cannot have been the one the node ran with.
     pub deleted_below: u64,
@@ -204,7 +203,7 @@ impl Guard {
     }
 
     /// Raises the durable log id, without a sync (see the module docs).
-    pub fn note_durable(&mut self, durable: Option<LogId<NodeId>>) -> Result<(), RaftError> {
+    pub fn note_durable(&mut self, durable: Option<LogId>) -> Result<(), RaftError> {
         if durable <= self.marks.durable {
             return Ok(());
         }
@@ -228,8 +227,8 @@ impl Guard {
     pub fn check(
         &self,
         log_dir: &Path,
-        vote: Option<&Vote<NodeId>>,
-        last: Option<LogId<NodeId>>,
+        vote: Option<&Vote>,
+        last: Option<LogId>,
     ) -> Result<(), RaftError> {
         let m = &self.marks;
         let file = log_dir.join("db");
@@ -268,10 +267,9 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::CommittedLeaderId;
 
-    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
+    fn log_id(term: u64, index: u64) -> LogId {
+        crate::log_id(term, 1, index)
     }
 
     #[test]

@@ -65,7 +65,11 @@ pub use log_store::LogStore;
 pub use outbox::Outbox;
 pub use state_machine::StateMachine;
 pub use storage::{open, open_with, OnDamagedLog, Storage};
-pub use typ::{Member, Raft, RaftError, StorageResult, TypeConfig};
+pub use typ::log_id;
+pub use typ::{
+    CommittedLeaderId, Entry, LeaderId, LogId, Member, Membership, Raft, RaftError, Snapshot,
+    SnapshotMeta, StorageResult, StoredMembership, TypeConfig, Vote,
+};
 
 /// Locks `m` under the one poisoning policy of every crate
 /// ([`firstseen_store::lock`]).

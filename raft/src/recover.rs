@@ -29,9 +29,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, Vote};
+use openraft::{EntryPayload, RaftLogReader};
 
-use crate::{Member, NodeId, RaftError, Storage, TypeConfig};
+use crate::{
+    CommittedLeaderId, Entry, LogId, Membership, NodeId, RaftError, Storage, TypeConfig, Vote,
+};
 
 /// What the forced membership replaced, and where the log stands now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +45,7 @@ pub struct Forced {
     pub index: u64,
     /// The last entry of the log before it (every one of them is now this
     /// group's to commit).
-    pub last_before: Option<LogId<NodeId>>,
+    pub last_before: Option<LogId>,
     /// The generation the recovered cluster starts (its entry follows the
     /// membership's).
     pub generation: u64,
@@ -72,7 +74,13 @@ pub fn shown(generation: u64) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
     #[error("the storage: {0}")]
-    Storage(#[from] openraft::StorageError<NodeId>),
+    Storage(#[from] openraft::StorageError<TypeConfig>),
+    #[error("the storage: {0}")]
+    Io(#[from] std::io::Error),
+    /// openraft refused the cluster of one (it cannot, with its only member
+    /// named: a guard, not a case).
+    #[error("the cluster of one: {0}")]
+    Membership(String),
     #[error(transparent)]
     Open(#[from] RaftError),
     #[error(
@@ -91,9 +99,7 @@ pub enum RecoverError {
 /// The membership the log ends with, with its members' addresses: the
 /// last membership entry, or the one the applied state (or snapshot)
 /// holds when the log has none left.
-pub async fn membership(
-    storage: &mut Storage,
-) -> Result<Option<Membership<NodeId, Member>>, RecoverError> {
+pub async fn membership(storage: &mut Storage) -> Result<Option<Membership>, RecoverError> {
     let state = storage.log.get_log_state().await?;
     if let Some(last) = state.last_log_id {
         let first = state.last_purged_log_id.map_or(0, |l| l.index + 1);
@@ -154,9 +160,9 @@ pub async fn force_single(
     let last = state.last_log_id;
     let term = vote
         .map_or(0, |v| v.leader_id().term)
-        .max(last.map_or(0, |l| l.leader_id.term))
+        .max(last.as_ref().map_or(0, |l| l.leader_id.term))
         + 1;
-    let index = last.map_or(0, |l| l.index + 1);
+    let index = last.as_ref().map_or(0, |l| l.index + 1);
     let random = {
         use std::hash::BuildHasher;
         // A process-random hasher: the low half only tells apart two
@@ -171,9 +177,10 @@ pub async fn force_single(
         .log
         .save_vote(&Vote::new_committed(term, me))
         .await?;
-    let single = Membership::new(vec![BTreeSet::from([me])], BTreeMap::from([(me, mine)]));
-    let entry = Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(term, me), index),
+    let single = Membership::new(vec![BTreeSet::from([me])], BTreeMap::from([(me, mine)]))
+        .map_err(|e| RecoverError::Membership(e.to_string()))?;
+    let entry = Entry {
+        log_id: LogId::new(CommittedLeaderId { term, node_id: me }, index),
         payload: EntryPayload::Membership(single),
     };
     // The new generation in the same append: a crash between the two
@@ -186,14 +193,14 @@ pub async fn force_single(
     // member added later must run a release that has this level (an older
     // one stops and says so), instead of failing on an entry it cannot
     // decode.
-    let level = Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(term, me), index + 1),
+    let level = Entry {
+        log_id: LogId::new(CommittedLeaderId { term, node_id: me }, index + 1),
         payload: EntryPayload::Normal(crate::Command::Level {
             level: firstseen_store::level::SUPPORTED,
         }),
     };
-    let next = Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(term, me), index + 2),
+    let next = Entry {
+        log_id: LogId::new(CommittedLeaderId { term, node_id: me }, index + 2),
         payload: EntryPayload::Normal(crate::Command::Generation { generation }),
     };
     storage.log.blocking_append([entry, level, next]).await?;

@@ -38,10 +38,8 @@
 
 use std::path::Path;
 
-use openraft::{LogId, Vote};
-
 use crate::guard::{Guard, Marks};
-use crate::{NodeId, RaftError};
+use crate::{LogId, RaftError, Vote};
 
 /// The file that says the node is rejoining, beside `log/`.
 pub const MARKER: &str = "rejoin";
@@ -56,7 +54,7 @@ pub fn pending(dir: &Path) -> bool {
 /// Whether a node that has applied up to `applied` holds every entry up to
 /// `target`, the leader's read index asked after the node took an append.
 /// A leader with no read index has nothing committed, so nothing to hold.
-pub fn caught_up(applied: Option<&LogId<NodeId>>, target: Option<&LogId<NodeId>>) -> bool {
+pub fn caught_up(applied: Option<&LogId>, target: Option<&LogId>) -> bool {
     match target {
         None => true,
         Some(t) => applied.is_some_and(|a| a.index >= t.index),
@@ -92,7 +90,7 @@ pub fn set_aside(
     dir: &Path,
     damage: RaftError,
     min_free_bytes: u64,
-) -> Result<Option<Vote<NodeId>>, RaftError> {
+) -> Result<Option<Vote>, RaftError> {
     // sled fails on a full disk in ways that look like damage (an
     // unfinished snapshot it then calls corrupt, panics on writes that
     // failed): the log stays, and a start with room decides.
@@ -183,10 +181,9 @@ fn write_synced(path: &Path, text: &str) -> Result<(), RaftError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::CommittedLeaderId;
 
-    fn id(term: u64, index: u64) -> LogId<NodeId> {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
+    fn id(term: u64, index: u64) -> LogId {
+        crate::log_id(term, 1, index)
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use openraft::{AsyncRuntime, OptionalSend, TokioRuntime};
+use openraft::{AsyncRuntime, OptionalSend};
 use tokio::sync::watch;
 
 /// A pause switch: while it reads `true`, the tasks under it are not
@@ -57,10 +57,14 @@ impl Gate {
 }
 
 /// tokio, with spawned tasks kept under the spawner's [`Gate`].
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct GatedTokio;
+///
+/// openraft 0.10 asks a runtime to own an executor of its own (`new`,
+/// `block_on`) for its test suites; firstseen never calls them, and they are
+/// tokio's.
+#[derive(Debug)]
+pub struct GatedTokio(Tokio);
 
-type Tokio = TokioRuntime;
+type Tokio = openraft_rt_tokio::TokioRuntime;
 
 impl AsyncRuntime for GatedTokio {
     type JoinError = <Tokio as AsyncRuntime>::JoinError;
@@ -70,9 +74,10 @@ impl AsyncRuntime for GatedTokio {
     type TimeoutError = <Tokio as AsyncRuntime>::TimeoutError;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = <Tokio as AsyncRuntime>::Timeout<R, T>;
     type ThreadLocalRng = <Tokio as AsyncRuntime>::ThreadLocalRng;
-    type OneshotSender<T: OptionalSend> = <Tokio as AsyncRuntime>::OneshotSender<T>;
-    type OneshotReceiverError = <Tokio as AsyncRuntime>::OneshotReceiverError;
-    type OneshotReceiver<T: OptionalSend> = <Tokio as AsyncRuntime>::OneshotReceiver<T>;
+    type Mpsc = <Tokio as AsyncRuntime>::Mpsc;
+    type Watch = <Tokio as AsyncRuntime>::Watch;
+    type Oneshot = <Tokio as AsyncRuntime>::Oneshot;
+    type Mutex<T: OptionalSend + 'static> = <Tokio as AsyncRuntime>::Mutex<T>;
 
     fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
     where
@@ -115,11 +120,26 @@ impl AsyncRuntime for GatedTokio {
         Tokio::thread_rng()
     }
 
-    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    fn new(threads: usize) -> Self {
+        GatedTokio(Tokio::new(threads))
+    }
+
+    fn block_on<F, T>(&mut self, future: F) -> T
     where
-        T: OptionalSend,
+        F: Future<Output = T>,
     {
-        Tokio::oneshot()
+        self.0.block_on(future)
+    }
+
+    // openraft's blocking work, on tokio's pool rather than a thread of its
+    // own each time (the trait's default).
+    fn spawn_blocking<F, T>(f: F) -> impl Future<Output = Result<T, std::io::Error>> + Send
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let task = tokio::task::spawn_blocking(f);
+        async move { task.await.map_err(std::io::Error::other) }
     }
 }
 

@@ -14,12 +14,31 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use openraft::storage::Snapshot;
-use openraft::{AnyError, LogId, SnapshotMeta, StorageError, StorageIOError};
+use openraft::AnyError;
+use serde::{Deserialize, Serialize};
 
-use crate::{LogStore, Member, NodeId, RaftError, StateStore, StorageResult, TypeConfig};
+use crate::{LogId, LogStore, RaftError, Snapshot, StateStore, StorageResult, StoredMembership};
 
-type Meta = SnapshotMeta<NodeId, Member>;
+/// A snapshot's metadata as firstseen keeps it: what it covers, and the id
+/// that names it and ends with its data's blake3. openraft 0.10 dropped the
+/// id from its own metadata; this keeps 0.9's three fields in 0.9's order,
+/// so a `current.meta` reads the same in either release.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub last_log_id: Option<LogId>,
+    pub last_membership: StoredMembership,
+    pub snapshot_id: String,
+}
+
+impl Meta {
+    /// openraft's metadata: what the snapshot covers.
+    pub fn openraft(&self) -> crate::SnapshotMeta {
+        crate::SnapshotMeta {
+            last_log_id: self.last_log_id.clone(),
+            last_membership: self.last_membership.clone(),
+        }
+    }
+}
 
 pub(crate) fn any(e: impl std::error::Error + 'static) -> AnyError {
     AnyError::new(&e)
@@ -240,14 +259,14 @@ fn promote(dir: &Path, exported: &Exported, meta: &Meta) -> Result<(), AnyError>
 /// The last entry of the current snapshot in `dir`, from its meta alone
 /// (the data is checked against it where it is read). `None` when there is
 /// none or its meta cannot be read; the first read of it reports that.
-pub(crate) fn on_disk(dir: &Path) -> Option<LogId<NodeId>> {
+pub(crate) fn on_disk(dir: &Path) -> Option<LogId> {
     let raw = std::fs::read(dir.join(CURRENT_META)).ok()?;
     decode_current_meta(&raw).ok()?
 }
 
 /// The last log id `current.meta` names. Public, like the other decoders of
 /// what a node reads from disk, for the fuzz target `stored`.
-pub fn decode_current_meta(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+pub fn decode_current_meta(raw: &[u8]) -> Result<Option<LogId>, bincode::Error> {
     Ok(bincode::deserialize::<Current>(raw)?.meta.last_log_id)
 }
 
@@ -256,10 +275,7 @@ pub fn decode_current_meta(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode:
 /// from. Returns the snapshot's last log id, or `None` when the node never
 /// had one (the log then still holds every entry: nothing is purged before
 /// a snapshot exists).
-pub async fn restore_current(
-    store: &StateStore,
-    dir: &Path,
-) -> Result<Option<LogId<NodeId>>, RaftError> {
+pub async fn restore_current(store: &StateStore, dir: &Path) -> Result<Option<LogId>, RaftError> {
     let damaged = |reason: String| RaftError::Damaged {
         path: dir.join(CURRENT_META),
         reason,
@@ -270,9 +286,9 @@ pub async fn restore_current(
     else {
         return Ok(None);
     };
-    let meta = snapshot.meta;
-    let file = snapshot.snapshot.into_std().await;
-    let marker = bincode::serialize(&(meta.last_log_id, meta.last_membership.clone()))
+    let (meta, file) = snapshot;
+    let file = file.into_std().await;
+    let marker = bincode::serialize(&(meta.last_log_id.clone(), meta.last_membership.clone()))
         .map_err(RaftError::Codec)?;
     let store = store.clone();
     let id = meta.snapshot_id.clone();
@@ -291,8 +307,16 @@ pub async fn restore_current(
     Ok(meta.last_log_id)
 }
 
+/// The current snapshot as openraft takes it.
+pub(crate) async fn current_snapshot(dir: &Path) -> StorageResult<Option<Snapshot>> {
+    Ok(open_current(dir).await?.map(|(meta, file)| Snapshot {
+        meta: meta.openraft(),
+        snapshot: file,
+    }))
+}
+
 /// The current snapshot, after checking its data file against the meta.
-pub(crate) async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+pub(crate) async fn open_current(dir: &Path) -> StorageResult<Option<(Meta, tokio::fs::File)>> {
     // A snapshot built or installed meanwhile renames its file in, rewrites
     // the meta and deletes the file the old meta named. Read between the
     // two, that name is gone: read the meta again, which names the newer
@@ -308,9 +332,9 @@ pub(crate) async fn open_current(dir: &Path) -> StorageResult<Option<Snapshot<Ty
 }
 
 enum Opened {
-    Current(Option<Snapshot<TypeConfig>>),
+    Current(Option<(Meta, tokio::fs::File)>),
     /// The data file the meta named is gone; the error if it stays so.
-    Replaced(StorageError<NodeId>),
+    Replaced(std::io::Error),
 }
 
 async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
@@ -318,28 +342,20 @@ async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
     let raw = match tokio::fs::read(&meta_path).await {
         Ok(raw) => raw,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Opened::Current(None)),
-        Err(e) => return Err(StorageIOError::read_snapshot(None, any(e)).into()),
+        Err(e) => return Err(e),
     };
     let current: Current = bincode::deserialize(&raw).map_err(|e| {
-        StorageIOError::read_snapshot(
-            None,
-            any(RaftError::Damaged {
-                path: meta_path.clone(),
-                reason: format!("undecodable: {e}"),
-            }),
-        )
+        std::io::Error::other(RaftError::Damaged {
+            path: meta_path.clone(),
+            reason: format!("undecodable: {e}"),
+        })
     })?;
-    let sig = Some(current.meta.signature());
     let data = dir.join(&current.data);
-    let io_error = |e: std::io::Error| -> StorageError<NodeId> {
-        StorageIOError::read_snapshot(
-            sig.clone(),
-            any(RaftError::Io {
-                path: data.clone(),
-                source: e,
-            }),
-        )
-        .into()
+    let io_error = |e: std::io::Error| {
+        std::io::Error::other(RaftError::Io {
+            path: data.clone(),
+            source: e,
+        })
     };
     // Opened once and hashed through the same handle, which is what goes
     // to openraft: a later promote may delete the name, not the file.
@@ -352,7 +368,7 @@ async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
             Ok((file, checked))
         })
         .await
-        .map_err(|e| StorageIOError::read_snapshot(sig.clone(), any(e)))?
+        .map_err(std::io::Error::other)?
     };
     let (file, (hash, len)) = match opened {
         Ok(opened) => opened,
@@ -362,23 +378,19 @@ async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
         Err(e) => return Err(io_error(e)),
     };
     if hash != current.blake3 || len != current.len {
-        return Err(StorageIOError::read_snapshot(
-            sig,
-            any(RaftError::Damaged {
-                path: data,
-                reason: format!(
-                    "{len} bytes that do not hash to what {} recorded ({} bytes)",
-                    meta_path.display(),
-                    current.len
-                ),
-            }),
-        )
-        .into());
+        return Err(std::io::Error::other(RaftError::Damaged {
+            path: data,
+            reason: format!(
+                "{len} bytes that do not hash to what {} recorded ({} bytes)",
+                meta_path.display(),
+                current.len
+            ),
+        }));
     }
-    Ok(Opened::Current(Some(Snapshot {
-        meta: current.meta,
-        snapshot: Box::new(tokio::fs::File::from_std(file)),
-    })))
+    Ok(Opened::Current(Some((
+        current.meta,
+        tokio::fs::File::from_std(file),
+    ))))
 }
 
 #[cfg(test)]
@@ -434,7 +446,13 @@ mod tests {
 
     fn meta_at(index: u64) -> Meta {
         Meta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_log_id: Some(LogId::new(
+                crate::CommittedLeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            )),
             snapshot_id: format!("at{index}"),
             ..Default::default()
         }
@@ -470,7 +488,7 @@ mod tests {
             .build()
             .unwrap();
         let current = rt.block_on(open_current(&dir)).unwrap().unwrap();
-        assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(199));
+        assert_eq!(current.0.last_log_id.map(|l| l.index), Some(199));
         let built = exported(&dir, 7);
         let kept = promotions
             .promote(&dir, &built, &meta_at(7), Source::Built)

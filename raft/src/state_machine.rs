@@ -9,25 +9,30 @@
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta,
-    StorageError, StorageIOError, StoredMembership,
-};
+use futures::StreamExt;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use tokio::io::AsyncSeekExt;
 
 use crate::cover::SnapshotCover;
 use crate::snapshot_files::{
-    any, copy_to_file, export_to_file, hash_file, id_hash, open_current, same_file, unique_suffix,
-    Exported, Promotions, Source,
+    any, copy_to_file, export_to_file, hash_file, id_hash, same_file, unique_suffix, Exported,
+    Promotions, Source,
 };
+use crate::snapshot_files::{current_snapshot, Meta};
 pub use crate::snapshot_files::{decode_current_meta, restore_current};
-use crate::{LogStore, Member, NodeId, RaftError, Response, StateStore, StorageResult, TypeConfig};
-
-type Meta = SnapshotMeta<NodeId, Member>;
+use crate::{
+    LogId, LogStore, RaftError, Snapshot, StateStore, StorageResult, StoredMembership, TypeConfig,
+};
 
 /// The applied position and membership, stored atomically with each apply.
-type AppliedMarker = (Option<LogId<NodeId>>, StoredMembership<NodeId, Member>);
+type AppliedMarker = (Option<LogId>, StoredMembership);
+
+/// The id of the snapshot the peer server is receiving, as its sender named
+/// it (`…-<blake3>`): openraft 0.10 hands the state machine a snapshot's
+/// metadata without one, and the hash in it is what the received file is
+/// checked against before it is installed.
+pub type Incoming = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 /// openraft's view of the state machine.
 pub struct StateMachine {
@@ -35,11 +40,13 @@ pub struct StateMachine {
     /// Where a snapshot reads the unpublished messages it must carry.
     log: LogStore,
     dir: PathBuf,
-    last_applied: Option<LogId<NodeId>>,
-    membership: StoredMembership<NodeId, Member>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
     /// The file `begin_receiving_snapshot` handed out last, which becomes
     /// the current snapshot once installed.
     receiving: Option<PathBuf>,
+    /// The id its sender gave it (see [`Incoming`]).
+    incoming: Incoming,
     /// Told of every snapshot that reaches the disk, so the log's purges
     /// wait for it.
     cover: SnapshotCover,
@@ -79,13 +86,30 @@ impl StateMachine {
             last_applied,
             membership,
             receiving: None,
+            incoming: Incoming::default(),
             cover,
             promotions: Promotions::default(),
         })
     }
 
     fn marker(&self) -> Result<Vec<u8>, AnyError> {
-        bincode::serialize(&(self.last_applied, self.membership.clone())).map_err(any)
+        bincode::serialize(&(self.last_applied.clone(), self.membership.clone())).map_err(any)
+    }
+
+    /// Applies `entries` as openraft would, without anyone awaiting their
+    /// responses: for tools and tests that drive the state machine alone.
+    pub async fn apply_entries(
+        &mut self,
+        entries: impl IntoIterator<Item = crate::Entry>,
+    ) -> StorageResult<()> {
+        let items: Vec<Result<EntryResponder<TypeConfig>, std::io::Error>> =
+            entries.into_iter().map(|e| Ok((e, None))).collect();
+        self.apply(futures::stream::iter(items)).await
+    }
+
+    /// Where the peer server puts the id of the snapshot it is receiving.
+    pub fn incoming(&self) -> Incoming {
+        self.incoming.clone()
     }
 
     /// Installs a received snapshot: first as the current snapshot on disk,
@@ -98,8 +122,7 @@ impl StateMachine {
     /// before, a kill during the import left a purge point past the only
     /// snapshot on disk, and the node never started again (finding 16).
     async fn install(&mut self, meta: &Meta, file: tokio::fs::File) -> StorageResult<()> {
-        let sig = Some(meta.signature());
-        let werr = |e: AnyError| StorageError::from(StorageIOError::write_snapshot(sig.clone(), e));
+        let werr = std::io::Error::other;
         let mut file = file;
         file.seek(std::io::SeekFrom::Start(0))
             .await
@@ -159,7 +182,7 @@ impl StateMachine {
             .map_err(|e| werr(any(e)))?
             .map_err(werr)?;
         }
-        self.cover.installed(meta.last_log_id);
+        self.cover.installed(meta.last_log_id.clone());
         let store = self.store.clone();
         let id = meta.snapshot_id.clone();
         let records = tokio::task::spawn_blocking(move || {
@@ -170,7 +193,7 @@ impl StateMachine {
         .await
         .map_err(|e| werr(any(e)))?
         .map_err(|e| werr(any(e)))?;
-        self.last_applied = meta.last_log_id;
+        self.last_applied = meta.last_log_id.clone();
         self.membership = meta.last_membership.clone();
         let marker = self.marker().map_err(werr)?;
         self.store
@@ -186,12 +209,12 @@ impl StateMachine {
     }
 
     fn meta_now(&self) -> Meta {
-        let snapshot_id = match self.last_applied {
+        let snapshot_id = match &self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, unique_suffix()),
             None => format!("none-{}", unique_suffix()),
         };
-        SnapshotMeta {
-            last_log_id: self.last_applied,
+        Meta {
+            last_log_id: self.last_applied.clone(),
             last_membership: self.membership.clone(),
             snapshot_id,
         }
@@ -199,12 +222,12 @@ impl StateMachine {
 }
 
 /// The log id an applied marker records.
-pub fn decode_applied(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+pub fn decode_applied(raw: &[u8]) -> Result<Option<LogId>, bincode::Error> {
     Ok(bincode::deserialize::<AppliedMarker>(raw)?.0)
 }
 
 /// The last log id a loaded state has applied, from its marker.
-pub fn applied_in(store: &StateStore) -> Result<Option<LogId<NodeId>>, RaftError> {
+pub fn applied_in(store: &StateStore) -> Result<Option<LogId>, RaftError> {
     match store.applied_marker()? {
         Some(raw) => Ok(decode_applied(&raw).map_err(RaftError::Codec)?),
         None => Ok(None),
@@ -221,14 +244,15 @@ pub struct Builder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
-    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let sig = Some(self.meta.signature());
+    type SnapshotData = tokio::fs::File;
+
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
         let exported = match std::mem::replace(
             &mut self.exported,
             Err(AnyError::error("snapshot already built")),
         ) {
             Ok(e) => e,
-            Err(e) => return Err(StorageIOError::write_snapshot(sig, e).into()),
+            Err(e) => return Err(std::io::Error::other(e)),
         };
         // The id ends with the data's hash, so a receiver can check it.
         self.meta.snapshot_id = format!("{}-{}", self.meta.snapshot_id, exported.blake3);
@@ -238,10 +262,10 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             promotions.promote(&dir, &exported, &meta, Source::Built)
         })
         .await
-        .map_err(|e| StorageIOError::write_snapshot(sig.clone(), any(e)))?
-        .map_err(|e| StorageIOError::write_snapshot(sig.clone(), e))?;
+        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::other)?;
         if promoted {
-            self.cover.built(self.meta.last_log_id);
+            self.cover.built(self.meta.last_log_id.clone());
             tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
         } else {
             // openraft takes the newer one it is handed below, as if built.
@@ -250,43 +274,42 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 "snapshot built, then dropped: a newer one was installed meanwhile"
             );
         }
-        open_current(&self.dir).await?.ok_or_else(|| {
-            StorageIOError::read_snapshot(sig, AnyError::error("snapshot vanished")).into()
-        })
+        current_snapshot(&self.dir)
+            .await?
+            .ok_or_else(|| std::io::Error::other("snapshot vanished"))
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = tokio::fs::File;
     type SnapshotBuilder = Builder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, Member>)> {
-        Ok((self.last_applied, self.membership.clone()))
+    async fn applied_state(&mut self) -> StorageResult<(Option<LogId>, StoredMembership)> {
+        Ok((self.last_applied.clone(), self.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Response>>
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> StorageResult<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>>
+            + Unpin
+            + OptionalSend,
     {
-        let mut out = Vec::new();
         let applying = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "apply");
-        for entry in entries {
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
             let started = std::time::Instant::now();
-            self.last_applied = Some(entry.log_id);
+            let log_id = entry.log_id;
+            self.last_applied = Some(log_id.clone());
             let cmd = match entry.payload {
                 EntryPayload::Blank => None,
                 EntryPayload::Normal(cmd) => Some(cmd),
                 EntryPayload::Membership(m) => {
-                    self.membership = StoredMembership::new(Some(entry.log_id), m);
+                    self.membership = StoredMembership::new(Some(log_id.clone()), m);
                     None
                 }
             };
-            let marker = self
-                .marker()
-                .map_err(|e| StorageIOError::apply(entry.log_id, e))?;
-            let response = match self.store.apply(cmd.as_ref(), entry.log_id.index, &marker) {
+            let marker = self.marker().map_err(std::io::Error::other)?;
+            let response = match self.store.apply(cmd.as_ref(), log_id.index, &marker) {
                 Ok(r) => r,
                 Err(e) => {
                     // Applying a committed entry cannot fail on sound data:
@@ -297,13 +320,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             crate::damage::mark_state_damaged(raft_dir, &e.to_string());
                         }
                     }
-                    return Err(StorageIOError::apply(entry.log_id, any(e)).into());
+                    return Err(std::io::Error::other(format!("applying {log_id}: {e}")));
                 }
             };
-            out.push(response);
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
             applying.record(started.elapsed().as_secs_f64());
         }
-        Ok(out)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -332,27 +357,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<tokio::fs::File>> {
-        let path = self.dir.join(format!("incoming-{}.snap", unique_suffix()));
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
-        self.receiving = Some(path);
-        self.cover.receiving();
-        Ok(Box::new(file))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &Meta,
-        snapshot: Box<tokio::fs::File>,
+        meta: &crate::SnapshotMeta,
+        snapshot: tokio::fs::File,
     ) -> StorageResult<()> {
-        let result = self.install(meta, *snapshot).await;
+        // The id its sender named it by, when it is the file received for
+        // it; else one of this node's, which `install` completes with the
+        // data's hash.
+        let sent = firstseen_store::lock::lock(&self.incoming).take();
+        let snapshot_id = sent.unwrap_or_else(|| match &meta.last_log_id {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, unique_suffix()),
+            None => format!("none-{}", unique_suffix()),
+        });
+        let meta = Meta {
+            last_log_id: meta.last_log_id.clone(),
+            last_membership: meta.last_membership.clone(),
+            snapshot_id,
+        };
+        let result = self.install(&meta, snapshot).await;
         if result.is_err() {
             // A purge openraft queued with this install must not pass the
             // snapshot on disk, which may still be the old one.
@@ -361,7 +384,29 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         result
     }
 
-    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        open_current(&self.dir).await
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
+        current_snapshot(&self.dir).await
+    }
+}
+
+/// The chunked transfer of openraft 0.9's protocol, which peers of the
+/// previous release still speak, writes a received snapshot into a file of
+/// the snapshots directory: the one `install` then makes current without
+/// a copy.
+impl openraft_legacy::network_v1::SnapshotReceiverFactory<TypeConfig> for StateMachine {
+    type SnapshotReceiver = tokio::fs::File;
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<tokio::fs::File> {
+        let path = self.dir.join(format!("incoming-{}.snap", unique_suffix()));
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await?;
+        self.receiving = Some(path);
+        self.cover.receiving();
+        Ok(file)
     }
 }

@@ -12,10 +12,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use firstseen_raft::{Storage, TypeConfig};
+use firstseen_raft::Storage;
+use firstseen_raft::{Entry, LogId};
 use firstseen_store::{Command, Observation};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 const TOPICS: [&str; 2] = ["persistent://hold/t/a", "persistent://hold/t/b"];
 const STEPS: usize = 120;
@@ -37,8 +38,8 @@ impl Rng {
     }
 }
 
-fn id(index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(1, 1), index)
+fn id(index: u64) -> LogId {
+    firstseen_raft::log_id(1, 1, index)
 }
 
 /// What the outbox must hold: per topic, the payloads by sequence, and the
@@ -74,7 +75,7 @@ async fn open(dir: &std::path::Path) -> Node {
     let (applied, _) = storage.state_machine.applied_state().await.unwrap();
     let from = applied.map_or(1, |a| a.index + 1);
     let entries = storage.log.try_get_log_entries(from..).await.unwrap();
-    storage.state_machine.apply(entries).await.unwrap();
+    storage.state_machine.apply_entries(entries).await.unwrap();
     Node { storage, reaper }
 }
 
@@ -88,7 +89,7 @@ impl Node {
 
     /// Appends and applies one entry.
     async fn commit(&mut self, index: u64, cmd: Command) {
-        let entry = Entry::<TypeConfig> {
+        let entry = Entry {
             log_id: id(index),
             payload: EntryPayload::Normal(cmd),
         };
@@ -97,7 +98,11 @@ impl Node {
             .blocking_append([entry.clone()])
             .await
             .unwrap();
-        self.storage.state_machine.apply([entry]).await.unwrap();
+        self.storage
+            .state_machine
+            .apply_entries([entry])
+            .await
+            .unwrap();
     }
 
     /// Waits until the reaper has served a purge up to `index`.

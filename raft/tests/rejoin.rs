@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use firstseen_raft::{rejoin, OnDamagedLog, RaftError, Storage, TypeConfig};
+use firstseen_raft::{rejoin, OnDamagedLog, RaftError, Storage};
+use firstseen_raft::{Entry, LogId, Vote};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, Vote};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
-fn id(index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(3, 1), index)
+fn id(index: u64) -> LogId {
+    firstseen_raft::log_id(3, 1, index)
 }
 
 /// Opens with `policy`, waiting for the previous instance's threads to let
@@ -28,12 +29,12 @@ async fn open(dir: &std::path::Path, policy: OnDamagedLog) -> Result<Storage, Ra
 }
 
 /// A node at term 5 with 60 entries, applied, and a snapshot at 40.
-async fn node_with_history(dir: &std::path::Path) -> Vote<u64> {
+async fn node_with_history(dir: &std::path::Path) -> Vote {
     let mut storage = open(dir, OnDamagedLog::Refuse).await.unwrap();
     let vote = Vote::new_committed(5, 2);
     storage.log.save_vote(&vote).await.unwrap();
     let entries: Vec<_> = (1..=60)
-        .map(|i| Entry::<TypeConfig> {
+        .map(|i| Entry {
             log_id: id(i),
             payload: EntryPayload::Blank,
         })
@@ -41,14 +42,14 @@ async fn node_with_history(dir: &std::path::Path) -> Vote<u64> {
     storage.log.blocking_append(entries.clone()).await.unwrap();
     storage
         .state_machine
-        .apply(entries[..40].to_vec())
+        .apply_entries(entries[..40].to_vec())
         .await
         .unwrap();
     let mut builder = storage.state_machine.get_snapshot_builder().await;
     builder.build_snapshot().await.unwrap();
     storage
         .state_machine
-        .apply(entries[40..].to_vec())
+        .apply_entries(entries[40..].to_vec())
         .await
         .unwrap();
     vote

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use firstseen_raft::{Member, Storage, TypeConfig};
-use openraft::storage::{RaftLogStorage, RaftStateMachine, Snapshot};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta};
+use firstseen_raft::Storage;
+use firstseen_raft::{Entry, LogId, SnapshotMeta};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{EntryPayload, RaftSnapshotBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Opens the storage in `dir`, waiting for the previous instance's
@@ -27,7 +28,7 @@ async fn reopen(dir: &std::path::Path) -> Storage {
 async fn the_purge_point_survives_a_restart_in_a_later_term() {
     let dir = tempfile::tempdir().unwrap();
     // Term 2 and beyond: the first byte of the stored id is no Option tag.
-    let purged = LogId::new(CommittedLeaderId::new(7, 3), 1_234);
+    let purged = firstseen_raft::log_id(7, 3, 1_234);
     {
         let mut storage = firstseen_raft::open(dir.path()).await.unwrap();
         storage.log.purge(purged).await.unwrap();
@@ -38,26 +39,28 @@ async fn the_purge_point_survives_a_restart_in_a_later_term() {
     assert_eq!(state.last_log_id, Some(purged));
 }
 
-fn id(index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(1, 1), index)
+fn id(index: u64) -> LogId {
+    firstseen_raft::log_id(1, 1, index)
 }
 
 /// Applies blank entries `from..=to` and builds a snapshot of the result.
-async fn applied_with_snapshot(storage: &mut Storage, from: u64, to: u64) -> Snapshot<TypeConfig> {
-    let entries = (from..=to).map(|i| Entry::<TypeConfig> {
+async fn applied_with_snapshot(
+    storage: &mut Storage,
+    from: u64,
+    to: u64,
+) -> firstseen_raft::Snapshot {
+    let entries = (from..=to).map(|i| Entry {
         log_id: id(i),
         payload: EntryPayload::Blank,
     });
-    storage.state_machine.apply(entries).await.unwrap();
+    storage.state_machine.apply_entries(entries).await.unwrap();
     let mut builder = storage.state_machine.get_snapshot_builder().await;
     builder.build_snapshot().await.unwrap()
 }
 
 /// Node B at 30 (with a snapshot there) and the bytes and meta of node A's
 /// snapshot at 100, received by B into the file openraft asks it for.
-async fn follower_receiving(
-    dir: &std::path::Path,
-) -> (Storage, SnapshotMeta<u64, Member>, Box<tokio::fs::File>) {
+async fn follower_receiving(dir: &std::path::Path) -> (Storage, SnapshotMeta, tokio::fs::File) {
     let leader_dir = tempfile::tempdir().unwrap();
     let mut leader = firstseen_raft::open(leader_dir.path()).await.unwrap();
     let snapshot = applied_with_snapshot(&mut leader, 1, 100).await;
@@ -68,11 +71,11 @@ async fn follower_receiving(
     let mut follower = firstseen_raft::open(dir).await.unwrap();
     applied_with_snapshot(&mut follower, 1, 30).await;
     follower.log.purge(id(30)).await.unwrap();
-    let mut into = follower
-        .state_machine
-        .begin_receiving_snapshot()
-        .await
-        .unwrap();
+    let mut into = openraft_legacy::network_v1::SnapshotReceiverFactory::begin_receiving_snapshot(
+        &mut follower.state_machine,
+    )
+    .await
+    .unwrap();
     into.write_all(&data).await.unwrap();
     into.flush().await.unwrap();
     (follower, snapshot.meta, into)

@@ -355,6 +355,28 @@ pub struct SetAside {
     pub keep_bytes: u64,
 }
 
+/// One line per entry for openraft's logs, which print every entry's
+/// payload: its kind and size, never the payloads themselves.
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Observe { observations, .. }
+            | Command::ObserveWithProperties { observations, .. }
+            | Command::ObserveSlim { observations, .. }
+            | Command::ObserveKinds { observations, .. } => {
+                write!(f, "observe({} copies)", observations.len())
+            }
+            Command::Published { pulsar_topic, seq } => {
+                write!(f, "published({pulsar_topic} up to {seq})")
+            }
+            Command::Level { level } => write!(f, "level({level})"),
+            Command::SetAside(_) => write!(f, "set-aside"),
+            Command::Generation { generation } => write!(f, "generation({generation})"),
+            Command::Rebase(_) => write!(f, "rebase"),
+        }
+    }
+}
+
 impl Command {
     /// A batch of observations, with their properties where they have any.
     pub fn observe(

@@ -4,14 +4,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use openraft::storage::LogFlushed;
-use openraft::LogId;
+use openraft::storage::IOFlushed;
 
 use firstseen_store::disk::Db;
 
 use crate::faults::StoreFaults;
 use crate::guard::Guard;
-use crate::{lock, NodeId, TypeConfig};
+use crate::{lock, LogId, TypeConfig};
 
 /// What was written to the log and not yet known durable.
 #[derive(Default)]
@@ -19,7 +18,7 @@ pub(super) struct Written {
     /// Bumped by every truncation, so a sync that began before one does not
     /// mark removed entries durable.
     pub(super) generation: u64,
-    pub(super) last: Option<LogId<NodeId>>,
+    pub(super) last: Option<LogId>,
 }
 
 /// Group commit: one sync of the log covers every append written before it
@@ -47,7 +46,7 @@ pub(super) struct Flusher {
 #[derive(Default)]
 pub(super) struct FlushQueue {
     /// Appends written and waiting for a sync, with when each was queued.
-    waiting: Vec<(LogFlushed<TypeConfig>, Instant)>,
+    waiting: Vec<(IOFlushed<TypeConfig>, Instant)>,
     /// Whether a run is under way; it takes `waiting` before each sync.
     running: bool,
     /// When the guard was last synced by a run.
@@ -57,7 +56,7 @@ pub(super) struct FlushQueue {
 impl Flusher {
     /// Reports `callback` durable after the next sync, starting a run
     /// unless one is under way (it takes the callback before its next sync).
-    pub(super) fn submit(self: &Arc<Self>, callback: LogFlushed<TypeConfig>) {
+    pub(super) fn submit(self: &Arc<Self>, callback: IOFlushed<TypeConfig>) {
         let start = {
             let mut q = lock(&self.queue);
             q.waiting.push((callback, Instant::now()));
@@ -107,7 +106,7 @@ impl Flusher {
                 // G4 and G6 rest on this: openraft counts this node towards
                 // a commit, which releases upstream acks, only after the
                 // entries are on stable storage.
-                callback.log_io_completed(
+                callback.io_completed(
                     result
                         .as_ref()
                         .map(|_| ())

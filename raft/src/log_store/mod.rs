@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::EntryPayload;
-use openraft::{AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageIOError, Vote};
+use openraft::{AnyError, OptionalSend, RaftLogReader};
 use tokio::sync::{mpsc, watch};
 
 use firstseen_store::disk::Db;
@@ -23,7 +23,7 @@ use firstseen_store::{Command, StateStore, StoreError};
 use crate::cover::SnapshotCover;
 use crate::faults::StoreFaults;
 use crate::guard::{Guard, Marks};
-use crate::{lock, NodeId, RaftError, StorageResult, TypeConfig};
+use crate::{lock, Entry, LogId, RaftError, StorageResult, TypeConfig, Vote};
 
 mod flush;
 mod reaper;
@@ -84,28 +84,28 @@ fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, AnyError> {
 /// A log entry as stored in `raft_log`. The decoders of what the log
 /// database holds are public so that the fuzz target `stored` runs the
 /// same code the store does on a damaged file.
-pub fn decode_entry(raw: &[u8]) -> Result<Entry<TypeConfig>, bincode::Error> {
+pub fn decode_entry(raw: &[u8]) -> Result<Entry, bincode::Error> {
     bincode::deserialize(raw)
 }
 
 /// The vote as stored in `raft_meta`.
-pub fn decode_vote(raw: &[u8]) -> Result<Vote<NodeId>, bincode::Error> {
+pub fn decode_vote(raw: &[u8]) -> Result<Vote, bincode::Error> {
     bincode::deserialize(raw)
 }
 
 /// The purge point as stored in `raft_meta`: a bare log id.
-pub fn decode_log_id(raw: &[u8]) -> Result<LogId<NodeId>, bincode::Error> {
+pub fn decode_log_id(raw: &[u8]) -> Result<LogId, bincode::Error> {
     bincode::deserialize(raw)
 }
 
 /// The committed log id as stored in `raft_meta`.
-pub fn decode_committed(raw: &[u8]) -> Result<Option<LogId<NodeId>>, bincode::Error> {
+pub fn decode_committed(raw: &[u8]) -> Result<Option<LogId>, bincode::Error> {
     bincode::deserialize(raw)
 }
 
 /// The purge point recorded in a log database, before the log store opens
 /// it: a state applied below it can no longer be brought up to date.
-pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
+pub fn purged_in(db: &Db) -> Result<Option<LogId>, RaftError> {
     let read = || -> Result<_, RaftError> {
         let meta = db.sled().open_tree("raft_meta")?;
         match meta.get(LAST_PURGED)? {
@@ -129,9 +129,9 @@ pub fn purged_in(db: &Db) -> Result<Option<LogId<NodeId>>, RaftError> {
 type Heads = (
     sled::Tree,
     sled::Tree,
-    Option<LogId<NodeId>>,
-    Option<Vote<NodeId>>,
-    Option<LogId<NodeId>>,
+    Option<LogId>,
+    Option<Vote>,
+    Option<LogId>,
 );
 
 fn read_heads(db: &Db) -> Result<Heads, RaftError> {
@@ -139,16 +139,16 @@ fn read_heads(db: &Db) -> Result<Heads, RaftError> {
     let meta = sled.open_tree("raft_meta")?;
     // Stored as a bare LogId by `purge`: decoding it as an Option once
     // read the term's first byte as the tag, and failed from term 2 on.
-    let purged: Option<LogId<NodeId>> = match meta.get(LAST_PURGED)? {
+    let purged: Option<LogId> = match meta.get(LAST_PURGED)? {
         Some(raw) => Some(decode_log_id(&raw)?),
         None => None,
     };
     let log = sled.open_tree("raft_log")?;
-    let vote: Option<Vote<NodeId>> = match meta.get(VOTE)? {
+    let vote: Option<Vote> = match meta.get(VOTE)? {
         Some(raw) => Some(decode_vote(&raw)?),
         None => None,
     };
-    let last_entry: Option<LogId<NodeId>> = match log.last()? {
+    let last_entry: Option<LogId> = match log.last()? {
         Some((_, raw)) => Some(decode_entry(&raw)?.log_id),
         None => None,
     };
@@ -158,7 +158,7 @@ fn read_heads(db: &Db) -> Result<Heads, RaftError> {
 /// Writes `vote` into the empty log database `db` and syncs it: the vote a
 /// node keeps when its damaged log is set aside ([`crate::rejoin`]).
 /// Blocking.
-pub fn seed_vote(db: &Db, vote: &Vote<NodeId>) -> Result<(), RaftError> {
+pub fn seed_vote(db: &Db, vote: &Vote) -> Result<(), RaftError> {
     let meta = db.sled().open_tree("raft_meta")?;
     meta.insert(VOTE, bincode::serialize(vote)?)?;
     db.sync()?;
@@ -289,7 +289,7 @@ impl LogStore {
             .get(index.to_be_bytes())
             .map_err(StoreError::Sled)?
             .ok_or_else(|| StoreError::Log(format!("entry {index} is not in the log")))?;
-        let entry: Entry<TypeConfig> =
+        let entry: Entry =
             decode(&raw).map_err(|e| StoreError::Log(format!("entry {index}: {e}")))?;
         match entry.payload {
             EntryPayload::Normal(cmd) if cmd.as_observe().is_some() => Ok(cmd),
@@ -313,7 +313,7 @@ impl LogStore {
     pub fn last_stamp(&self) -> Result<Option<u64>, StoreError> {
         for item in self.log.iter().rev().take(LAST_STAMP_SCAN) {
             let (_, raw) = item.map_err(StoreError::Sled)?;
-            let entry: Entry<TypeConfig> =
+            let entry: Entry =
                 decode(&raw).map_err(|e| StoreError::Log(format!("last stamp: {e}")))?;
             if let EntryPayload::Normal(cmd) = &entry.payload {
                 if let Some((stamped_ms, _, _)) = cmd.as_observe() {
@@ -325,23 +325,20 @@ impl LogStore {
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
-        let raw = self
-            .meta
-            .get(key)
-            .map_err(|e| StorageIOError::read(io_err(e)))?;
+        let raw = self.meta.get(key).map_err(|e| std::io::Error::other(e))?;
         match raw {
-            Some(raw) => Ok(Some(decode(&raw).map_err(StorageIOError::read)?)),
+            Some(raw) => Ok(Some(decode(&raw).map_err(std::io::Error::other)?)),
             None => Ok(None),
         }
     }
 
     /// Writes a metadata record and syncs the log, off the runtime's threads.
     async fn put_meta<T: serde::Serialize>(&self, key: &[u8], v: &T) -> StorageResult<()> {
-        let raw = encode(v).map_err(StorageIOError::write)?;
+        let raw = encode(v).map_err(std::io::Error::other)?;
         self.meta
             .insert(key, raw)
-            .map_err(|e| StorageIOError::write(io_err(e)))?;
-        self.sync().await.map_err(StorageIOError::write)?;
+            .map_err(|e| std::io::Error::other(e))?;
+        self.sync().await.map_err(std::io::Error::other)?;
         Ok(())
     }
 
@@ -384,7 +381,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+    ) -> StorageResult<Vec<Entry>> {
         let start = match range.start_bound() {
             Bound::Included(x) => *x,
             Bound::Excluded(x) => x + 1,
@@ -393,18 +390,22 @@ impl RaftLogReader<TypeConfig> for LogStore {
         .max(self.first_kept.load(Ordering::Acquire));
         let mut out = Vec::new();
         for item in self.log.range(start.to_be_bytes()..) {
-            let (k, v) = item.map_err(|e| StorageIOError::read_logs(io_err(e)))?;
+            let (k, v) = item.map_err(|e| std::io::Error::other(e))?;
             let index = u64::from_be_bytes(
                 k.as_ref()
                     .try_into()
-                    .map_err(|e| StorageIOError::read_logs(io_err(e)))?,
+                    .map_err(|e| std::io::Error::other(e))?,
             );
             if !range.contains(&index) {
                 break;
             }
-            out.push(decode(&v).map_err(StorageIOError::read_logs)?);
+            out.push(decode(&v).map_err(std::io::Error::other)?);
         }
         Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote>> {
+        self.get_meta(VOTE)
     }
 }
 
@@ -412,14 +413,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self.get_meta(LAST_PURGED)?;
-        let last = match self
-            .log
-            .last()
-            .map_err(|e| StorageIOError::read_logs(io_err(e)))?
-        {
+        let last_purged_log_id: Option<LogId> = self.get_meta(LAST_PURGED)?;
+        let last = match self.log.last().map_err(|e| std::io::Error::other(e))? {
             Some((_, v)) => {
-                let e: Entry<TypeConfig> = decode(&v).map_err(StorageIOError::read_logs)?;
+                let e: Entry = decode(&v).map_err(std::io::Error::other)?;
                 // Purged entries not yet deleted do not count.
                 Some(e.log_id).max(last_purged_log_id)
             }
@@ -435,37 +432,33 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+    async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         // Synced before returning, and recorded in the guard: a vote
         // forgotten in a power cut could let this node vote twice in a term.
         self.put_meta(VOTE, vote).await?;
         let vote = *vote;
         self.guard(move |m| m.vote = Some(vote))
             .await
-            .map_err(|e| StorageIOError::write_vote(e).into())
+            .map_err(std::io::Error::other)
     }
 
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
-        self.get_meta(VOTE)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
         // Not flushed on its own: losing it only means re-deriving the commit
         // index from a quorum after a restart.
-        let raw = encode(&committed).map_err(StorageIOError::write)?;
+        let raw = encode(&committed).map_err(std::io::Error::other)?;
         self.meta
             .insert(COMMITTED, raw)
-            .map_err(|e| StorageIOError::write(io_err(e)))?;
+            .map_err(|e| std::io::Error::other(e))?;
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        Ok(self.get_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
+        Ok(self.get_meta::<Option<LogId>>(COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StorageResult<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         // One insert per entry, in index order, rather than one sled batch:
@@ -482,12 +475,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut last = None;
         for entry in entries {
             first.get_or_insert(entry.log_id.index);
-            let raw = encode(&entry).map_err(StorageIOError::write_logs)?;
+            let raw = encode(&entry).map_err(std::io::Error::other)?;
             count += 1;
             bytes += raw.len() as u64;
             self.log
                 .insert(entry.log_id.index.to_be_bytes(), raw)
-                .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+                .map_err(|e| std::io::Error::other(e))?;
             last = Some(entry.log_id);
         }
         // The benchmark reports Raft entries and bytes per second from these.
@@ -503,50 +496,46 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+    async fn truncate_after(&mut self, last: Option<LogId>) -> StorageResult<()> {
+        let from = last.as_ref().map_or(0, |l| l.index + 1);
         // Rare in a healthy cluster (a tail from a deposed leader), so worth
         // a line: a node truncating again and again is a livelock to see.
-        tracing::info!(from = %log_id, "truncating a conflicting log tail");
+        tracing::info!(from, "truncating a conflicting log tail");
         metrics::counter!("firstseen_raft_log_truncations_total").increment(1);
-        // Entries from `log_id` on were never committed (openraft truncates
-        // only a conflicting tail). The guard's durable mark goes below them
-        // first, so it never claims what is about to be removed.
-        let before: Option<LogId<NodeId>> =
-            match self.log.range(..log_id.index.to_be_bytes()).next_back() {
-                Some(item) => {
-                    let (_, raw) = item.map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-                    let e: Entry<TypeConfig> = decode(&raw).map_err(StorageIOError::write_logs)?;
-                    Some(e.log_id)
-                }
-                None => self.get_meta(LAST_PURGED)?,
-            };
+        // Entries after `last` were never committed (openraft truncates
+        // only a conflicting tail). The guard's durable mark goes down to
+        // what is kept first, so it never claims what is about to be
+        // removed.
+        let before: Option<LogId> = match last {
+            Some(l) => Some(l),
+            None => self.get_meta(LAST_PURGED)?,
+        };
         {
             let mut w = lock(&self.written);
             w.generation += 1;
-            w.last = w.last.min(before);
+            w.last = w.last.clone().min(before.clone());
         }
-        self.guard(move |m| m.durable = m.durable.min(before))
+        let keep = before.clone();
+        self.guard(move |m| m.durable = m.durable.clone().min(keep))
             .await
-            .map_err(StorageIOError::write_logs)?;
+            .map_err(std::io::Error::other)?;
         let mut batch = sled::Batch::default();
-        for item in self.log.range(log_id.index.to_be_bytes()..) {
-            let (k, _) = item.map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+        for item in self.log.range(from.to_be_bytes()..) {
+            let (k, _) = item.map_err(std::io::Error::other)?;
             batch.remove(k);
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-        self.sync().await.map_err(StorageIOError::write_logs)?;
+        self.log.apply_batch(batch).map_err(std::io::Error::other)?;
+        self.sync().await.map_err(std::io::Error::other)?;
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+    async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
         // Never past the snapshot on disk: a follower's purge for a snapshot
         // it is still installing waits here for the install (see `cover`).
         self.cover
             .wait_until_covered(log_id)
             .await
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+            .map_err(|e| std::io::Error::other(e))?;
         // The state is written in checkpoints to its own database. Entries
         // up to `log_id` are applied, but maybe not yet durably: were they
         // purged first, a crash would leave applied state that can be neither
@@ -554,14 +543,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || state.flush())
             .await
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+            .map_err(|e| std::io::Error::other(e))?
+            .map_err(|e| std::io::Error::other(e))?;
         // Record the purge point first: a crash between the two steps leaves
         // extra entries, never a hole openraft does not know about.
         self.put_meta(LAST_PURGED, &log_id).await?;
         self.guard(move |m| m.purged = Some(log_id))
             .await
-            .map_err(StorageIOError::write_logs)?;
+            .map_err(std::io::Error::other)?;
         self.first_kept
             .fetch_max(log_id.index + 1, Ordering::AcqRel);
         // Deleting tens of thousands of entries takes long enough to stall
