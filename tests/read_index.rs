@@ -17,15 +17,17 @@ use std::time::Duration;
 
 use firstseen::cluster::elect::read_index;
 use firstseen::cluster::liveness::Timing;
-use firstseen_raft::{Member, NodeId, Raft, TypeConfig};
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use firstseen_raft::{Entry, LogId, Member, Membership, NodeId, Raft, TypeConfig, Vote};
+use openraft::error::{RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, ReadPolicy, VoteRequest, VoteResponse,
 };
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, Vote};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::EntryPayload;
+use openraft_legacy::network_v1::{
+    Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
+};
 
 /// Followers that answer heartbeats (so a quorum confirms the leader) and
 /// never take entries (so the commit index stays where the disk left it).
@@ -33,9 +35,9 @@ use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, Vote};
 struct HeartbeatsOnly;
 
 impl RaftNetworkFactory<TypeConfig> for HeartbeatsOnly {
-    type Network = HeartbeatsOnly;
-    async fn new_client(&mut self, _target: NodeId, _node: &Member) -> HeartbeatsOnly {
-        HeartbeatsOnly
+    type Network = Adapter<TypeConfig, HeartbeatsOnly, tokio::fs::File>;
+    async fn new_client(&mut self, _target: NodeId, _node: &Member) -> Self::Network {
+        Adapter::new(HeartbeatsOnly)
     }
 }
 
@@ -44,7 +46,8 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>>
+    {
         if rpc.entries.is_empty() {
             Ok(AppendEntriesResponse::Success)
         } else {
@@ -59,8 +62,8 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
         _rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
+        InstallSnapshotResponse<TypeConfig>,
+        RPCError<TypeConfig, RaftError<TypeConfig, InstallSnapshotError>>,
     > {
         Err(RPCError::Unreachable(Unreachable::new(
             &std::io::Error::other("takes no snapshots"),
@@ -69,17 +72,17 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
+        _rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>> {
         Err(RPCError::Unreachable(Unreachable::new(
             &std::io::Error::other("no votes"),
         )))
     }
 }
 
-fn id(index: u64) -> LogId<NodeId> {
-    LogId::new(CommittedLeaderId::new(5, 1), index)
+fn id(index: u64) -> LogId {
+    firstseen_raft::log_id(5, 1, index)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,13 +103,13 @@ async fn a_restored_leader_answers_its_whole_log_not_a_rewound_commit_index() {
             )
         })
         .collect();
-    let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes);
+    let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).unwrap();
     // openraft's first entry is index 0.
-    let mut entries = vec![Entry::<TypeConfig> {
+    let mut entries = vec![Entry {
         log_id: id(0),
         payload: EntryPayload::Membership(membership),
     }];
-    entries.extend((1..=60).map(|i| Entry::<TypeConfig> {
+    entries.extend((1..=60).map(|i| Entry {
         log_id: id(i),
         payload: EntryPayload::Blank,
     }));
@@ -118,7 +121,7 @@ async fn a_restored_leader_answers_its_whole_log_not_a_rewound_commit_index() {
     storage.log.blocking_append(entries.clone()).await.unwrap();
     storage
         .state_machine
-        .apply(entries[..=10].to_vec())
+        .apply_entries(entries[..=10].to_vec())
         .await
         .unwrap();
     storage.log.save_committed(Some(id(10))).await.unwrap();
@@ -154,11 +157,11 @@ async fn a_restored_leader_answers_its_whole_log_not_a_rewound_commit_index() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (openraft_read, _) = raft.get_read_log_id().await.unwrap();
+    let (openraft_read, _) = raft.get_read_log_id(ReadPolicy::ReadIndex).await.unwrap();
     raft.shutdown().await.unwrap();
     assert_eq!(
-        openraft_read.map(|l| l.index),
-        Some(10),
+        openraft_read.index(),
+        10,
         "the premise: openraft's read index is the rewound commit index"
     );
     let answer = answer.expect("the leadership was never confirmed");

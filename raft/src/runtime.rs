@@ -13,7 +13,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use openraft::{AsyncRuntime, OptionalSend};
+use openraft::async_runtime::watch as rt_watch;
+use openraft::{AsyncRuntime, OptionalSend, OptionalSync};
 use tokio::sync::watch;
 
 /// A pause switch: while it reads `true`, the tasks under it are not
@@ -75,7 +76,7 @@ impl AsyncRuntime for GatedTokio {
     type Timeout<R, T: Future<Output = R> + OptionalSend> = <Tokio as AsyncRuntime>::Timeout<R, T>;
     type ThreadLocalRng = <Tokio as AsyncRuntime>::ThreadLocalRng;
     type Mpsc = <Tokio as AsyncRuntime>::Mpsc;
-    type Watch = <Tokio as AsyncRuntime>::Watch;
+    type Watch = TokioWatch;
     type Oneshot = <Tokio as AsyncRuntime>::Oneshot;
     type Mutex<T: OptionalSend + 'static> = <Tokio as AsyncRuntime>::Mutex<T>;
 
@@ -140,6 +141,63 @@ impl AsyncRuntime for GatedTokio {
     {
         let task = tokio::task::spawn_blocking(f);
         async move { task.await.map_err(std::io::Error::other) }
+    }
+}
+
+/// tokio's own watch channels, unwrapped: openraft publishes its metrics
+/// through the runtime's watch, and with this they reach the rest of
+/// firstseen as the `tokio::sync::watch::Receiver`s it reads everywhere.
+#[derive(Debug)]
+pub struct TokioWatch;
+
+impl rt_watch::Watch for TokioWatch {
+    type Sender<T: OptionalSend + OptionalSync> = tokio::sync::watch::Sender<T>;
+    type Receiver<T: OptionalSend + OptionalSync> = tokio::sync::watch::Receiver<T>;
+    type Ref<'a, T: OptionalSend + 'a> = tokio::sync::watch::Ref<'a, T>;
+
+    fn channel<T: OptionalSend + OptionalSync>(init: T) -> (Self::Sender<T>, Self::Receiver<T>) {
+        tokio::sync::watch::channel(init)
+    }
+}
+
+impl<T: OptionalSend + OptionalSync> rt_watch::WatchSender<TokioWatch, T>
+    for tokio::sync::watch::Sender<T>
+{
+    fn send(&self, value: T) -> Result<(), rt_watch::SendError<T>> {
+        tokio::sync::watch::Sender::send(self, value).map_err(|e| rt_watch::SendError(e.0))
+    }
+
+    fn send_if_modified<F>(&self, modify: F) -> bool
+    where
+        F: FnOnce(&mut T) -> bool,
+    {
+        tokio::sync::watch::Sender::send_if_modified(self, modify)
+    }
+
+    fn borrow_watched(&self) -> tokio::sync::watch::Ref<'_, T> {
+        self.borrow()
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<T> {
+        tokio::sync::watch::Sender::subscribe(self)
+    }
+}
+
+impl<T: OptionalSend + OptionalSync> rt_watch::WatchReceiver<TokioWatch, T>
+    for tokio::sync::watch::Receiver<T>
+{
+    async fn changed(&mut self) -> Result<(), rt_watch::RecvError> {
+        tokio::sync::watch::Receiver::changed(self)
+            .await
+            .map_err(|_| rt_watch::RecvError(()))
+    }
+
+    fn borrow_watched(&self) -> tokio::sync::watch::Ref<'_, T> {
+        self.borrow()
+    }
+
+    fn borrow_and_update(&mut self) -> tokio::sync::watch::Ref<'_, T> {
+        tokio::sync::watch::Receiver::borrow_and_update(self)
     }
 }
 

@@ -33,8 +33,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use firstseen_raft::{NodeId, Raft};
-use openraft::{LogId, ServerState};
+use firstseen_raft::{LogId, NodeId, Raft};
+use openraft::ServerState;
 use tokio_util::sync::CancellationToken;
 
 use super::liveness::{Liveness, Timing};
@@ -45,7 +45,7 @@ use super::wire::{PreVote, PreVoteReply, ReadIndexError, Reply, Request};
 #[derive(Debug, Clone)]
 pub struct Mine {
     pub term: u64,
-    pub last_log: Option<LogId<NodeId>>,
+    pub last_log: Option<LogId>,
     pub is_leader: bool,
     /// Since this node last confirmed its leadership with a quorum.
     pub lease_age: Option<Duration>,
@@ -147,7 +147,7 @@ pub fn answer(raft: &Raft, liveness: &Liveness, timing: &Timing, req: &PreVote) 
 
 /// This node's answer to a vote while it abstains: refused, with its own
 /// vote and log so that the candidate learns nothing false.
-pub fn refuse_vote(raft: &Raft) -> openraft::raft::VoteResponse<NodeId> {
+pub fn refuse_vote(raft: &Raft) -> openraft::raft::VoteResponse<firstseen_raft::TypeConfig> {
     let vote = raft.metrics().borrow().vote;
     let last_log = raft.data_metrics().borrow().last_log;
     openraft::raft::VoteResponse::new(vote, last_log, false)
@@ -167,25 +167,23 @@ pub fn refuse_vote(raft: &Raft) -> openraft::raft::VoteResponse<NodeId> {
 /// in the leader's log is committed while it leads, and the log holds every
 /// entry ever committed, so its last index covers them all (the publisher's
 /// read barrier waits for the same).
-pub async fn read_index(
-    raft: &Raft,
-    timing: &Timing,
-) -> Result<Option<LogId<NodeId>>, ReadIndexError> {
-    use openraft::error::{CheckIsLeaderError, RaftError};
+pub async fn read_index(raft: &Raft, timing: &Timing) -> Result<Option<LogId>, ReadIndexError> {
+    use openraft::error::{LinearizableReadError, RaftError};
     let confirmed = async {
-        raft.ensure_linearizable().await?;
+        raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)
+            .await?;
         // Read after the confirmation: it holds whatever any predecessor
         // committed, and this leader commits all of it while it leads.
         Ok(raft.data_metrics().borrow().last_log)
     };
     match tokio::time::timeout(timing.confirm_timeout(), confirmed).await {
         Ok(Ok(index)) => Ok(index),
-        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+        Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
             Err(ReadIndexError::NotLeader {
                 leader: f.leader_id,
             })
         }
-        Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) | Err(_) => {
+        Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))) | Err(_) => {
             Err(ReadIndexError::Unconfirmed)
         }
         Ok(Err(RaftError::Fatal(f))) => Err(ReadIndexError::Fatal {
@@ -199,10 +197,10 @@ pub async fn read_index(
 struct Rejoin {
     /// The last log id when it started abstaining: a later one shows it has
     /// taken an append from the leader at the right place.
-    started_at: Option<Option<LogId<NodeId>>>,
+    started_at: Option<Option<LogId>>,
     /// The leader's read index, asked once the node had taken an append
     /// (`Some(None)`: the leader had nothing committed).
-    target: Option<Option<LogId<NodeId>>>,
+    target: Option<Option<LogId>>,
 }
 
 /// While this node abstains (its log was set aside), brings the abstention
@@ -399,7 +397,7 @@ pub async fn drive(
                 "pre-vote won: campaigning"
             );
             metrics::counter!("firstseen_elections_started_total").increment(1);
-            if let Err(e) = raft.trigger().elect().await {
+            if let Err(e) = raft.trigger().elect(false).await {
                 tracing::warn!(error = %e, "could not start an election");
             }
         } else {
@@ -438,8 +436,11 @@ pub async fn watch_lease(
             continue;
         }
         let asked = tokio::time::Instant::now();
-        let round = match tokio::time::timeout(timing.confirm_timeout(), raft.ensure_linearizable())
-            .await
+        let round = match tokio::time::timeout(
+            timing.confirm_timeout(),
+            raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex),
+        )
+        .await
         {
             Ok(Ok(_)) => {
                 liveness.lease_confirmed(asked);
@@ -498,7 +499,6 @@ fn too_far(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::CommittedLeaderId;
 
     fn timing() -> Timing {
         Timing {
@@ -508,8 +508,8 @@ mod tests {
         }
     }
 
-    fn log(term: u64, index: u64) -> Option<LogId<NodeId>> {
-        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
+    fn log(term: u64, index: u64) -> Option<LogId> {
+        Some(firstseen_raft::log_id(term, 1, index))
     }
 
     fn follower(contact_ms: Option<u64>) -> Mine {
@@ -524,7 +524,7 @@ mod tests {
         }
     }
 
-    fn req(term: u64, last: Option<LogId<NodeId>>) -> PreVote {
+    fn req(term: u64, last: Option<LogId>) -> PreVote {
         PreVote {
             candidate: 2,
             term,

@@ -10,13 +10,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use firstseen_raft::{AppendClock, Member, NodeId, TypeConfig};
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft_legacy::network_v1::{
+    Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
 };
 
 use super::peers::{Call, CallError};
@@ -41,17 +39,20 @@ impl Network {
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = PeerClient;
+    // openraft 0.10 speaks to a peer through its second network trait; the
+    // adapter runs the first one's calls under it, snapshots in chunks as
+    // 0.9 sent them, so a peer of the previous release understands.
+    type Network = Adapter<TypeConfig, PeerClient, tokio::fs::File>;
 
-    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
-        PeerClient {
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
+        Adapter::new(PeerClient {
             peers: self.peers.clone(),
             target,
             addr: node.addr.clone(),
             appends: self.appends.clone(),
             answered_at: None,
             sent_upto: 0,
-        }
+        })
     }
 }
 
@@ -80,7 +81,7 @@ pub struct PeerClient {
 const WRITE_TTL_FLOOR: Duration = Duration::from_millis(500);
 
 impl PeerClient {
-    fn map_err<E: std::error::Error>(&self, e: CallError) -> RPCError<NodeId, Member, E> {
+    fn map_err<E: std::error::Error>(&self, e: CallError) -> RPCError<TypeConfig, E> {
         match e {
             CallError::Unreachable { .. }
             | CallError::Handshake { .. }
@@ -91,7 +92,7 @@ impl PeerClient {
 
     /// The peer would not take a write now: openraft backs off as for an
     /// unreachable node.
-    fn refused<E: std::error::Error>(&self, reason: String) -> RPCError<NodeId, Member, E> {
+    fn refused<E: std::error::Error>(&self, reason: String) -> RPCError<TypeConfig, E> {
         let e = CallError::Protocol {
             addr: self.addr.clone(),
             reason: format!("refused: {reason}"),
@@ -126,7 +127,7 @@ impl PeerClient {
         &self,
         rpc: AppendEntriesRequest<TypeConfig>,
         ttl: Duration,
-    ) -> RPCError<NodeId, Member, RaftError<NodeId>> {
+    ) -> RPCError<TypeConfig, RaftError<TypeConfig>> {
         metrics::counter!("firstseen_raft_appends_total", "kind" => "unawaited").increment(1);
         let (peers, target, addr) = (self.peers.clone(), self.target, self.addr.clone());
         // On openraft's runtime, so a node the simulation pauses sends
@@ -160,7 +161,7 @@ impl PeerClient {
         self.sent_upto = self.sent_upto.max(last);
     }
 
-    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, Member, E> {
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<TypeConfig, E> {
         let e = CallError::Protocol {
             addr: self.addr.clone(),
             reason: "reply of the wrong kind".into(),
@@ -174,7 +175,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>>
+    {
         let empty = rpc.entries.is_empty();
         if empty && self.heard_lately(option.hard_ttl()) {
             return Err(self.send_unawaited(rpc, option.hard_ttl()));
@@ -220,8 +222,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
+        InstallSnapshotResponse<TypeConfig>,
+        RPCError<TypeConfig, RaftError<TypeConfig, InstallSnapshotError>>,
     > {
         match self
             .peers
@@ -245,9 +247,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>> {
         let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
         match self
             .peers
@@ -265,8 +267,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use firstseen_raft::{Entry, Vote};
     use futures::future::BoxFuture;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use openraft::EntryPayload;
     use std::sync::Mutex;
 
     /// A peer that accepts every append at once and records how many of
@@ -298,7 +301,7 @@ mod tests {
     }
 
     fn append(entries: u64) -> AppendEntriesRequest<TypeConfig> {
-        let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        let id = |index| firstseen_raft::log_id(1, 1, index);
         AppendEntriesRequest {
             vote: Vote::new_committed(1, 1),
             prev_log_id: Some(id(1)),
@@ -320,7 +323,8 @@ mod tests {
         let peer = Arc::new(Accepting::default());
         let mut client = Network::new(peer.clone())
             .new_client(2, &Member::default())
-            .await;
+            .await
+            .into_inner();
         let heartbeat = RPCOption::new(Duration::from_millis(100));
         // Nothing answered yet: waited for.
         assert!(client
@@ -349,7 +353,8 @@ mod tests {
         // A leadership check's client has heard nothing: it always waits.
         let mut check = Network::new(peer.clone())
             .new_client(2, &Member::default())
-            .await;
+            .await
+            .into_inner();
         assert!(check.append_entries(append(0), heartbeat).await.is_ok());
         assert_eq!(*peer.with_entries.lock().unwrap(), 1);
     }

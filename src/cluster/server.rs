@@ -11,8 +11,10 @@ use std::time::Duration;
 use firstseen_raft::{NodeId, Raft};
 use firstseen_store::{Batch, Outcome};
 use futures::future::BoxFuture;
-use openraft::error::InstallSnapshotError;
 use openraft::raft::AppendEntriesResponse;
+use openraft_legacy::network_v1::{
+    ChunkedSnapshotReceiver, InstallSnapshotError, SnapshotMismatch, SnapshotSegmentId,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
@@ -365,12 +367,12 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             if let Err(expect) = checked {
                 tracing::warn!(snapshot = %id, offset = r.offset, expect, "snapshot chunk past what has arrived refused");
                 return Reply::InstallSnapshot(Err(openraft::error::RaftError::APIError(
-                    InstallSnapshotError::SnapshotMismatch(openraft::error::SnapshotMismatch {
-                        expect: openraft::SnapshotSegmentId {
+                    InstallSnapshotError::SnapshotMismatch(SnapshotMismatch {
+                        expect: SnapshotSegmentId {
                             id: id.clone(),
                             offset: expect,
                         },
-                        got: openraft::SnapshotSegmentId {
+                        got: SnapshotSegmentId {
                             id,
                             offset: r.offset,
                         },

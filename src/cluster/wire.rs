@@ -29,14 +29,13 @@
 //! It authenticates the peers and every frame; it does not encrypt. Use TLS
 //! on networks you do not trust.
 
-use firstseen_raft::{NodeId, TypeConfig};
+use firstseen_raft::{LogId, NodeId, TypeConfig};
 use firstseen_store::{Batch, Outcome};
-use openraft::error::{InstallSnapshotError, RaftError};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft_legacy::network_v1::{
+    InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
 };
-use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
 /// Protocol magic and version, sent first by the server. Version 3 seals
@@ -65,7 +64,7 @@ pub struct PreVote {
     /// The term the candidate would campaign in.
     pub term: u64,
     /// The candidate's last log id.
-    pub last_log: Option<LogId<NodeId>>,
+    pub last_log: Option<LogId>,
 }
 
 /// The answer to a [`PreVote`].
@@ -303,7 +302,7 @@ pub fn nonce() -> [u8; 32] {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<NodeId>),
+    Vote(VoteRequest<TypeConfig>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     /// A follower's batch, for the leader to stamp and commit. The reply comes
     /// after commit, so the follower may then ack upstream (G4).
@@ -390,16 +389,16 @@ pub enum ForwardError {
 /// The answer to a [`Request`], same variant.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
-    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
-    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
+    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
     InstallSnapshot(
-        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>,
     ),
     Forward(Result<Vec<Outcome>, ForwardError>),
     PreVote(PreVoteReply),
     /// The leader's read index: every entry committed so far is at or below
     /// it.
-    ReadIndex(Result<Option<LogId<NodeId>>, ReadIndexError>),
+    ReadIndex(Result<Option<LogId>, ReadIndexError>),
     /// The request was not handed to Raft: this node cannot take it now (its
     /// disk is below the reserve). The caller treats the node as unreachable
     /// and backs off.

@@ -240,7 +240,7 @@ impl AppState {
     /// trusts (see [`Status::role`]).
     fn role(
         &self,
-        m: &openraft::RaftMetrics<u64, firstseen_raft::Member>,
+        m: &openraft::RaftMetrics<firstseen_raft::TypeConfig>,
     ) -> (&'static str, Option<u64>) {
         use openraft::ServerState;
         let stale = self.timing.stale();

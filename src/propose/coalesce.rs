@@ -14,7 +14,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use firstseen_raft::{Command, Member, NodeId, Raft, Response};
+use firstseen_raft::{Command, Raft, Response};
 use firstseen_store::{Batch, Outcome, Window};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::metrics::RaftServerMetrics;
@@ -443,7 +443,7 @@ async fn propose(raft: &Raft, cmd: Command, total: usize) -> Result<Vec<Outcome>
 /// forward, and acking those is what G4 allows.
 async fn until_deposed<F: Future>(
     write: F,
-    mut server: watch::Receiver<RaftServerMetrics<NodeId, Member>>,
+    mut server: watch::Receiver<RaftServerMetrics<firstseen_raft::TypeConfig>>,
 ) -> Option<F::Output> {
     let (term, leading) = {
         let m = server.borrow_and_update();
@@ -466,13 +466,14 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    fn server(term: u64, state: ServerState) -> RaftServerMetrics<NodeId, Member> {
+    fn server(term: u64, state: ServerState) -> RaftServerMetrics<firstseen_raft::TypeConfig> {
         RaftServerMetrics {
             id: 1,
             vote: openraft::Vote::new_committed(term, 1),
             state,
             current_leader: (state == ServerState::Leader).then_some(1),
             membership_config: Arc::new(Default::default()),
+            committed_membership_config: Arc::new(Default::default()),
         }
     }
 
@@ -551,14 +552,15 @@ mod tests {
     /// the stamp is a day ahead).
     #[tokio::test]
     async fn a_leader_whose_state_is_behind_its_log_stamps_from_the_log() {
+        use firstseen_raft::Entry;
         use openraft::storage::RaftLogStorageExt;
-        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+        use openraft::EntryPayload;
         const T0: u64 = 1_700_000_000_000;
         const DAY: u64 = 86_400_000;
         let tmp = tempfile::tempdir().unwrap();
         let mut storage = firstseen_raft::open(tmp.path()).await.unwrap();
-        let id = |i| LogId::new(CommittedLeaderId::new(5, 1), i);
-        let mut entries = vec![Entry::<firstseen_raft::TypeConfig> {
+        let id = |i| firstseen_raft::log_id(5, 1, i);
+        let mut entries = vec![Entry {
             log_id: id(0),
             payload: EntryPayload::Blank,
         }];

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use firstseen_raft::{Member, Raft};
+use firstseen_raft::{Raft, TypeConfig};
 use openraft::metrics::RaftServerMetrics;
 use tokio::sync::watch;
 
@@ -30,7 +30,7 @@ pub struct RaftGroup {
     /// change with leadership only, not with every apply or replication
     /// ack as the full metrics do, so `changed` wakes the publisher for
     /// what it means; `Outbox::grown` wakes it for new messages.
-    pub metrics: watch::Receiver<RaftServerMetrics<u64, Member>>,
+    pub metrics: watch::Receiver<RaftServerMetrics<TypeConfig>>,
 }
 
 impl Consensus for RaftGroup {
@@ -66,7 +66,12 @@ impl Consensus for RaftGroup {
         }
         let asked = tokio::time::Instant::now();
         let ok = matches!(
-            tokio::time::timeout(self.lease_timeout, self.raft.ensure_linearizable()).await,
+            tokio::time::timeout(
+                self.lease_timeout,
+                self.raft
+                    .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)
+            )
+            .await,
             Ok(Ok(_))
         );
         if ok {
@@ -78,7 +83,10 @@ impl Consensus for RaftGroup {
     async fn read_barrier(&self) -> bool {
         // Never the lease's fast path: it must wait for the apply.
         let barrier = async {
-            self.raft.ensure_linearizable().await.ok()?;
+            self.raft
+                .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)
+                .await
+                .ok()?;
             // openraft's read index is not enough on its own for a leader
             // it restored at start (a node whose own vote was committed
             // resumes as leader without an election): it is the larger of

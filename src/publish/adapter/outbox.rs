@@ -1,9 +1,9 @@
 //! The publisher's [`Outbox`] over the replicated state: topics and
 //! watermarks from the state store, payloads read from the Raft log.
 
+use firstseen_raft::LogId;
 use firstseen_store::{OutboxMessage, StateStore, TopicState};
 use openraft::metrics::RaftDataMetrics;
-use openraft::LogId;
 use tokio::sync::watch;
 
 use crate::publish::port::Outbox;
@@ -15,9 +15,9 @@ pub struct StateOutbox {
     pub outbox: firstseen_raft::Outbox,
     /// openraft's data metrics: `last_applied` moves when apply has put
     /// new messages in the outbox.
-    pub applied: watch::Receiver<RaftDataMetrics<u64>>,
+    pub applied: watch::Receiver<RaftDataMetrics<firstseen_raft::TypeConfig>>,
     /// The `last_applied` that `grown` last returned on.
-    pub seen: Option<LogId<u64>>,
+    pub seen: Option<LogId>,
 }
 
 impl Outbox for StateOutbox {
