@@ -253,7 +253,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
         match self
             .peers
-            .call(self.target, &self.addr, &Request::Vote(rpc), ttl)
+            .call(self.target, &self.addr, &Request::Vote(rpc.into()), ttl)
             .await
         {
             Ok(Reply::Vote(Ok(r))) => Ok(r),

@@ -356,7 +356,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
         Request::Vote(_) if svc.liveness.abstaining() => {
             Reply::Vote(Ok(super::elect::refuse_vote(&svc.raft)))
         }
-        Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
+        Request::Vote(r) => Reply::Vote(svc.raft.vote(r.into()).await),
         Request::InstallSnapshot(r) => {
             let id = r.meta.snapshot_id.clone();
             let checked = firstseen_store::lock::lock(&svc.snapshot).accept(

@@ -29,7 +29,7 @@
 //! It authenticates the peers and every frame; it does not encrypt. Use TLS
 //! on networks you do not trust.
 
-use firstseen_raft::{LogId, NodeId, TypeConfig};
+use firstseen_raft::{LogId, NodeId, TypeConfig, Vote};
 use firstseen_store::{Batch, Outcome};
 use openraft::error::RaftError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
@@ -298,11 +298,37 @@ pub fn nonce() -> [u8; 32] {
     n
 }
 
+/// A vote request as peers send it: openraft 0.9's two fields, in their
+/// order. openraft 0.10 added `leadership_transfer`; its `serde(default)`
+/// helps only formats that name their fields, and bincode does not, so a
+/// node of either release could not read the other's vote. firstseen
+/// transfers no leadership: the flag stays false.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VoteAsk {
+    pub vote: Vote,
+    pub last_log_id: Option<LogId>,
+}
+
+impl From<VoteRequest<TypeConfig>> for VoteAsk {
+    fn from(r: VoteRequest<TypeConfig>) -> Self {
+        Self {
+            vote: r.vote,
+            last_log_id: r.last_log_id,
+        }
+    }
+}
+
+impl From<VoteAsk> for VoteRequest<TypeConfig> {
+    fn from(a: VoteAsk) -> Self {
+        VoteRequest::new(a.vote, a.last_log_id)
+    }
+}
+
 /// A request from one node to another.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<TypeConfig>),
+    Vote(VoteAsk),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     /// A follower's batch, for the leader to stamp and commit. The reply comes
     /// after commit, so the follower may then ack upstream (G4).
