@@ -88,6 +88,12 @@ fn raft_config(section: &ClusterConfig, id: NodeId) -> Result<openraft::Config, 
             id,
         )),
         max_in_snapshot_log_to_keep: section.snapshot_logs.min(1_000),
+        // A node that set its damaged log aside comes back with less than
+        // the leader last knew it held (`firstseen_raft::rejoin`): the
+        // leader must start its replication over instead of stopping on
+        // the conflict. openraft 0.9 did so with the feature
+        // `loosen-follower-log-revert`, which 0.10 replaced with this.
+        allow_log_reversion: Some(true),
         ..Default::default()
     }
     .validate()
