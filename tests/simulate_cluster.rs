@@ -956,6 +956,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
             tls: None,
             disk,
             ours,
+            incoming: group.incoming.clone(),
         },
         Ports {
             call,

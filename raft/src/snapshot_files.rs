@@ -34,7 +34,7 @@ impl Meta {
     /// openraft's metadata: what the snapshot covers.
     pub fn openraft(&self) -> crate::SnapshotMeta {
         crate::SnapshotMeta {
-            last_log_id: self.last_log_id.clone(),
+            last_log_id: self.last_log_id,
             last_membership: self.last_membership.clone(),
         }
     }
@@ -288,7 +288,7 @@ pub async fn restore_current(store: &StateStore, dir: &Path) -> Result<Option<Lo
     };
     let (meta, file) = snapshot;
     let file = file.into_std().await;
-    let marker = bincode::serialize(&(meta.last_log_id.clone(), meta.last_membership.clone()))
+    let marker = bincode::serialize(&(meta.last_log_id, meta.last_membership.clone()))
         .map_err(RaftError::Codec)?;
     let store = store.clone();
     let id = meta.snapshot_id.clone();
@@ -324,7 +324,7 @@ pub(crate) async fn open_current(dir: &Path) -> StorageResult<Option<(Meta, toki
     let mut replaced = 0;
     loop {
         match open_current_once(dir).await? {
-            Opened::Current(snapshot) => return Ok(snapshot),
+            Opened::Current(snapshot) => return Ok(*snapshot),
             Opened::Replaced(_) if replaced < 8 => replaced += 1,
             Opened::Replaced(e) => return Err(e),
         }
@@ -332,7 +332,7 @@ pub(crate) async fn open_current(dir: &Path) -> StorageResult<Option<(Meta, toki
 }
 
 enum Opened {
-    Current(Option<(Meta, tokio::fs::File)>),
+    Current(Box<Option<(Meta, tokio::fs::File)>>),
     /// The data file the meta named is gone; the error if it stays so.
     Replaced(std::io::Error),
 }
@@ -341,7 +341,9 @@ async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
     let meta_path = dir.join(CURRENT_META);
     let raw = match tokio::fs::read(&meta_path).await {
         Ok(raw) => raw,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Opened::Current(None)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Opened::Current(Box::new(None)))
+        }
         Err(e) => return Err(e),
     };
     let current: Current = bincode::deserialize(&raw).map_err(|e| {
@@ -387,10 +389,10 @@ async fn open_current_once(dir: &Path) -> StorageResult<Opened> {
             ),
         }));
     }
-    Ok(Opened::Current(Some((
+    Ok(Opened::Current(Box::new(Some((
         current.meta,
         tokio::fs::File::from_std(file),
-    ))))
+    )))))
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ impl StateMachine {
     }
 
     fn marker(&self) -> Result<Vec<u8>, AnyError> {
-        bincode::serialize(&(self.last_applied.clone(), self.membership.clone())).map_err(any)
+        bincode::serialize(&(self.last_applied, self.membership.clone())).map_err(any)
     }
 
     /// Applies `entries` as openraft would, without anyone awaiting their
@@ -182,7 +182,7 @@ impl StateMachine {
             .map_err(|e| werr(any(e)))?
             .map_err(werr)?;
         }
-        self.cover.installed(meta.last_log_id.clone());
+        self.cover.installed(meta.last_log_id);
         let store = self.store.clone();
         let id = meta.snapshot_id.clone();
         let records = tokio::task::spawn_blocking(move || {
@@ -193,7 +193,7 @@ impl StateMachine {
         .await
         .map_err(|e| werr(any(e)))?
         .map_err(|e| werr(any(e)))?;
-        self.last_applied = meta.last_log_id.clone();
+        self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         let marker = self.marker().map_err(werr)?;
         self.store
@@ -214,7 +214,7 @@ impl StateMachine {
             None => format!("none-{}", unique_suffix()),
         };
         Meta {
-            last_log_id: self.last_applied.clone(),
+            last_log_id: self.last_applied,
             last_membership: self.membership.clone(),
             snapshot_id,
         }
@@ -265,7 +265,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
         if promoted {
-            self.cover.built(self.meta.last_log_id.clone());
+            self.cover.built(self.meta.last_log_id);
             tracing::info!(snapshot = %self.meta.snapshot_id, "snapshot built");
         } else {
             // openraft takes the newer one it is handed below, as if built.
@@ -285,7 +285,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = Builder;
 
     async fn applied_state(&mut self) -> StorageResult<(Option<LogId>, StoredMembership)> {
-        Ok((self.last_applied.clone(), self.membership.clone()))
+        Ok((self.last_applied, self.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> StorageResult<()>
@@ -299,12 +299,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let (entry, responder) = item?;
             let started = std::time::Instant::now();
             let log_id = entry.log_id;
-            self.last_applied = Some(log_id.clone());
+            self.last_applied = Some(log_id);
             let cmd = match entry.payload {
                 EntryPayload::Blank => None,
                 EntryPayload::Normal(cmd) => Some(cmd),
                 EntryPayload::Membership(m) => {
-                    self.membership = StoredMembership::new(Some(log_id.clone()), m);
+                    self.membership = StoredMembership::new(Some(log_id), m);
                     None
                 }
             };
@@ -371,7 +371,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             None => format!("none-{}", unique_suffix()),
         });
         let meta = Meta {
-            last_log_id: meta.last_log_id.clone(),
+            last_log_id: meta.last_log_id,
             last_membership: meta.last_membership.clone(),
             snapshot_id,
         };

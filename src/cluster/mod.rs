@@ -54,6 +54,8 @@ pub struct Cluster {
     pub timing: liveness::Timing,
     /// The log's reaper, for the node to run under its supervisor.
     pub reaper: Option<firstseen_raft::log_store::Reaper>,
+    /// See [`Group::incoming`].
+    pub incoming: firstseen_raft::state_machine::Incoming,
 }
 
 /// Raft timing from `[cluster]` (`heartbeat_ms`, `election_timeout_*`).
@@ -228,6 +230,9 @@ pub struct Group {
     /// Storage errors openraft was handed: whether a core that stopped by
     /// itself stopped on the storage or on openraft's own error.
     pub faults: firstseen_raft::StoreFaults,
+    /// Where the peer server names the snapshot it receives, for the state
+    /// machine to check it against (`firstseen_raft::state_machine`).
+    pub incoming: firstseen_raft::state_machine::Incoming,
 }
 
 impl Group {
@@ -256,6 +261,7 @@ impl Group {
         let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
         network.appends = Some(storage.log.append_clock());
         let faults = storage.log.faults();
+        let incoming = storage.state_machine.incoming();
         let raft = Raft::new(
             cx.id,
             Arc::new(raft_config(section, cx.id)?),
@@ -290,6 +296,7 @@ impl Group {
             disk: storage.disk,
             reaper: storage.reaper,
             faults,
+            incoming,
         })
     }
 }
@@ -338,6 +345,7 @@ impl Cluster {
             liveness,
             timing: timing(section),
             reaper: Some(group.reaper),
+            incoming: group.incoming,
         })
     }
 

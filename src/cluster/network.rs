@@ -11,10 +11,15 @@ use tokio::time::Instant;
 
 use firstseen_raft::{AppendClock, Member, NodeId, TypeConfig};
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::errors::decompose::DecomposeResult;
+use openraft::errors::{ReplicationClosed, StreamingError};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::Backoff;
 use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::SnapshotResponse;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft_legacy::network_v1::{
-    Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
+    InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
 };
 
 use super::peers::{Call, CallError};
@@ -39,13 +44,10 @@ impl Network {
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
-    // openraft 0.10 speaks to a peer through its second network trait; the
-    // adapter runs the first one's calls under it, snapshots in chunks as
-    // 0.9 sent them, so a peer of the previous release understands.
-    type Network = Adapter<TypeConfig, PeerClient, tokio::fs::File>;
+    type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
-        Adapter::new(PeerClient {
+        PeerNetwork(PeerClient {
             peers: self.peers.clone(),
             target,
             addr: node.addr.clone(),
@@ -264,6 +266,158 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// openraft 0.10's connection to one peer: appends and votes through the
+/// [`PeerClient`], in the calls and bytes the previous release speaks;
+/// snapshots in that release's chunks by [`send_snapshot`].
+pub struct PeerNetwork(pub PeerClient);
+
+impl RaftNetworkV2<TypeConfig> for PeerNetwork {
+    type SnapshotData = tokio::fs::File;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        RaftNetwork::append_entries(&mut self.0, rpc, option)
+            .await
+            .decompose_infallible()
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        RaftNetwork::vote(&mut self.0, rpc, option)
+            .await
+            .decompose_infallible()
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: firstseen_raft::Vote,
+        snapshot: firstseen_raft::Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        send_snapshot(&mut self.0, vote, snapshot, cancel, option).await
+    }
+
+    // As openraft 0.9 waited between attempts at an unreachable peer.
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(std::iter::repeat(Duration::from_millis(500))))
+    }
+}
+
+/// A chunk of a snapshot, when openraft sets no size: what 0.9 sent.
+const SNAPSHOT_CHUNK: usize = 3 * 1024 * 1024;
+
+/// Attempts at one chunk before the transfer gives up (openraft starts it
+/// again later), with a pause between them: openraft 0.9's rule.
+/// openraft-legacy's sender tried again every millisecond without end.
+const CHUNK_TRIES: u32 = 5;
+const CHUNK_PAUSE: Duration = Duration::from_millis(500);
+
+/// Sends `snapshot` to the peer in openraft 0.9's chunks, named
+/// `<last log id>-<blake3 of its data>`: the receiver checks the data it
+/// assembled against that hash before installing it (`snapshot_files`),
+/// whichever release it runs.
+async fn send_snapshot(
+    client: &mut PeerClient,
+    vote: firstseen_raft::Vote,
+    snapshot: firstseen_raft::Snapshot,
+    cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+    option: RPCOption,
+) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+    use openraft::errors::ErrorSource;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let storage = |e: std::io::Error| {
+        StreamingError::StorageError(openraft::StorageError::read_snapshot(
+            None,
+            <<TypeConfig as openraft::RaftTypeConfig>::ErrorSource as ErrorSource>::from_error(&e),
+        ))
+    };
+    let mut file = snapshot.snapshot;
+    file.seek(std::io::SeekFrom::Start(0))
+        .await
+        .map_err(storage)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut end = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).await.map_err(storage)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        end += n as u64;
+    }
+    let hash = hasher.finalize().to_hex();
+    let snapshot_id = match &snapshot.meta.last_log_id {
+        Some(l) => format!("{}-{}-{hash}", l.leader_id, l.index),
+        None => format!("none-{hash}"),
+    };
+    let meta = openraft_legacy::network_v1::SnapshotMeta::new(snapshot.meta.clone(), snapshot_id);
+    let chunk = option.snapshot_chunk_size().unwrap_or(SNAPSHOT_CHUNK);
+    let mut cancel = std::pin::pin!(cancel);
+    let mut offset = 0u64;
+    loop {
+        file.seek(std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(storage)?;
+        let mut data = Vec::with_capacity(chunk);
+        while data.len() < chunk {
+            let n = (&mut file)
+                .take((chunk - data.len()) as u64)
+                .read_to_end(&mut data)
+                .await
+                .map_err(storage)?;
+            if n == 0 {
+                break;
+            }
+        }
+        let n = data.len() as u64;
+        let done = offset + n >= end;
+        let mut tries = 0;
+        let resp = loop {
+            if let Some(closed) = futures::FutureExt::now_or_never(cancel.as_mut()) {
+                return Err(StreamingError::Closed(closed));
+            }
+            let req = InstallSnapshotRequest {
+                vote,
+                meta: meta.clone(),
+                offset,
+                data: data.clone(),
+                done,
+            };
+            match RaftNetwork::install_snapshot(client, req, option.clone()).await {
+                Ok(resp) => break resp,
+                Err(e) => {
+                    tries += 1;
+                    tracing::warn!(error = %e, offset, tries, "a snapshot chunk was not taken");
+                    if tries >= CHUNK_TRIES {
+                        return Err(match e {
+                            RPCError::Timeout(t) => StreamingError::Timeout(t),
+                            RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                            RPCError::Network(n) => StreamingError::Network(n),
+                            RPCError::RemoteError(r) => StreamingError::Network(NetworkError::new(
+                                &std::io::Error::other(r.to_string()),
+                            )),
+                        });
+                    }
+                    tokio::time::sleep(CHUNK_PAUSE).await;
+                }
+            }
+        };
+        // A higher vote ends the transfer: openraft sees it and steps down.
+        if resp.vote != vote || done {
+            return Ok(SnapshotResponse::new(resp.vote));
+        }
+        offset += n;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,7 +478,7 @@ mod tests {
         let mut client = Network::new(peer.clone())
             .new_client(2, &Member::default())
             .await
-            .into_inner();
+            .0;
         let heartbeat = RPCOption::new(Duration::from_millis(100));
         // Nothing answered yet: waited for.
         assert!(client
@@ -354,7 +508,7 @@ mod tests {
         let mut check = Network::new(peer.clone())
             .new_client(2, &Member::default())
             .await
-            .into_inner();
+            .0;
         assert!(check.append_entries(append(0), heartbeat).await.is_ok());
         assert_eq!(*peer.with_entries.lock().unwrap(), 1);
     }

@@ -71,6 +71,10 @@ pub struct PeerService {
     /// Snapshot chunks are checked against what has arrived before Raft
     /// writes them (see [`wire::SnapshotProgress`]).
     pub snapshot: std::sync::Mutex<wire::SnapshotProgress>,
+    /// The id the snapshot's sender gave it, handed to the state machine
+    /// with the last chunk: it ends with the data's blake3, which openraft
+    /// 0.10 does not carry to the state machine.
+    pub incoming: firstseen_raft::state_machine::Incoming,
 }
 
 /// Accepts peer connections until `shutdown`, and waits for them to end.
@@ -378,6 +382,9 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
                         },
                     }),
                 )));
+            }
+            if r.done {
+                *firstseen_store::lock::lock(&svc.incoming) = Some(r.meta.snapshot_id.clone());
             }
             let result = svc.raft.install_snapshot(r).await;
             if result.is_ok() {

@@ -29,6 +29,8 @@ pub struct Links {
     pub liveness: Arc<Liveness>,
     /// The peer network, for pre-votes.
     pub call: Arc<dyn Call>,
+    /// Where the peer server names the snapshot it receives.
+    pub incoming: firstseen_raft::state_machine::Incoming,
 }
 
 /// The services, not yet running.
@@ -57,6 +59,7 @@ pub fn build(
         liveness: links.liveness.clone(),
         timing,
         snapshot: Default::default(),
+        incoming: links.incoming,
     });
     // Before the peer service or the driver runs: a node whose log was set
     // aside must not grant a single vote until it has caught up.

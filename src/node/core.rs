@@ -60,6 +60,8 @@ pub struct Parts {
     pub disk: Arc<DiskSpace>,
     /// Which messages at the end of a topic are this cluster's.
     pub ours: crate::publish::tail::Ours,
+    /// Where the peer server names the snapshot it receives.
+    pub incoming: firstseen_raft::state_machine::Incoming,
 }
 
 /// When each task stops. The node cancels them in this order; a simulated
@@ -145,6 +147,7 @@ impl Core {
                 disk: parts.disk.clone(),
                 liveness: parts.liveness.clone(),
                 call: ports.call,
+                incoming: parts.incoming.clone(),
             },
             stops.services,
         );

@@ -129,6 +129,7 @@ pub async fn run(
             tls: cluster.tls.clone(),
             disk: disk.clone(),
             ours: ours.clone(),
+            incoming: cluster.incoming.clone(),
         },
         Ports {
             call: Arc::new(cluster.peers.clone()),

@@ -325,7 +325,7 @@ impl LogStore {
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StorageResult<Option<T>> {
-        let raw = self.meta.get(key).map_err(|e| std::io::Error::other(e))?;
+        let raw = self.meta.get(key).map_err(std::io::Error::other)?;
         match raw {
             Some(raw) => Ok(Some(decode(&raw).map_err(std::io::Error::other)?)),
             None => Ok(None),
@@ -335,9 +335,7 @@ impl LogStore {
     /// Writes a metadata record and syncs the log, off the runtime's threads.
     async fn put_meta<T: serde::Serialize>(&self, key: &[u8], v: &T) -> StorageResult<()> {
         let raw = encode(v).map_err(std::io::Error::other)?;
-        self.meta
-            .insert(key, raw)
-            .map_err(|e| std::io::Error::other(e))?;
+        self.meta.insert(key, raw).map_err(std::io::Error::other)?;
         self.sync().await.map_err(std::io::Error::other)?;
         Ok(())
     }
@@ -390,12 +388,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         .max(self.first_kept.load(Ordering::Acquire));
         let mut out = Vec::new();
         for item in self.log.range(start.to_be_bytes()..) {
-            let (k, v) = item.map_err(|e| std::io::Error::other(e))?;
-            let index = u64::from_be_bytes(
-                k.as_ref()
-                    .try_into()
-                    .map_err(|e| std::io::Error::other(e))?,
-            );
+            let (k, v) = item.map_err(std::io::Error::other)?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().map_err(std::io::Error::other)?);
             if !range.contains(&index) {
                 break;
             }
@@ -414,7 +408,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
         let last_purged_log_id: Option<LogId> = self.get_meta(LAST_PURGED)?;
-        let last = match self.log.last().map_err(|e| std::io::Error::other(e))? {
+        let last = match self.log.last().map_err(std::io::Error::other)? {
             Some((_, v)) => {
                 let e: Entry = decode(&v).map_err(std::io::Error::other)?;
                 // Purged entries not yet deleted do not count.
@@ -448,7 +442,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let raw = encode(&committed).map_err(std::io::Error::other)?;
         self.meta
             .insert(COMMITTED, raw)
-            .map_err(|e| std::io::Error::other(e))?;
+            .map_err(std::io::Error::other)?;
         Ok(())
     }
 
@@ -480,7 +474,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             bytes += raw.len() as u64;
             self.log
                 .insert(entry.log_id.index.to_be_bytes(), raw)
-                .map_err(|e| std::io::Error::other(e))?;
+                .map_err(std::io::Error::other)?;
             last = Some(entry.log_id);
         }
         // The benchmark reports Raft entries and bytes per second from these.
@@ -513,10 +507,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut w = lock(&self.written);
             w.generation += 1;
-            w.last = w.last.clone().min(before.clone());
+            w.last = w.last.min(before);
         }
-        let keep = before.clone();
-        self.guard(move |m| m.durable = m.durable.clone().min(keep))
+        let keep = before;
+        self.guard(move |m| m.durable = m.durable.min(keep))
             .await
             .map_err(std::io::Error::other)?;
         let mut batch = sled::Batch::default();
@@ -535,7 +529,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.cover
             .wait_until_covered(log_id)
             .await
-            .map_err(|e| std::io::Error::other(e))?;
+            .map_err(std::io::Error::other)?;
         // The state is written in checkpoints to its own database. Entries
         // up to `log_id` are applied, but maybe not yet durably: were they
         // purged first, a crash would leave applied state that can be neither
@@ -543,8 +537,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || state.flush())
             .await
-            .map_err(|e| std::io::Error::other(e))?
-            .map_err(|e| std::io::Error::other(e))?;
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
         // Record the purge point first: a crash between the two steps leaves
         // extra entries, never a hole openraft does not know about.
         self.put_meta(LAST_PURGED, &log_id).await?;
