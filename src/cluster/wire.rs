@@ -530,14 +530,13 @@ mod tests {
     /// struct), so this pins what the running release sends.
     #[test]
     fn raft_messages_and_replies_keep_their_bytes() {
-        use openraft::error::{Fatal, SnapshotMismatch};
-        use openraft::{SnapshotMeta, SnapshotSegmentId, StoredMembership, Vote};
+        use openraft::error::Fatal;
+        use openraft_legacy::network_v1::{SnapshotMeta, SnapshotMismatch, SnapshotSegmentId};
         let le = |v: u64| v.to_le_bytes().to_vec();
         let tag = |v: u32| v.to_le_bytes().to_vec();
         let vote =
             |term, node, committed: bool| [le(term), le(node), vec![committed as u8]].concat();
-        let id =
-            |term, node, index| LogId::new(openraft::CommittedLeaderId::new(term, node), index);
+        let id = firstseen_raft::log_id;
         // An Option's tag, then the id's term, node and index.
         let some_id = |term, node, index| [vec![1u8], le(term), le(node), le(index)].concat();
         let text = |s: &str| [le(s.len() as u64), s.as_bytes().to_vec()].concat();
@@ -545,7 +544,9 @@ mod tests {
             bincode::serialize(v).expect("encodes")
         }
 
-        let ask = Request::Vote(VoteRequest {
+        // openraft 0.10's VoteRequest grew a field: votes travel as
+        // firstseen's own VoteAsk, in 0.9's layout.
+        let ask = Request::Vote(VoteAsk {
             vote: Vote::new(5, 2),
             last_log_id: Some(id(4, 1, 9)),
         });
@@ -563,7 +564,7 @@ mod tests {
         let append = Request::AppendEntries(AppendEntriesRequest {
             vote: Vote::new_committed(5, 2),
             prev_log_id: Some(id(5, 2, 9)),
-            entries: vec![openraft::Entry {
+            entries: vec![firstseen_raft::Entry {
                 log_id: id(5, 2, 10),
                 payload: openraft::EntryPayload::Blank,
             }],
@@ -591,11 +592,13 @@ mod tests {
 
         let chunk = Request::InstallSnapshot(InstallSnapshotRequest {
             vote: Vote::new_committed(5, 2),
-            meta: SnapshotMeta {
-                last_log_id: Some(id(4, 1, 9)),
-                last_membership: StoredMembership::default(),
-                snapshot_id: "s-1".into(),
-            },
+            meta: SnapshotMeta::new(
+                openraft::alias::SnapshotMetaOf::<TypeConfig> {
+                    last_log_id: Some(id(4, 1, 9)),
+                    last_membership: Default::default(),
+                },
+                "s-1".into(),
+            ),
             offset: 7,
             data: vec![0xab, 0xcd],
             done: true,
