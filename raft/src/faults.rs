@@ -171,10 +171,7 @@ impl RaftStateMachine<TypeConfig> for Watched<StateMachine> {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        Watched::new(
-            self.inner.get_snapshot_builder().await,
-            self.faults.clone(),
-        )
+        Watched::new(self.inner.get_snapshot_builder().await, self.faults.clone())
     }
 
     async fn install_snapshot(

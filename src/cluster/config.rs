@@ -99,6 +99,13 @@ pub struct ClusterConfig {
     // before levels must not name it (every key is checked there).
     #[serde(default, skip_serializing_if = "UpgradeMode::is_auto")]
     pub upgrade: UpgradeMode,
+    /// Whether a leader sends a follower its next append before the
+    /// previous one is answered (openraft 0.10's pipelined replication):
+    /// one round trip less per commit between zones. Every member must run
+    /// a release whose peer server hands a connection's appends to Raft in
+    /// order (`cluster::lane`). Off until a cluster level says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pipeline_appends: bool,
 }
 
 impl Default for ClusterConfig {
@@ -116,6 +123,7 @@ impl Default for ClusterConfig {
             election_timeout_min_ms: None,
             election_timeout_max_ms: None,
             upgrade: Default::default(),
+            pipeline_appends: false,
         }
     }
 }

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod elect;
 pub mod frames;
+pub mod lane;
 pub mod liveness;
 pub mod network;
 pub mod peers;
@@ -260,6 +261,7 @@ impl Group {
         };
         let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
         network.appends = Some(storage.log.append_clock());
+        network.pipeline = section.pipeline_appends;
         let faults = storage.log.faults();
         let incoming = storage.state_machine.incoming();
         let raft = Raft::new(

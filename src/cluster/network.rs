@@ -10,13 +10,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use firstseen_raft::{AppendClock, Member, NodeId, TypeConfig};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::errors::decompose::DecomposeResult;
 use openraft::errors::{ReplicationClosed, StreamingError};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::Backoff;
-use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory};
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft_legacy::network_v1::{
     InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
@@ -32,6 +36,8 @@ pub struct Network {
     /// When this node wrote recent entries: the start of the `to_send` leg
     /// (`firstseen_commit_leg_seconds`). Set once the log is open.
     pub appends: Option<AppendClock>,
+    /// Whether appends are pipelined (`cluster.pipeline_appends`).
+    pub pipeline: bool,
 }
 
 impl Network {
@@ -39,6 +45,7 @@ impl Network {
         Self {
             peers,
             appends: None,
+            pipeline: false,
         }
     }
 }
@@ -54,6 +61,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             appends: self.appends.clone(),
             answered_at: None,
             sent_upto: 0,
+            pipeline: self.pipeline,
         })
     }
 }
@@ -71,6 +79,8 @@ pub struct PeerClient {
     /// The highest index this client has sent, so that the `to_send` leg
     /// counts each entry's first send only.
     sent_upto: u64,
+    /// Whether appends are pipelined (`cluster.pipeline_appends`).
+    pipeline: bool,
 }
 
 /// The shortest time an RPC that writes on the peer (an append with
@@ -82,24 +92,58 @@ pub struct PeerClient {
 /// matters where openraft's own budget is longer than what it passes here.
 const WRITE_TTL_FLOOR: Duration = Duration::from_millis(500);
 
+/// A failed call as openraft backs off on it.
+fn call_error<E: std::error::Error>(e: CallError) -> RPCError<TypeConfig, E> {
+    match e {
+        CallError::Unreachable { .. }
+        | CallError::Handshake { .. }
+        | CallError::WrongPeer { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+        other => RPCError::Network(NetworkError::new(&other)),
+    }
+}
+
+/// The peer would not take a write now: openraft backs off as for an
+/// unreachable node.
+fn refused_error<E: std::error::Error>(addr: &str, reason: String) -> RPCError<TypeConfig, E> {
+    let e = CallError::Protocol {
+        addr: addr.to_string(),
+        reason: format!("refused: {reason}"),
+    };
+    RPCError::Unreachable(Unreachable::new(&e))
+}
+
+fn unexpected_error<E: std::error::Error>(addr: &str) -> RPCError<TypeConfig, E> {
+    let e = CallError::Protocol {
+        addr: addr.to_string(),
+        reason: "reply of the wrong kind".into(),
+    };
+    RPCError::Network(NetworkError::new(&e))
+}
+
+/// Records the `to_send` leg for the entries `first..=last`, each at its
+/// first send (`sent_upto` is the highest sent so far).
+fn note_first_sends(appends: Option<&AppendClock>, sent_upto: &mut u64, first: u64, last: u64) {
+    if let Some(appends) = appends {
+        let now = Instant::now();
+        let h = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "to_send");
+        for index in first.max(*sent_upto + 1)..=last {
+            if let Some(at) = appends.written_at(index) {
+                h.record(now.into_std().saturating_duration_since(at).as_secs_f64());
+            }
+        }
+    }
+    *sent_upto = (*sent_upto).max(last);
+}
+
 impl PeerClient {
     fn map_err<E: std::error::Error>(&self, e: CallError) -> RPCError<TypeConfig, E> {
-        match e {
-            CallError::Unreachable { .. }
-            | CallError::Handshake { .. }
-            | CallError::WrongPeer { .. } => RPCError::Unreachable(Unreachable::new(&e)),
-            other => RPCError::Network(NetworkError::new(&other)),
-        }
+        call_error(e)
     }
 
     /// The peer would not take a write now: openraft backs off as for an
     /// unreachable node.
     fn refused<E: std::error::Error>(&self, reason: String) -> RPCError<TypeConfig, E> {
-        let e = CallError::Protocol {
-            addr: self.addr.clone(),
-            reason: format!("refused: {reason}"),
-        };
-        RPCError::Unreachable(Unreachable::new(&e))
+        refused_error(&self.addr, reason)
     }
 
     /// Whether the peer accepted one of this client's appends within half
@@ -151,24 +195,11 @@ impl PeerClient {
     /// Records the `to_send` leg for the entries `first..=last` this client
     /// sends for the first time.
     fn note_sent(&mut self, first: u64, last: u64) {
-        if let Some(appends) = &self.appends {
-            let now = Instant::now();
-            let h = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "to_send");
-            for index in first.max(self.sent_upto + 1)..=last {
-                if let Some(at) = appends.written_at(index) {
-                    h.record(now.into_std().saturating_duration_since(at).as_secs_f64());
-                }
-            }
-        }
-        self.sent_upto = self.sent_upto.max(last);
+        note_first_sends(self.appends.as_ref(), &mut self.sent_upto, first, last);
     }
 
     fn unexpected<E: std::error::Error>(&self) -> RPCError<TypeConfig, E> {
-        let e = CallError::Protocol {
-            addr: self.addr.clone(),
-            reason: "reply of the wrong kind".into(),
-        };
-        RPCError::Network(NetworkError::new(&e))
+        unexpected_error(&self.addr)
     }
 }
 
@@ -180,7 +211,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>>
     {
         let empty = rpc.entries.is_empty();
-        if empty && self.heard_lately(option.hard_ttl()) {
+        // Pipelined, the stream does not wait behind a commit-only append,
+        // so every one is waited for (and a lease counts only replies).
+        if empty && !self.pipeline && self.heard_lately(option.hard_ttl()) {
             return Err(self.send_unawaited(rpc, option.hard_ttl()));
         }
         if let (Some(first), Some(last)) = (rpc.entries.first(), rpc.entries.last()) {
@@ -304,10 +337,146 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         send_snapshot(&mut self.0, vote, snapshot, cancel, option).await
     }
 
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        if !self.0.pipeline {
+            return stream_append_sequential(self, input, option);
+        }
+        Box::pin(async move { Ok(pipelined(&mut self.0, input, option)) })
+    }
+
     // As openraft 0.9 waited between attempts at an unreachable peer.
     fn backoff(&self) -> Option<Backoff> {
         Some(Backoff::new(std::iter::repeat(Duration::from_millis(500))))
     }
+}
+
+/// How many appends a pipelined stream has on their way at most; openraft
+/// sends no more than its own window anyway.
+const PIPELINE: usize = 64;
+
+/// One append on its way, with what its answer is judged against.
+struct Sent {
+    reply: BoxFuture<'static, Result<Reply, CallError>>,
+    prev: Option<firstseen_raft::LogId>,
+    last: Option<firstseen_raft::LogId>,
+    empty: bool,
+    at: Instant,
+}
+
+/// openraft's appends to one follower, each sent as soon as openraft hands
+/// it over, on one connection, in order: the follower's lane hands them to
+/// its Raft in that order (`cluster::lane`). The answers come back in
+/// order; the stream ends at the first refusal or failure, and when the
+/// connection changes (a request on a new connection could overtake one
+/// still on the old).
+fn pipelined<'s, S>(
+    client: &'s mut PeerClient,
+    mut input: S,
+    option: RPCOption,
+) -> BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+{
+    let (peers, target, addr) = (client.peers.clone(), client.target, client.addr.clone());
+    let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
+    metrics::counter!("firstseen_raft_append_streams_total", "kind" => "pipelined").increment(1);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sent, CallError>>(PIPELINE);
+    let appends = client.appends.clone();
+    let from = client.sent_upto;
+    let sender = {
+        let addr = addr.clone();
+        async move {
+            let mut conn = None;
+            let mut sent_upto = from;
+            while let Some(req) = input.next().await {
+                let (prev, empty) = (req.prev_log_id, req.entries.is_empty());
+                let last = req.entries.last().map(|e| e.log_id).or(prev);
+                if let (Some(first), Some(l)) = (req.entries.first(), req.entries.last()) {
+                    note_first_sends(
+                        appends.as_ref(),
+                        &mut sent_upto,
+                        first.log_id.index,
+                        l.log_id.index,
+                    );
+                }
+                let request = Request::AppendEntries(req);
+                let item = match peers.queue(target, &addr, &request, ttl).await {
+                    Ok(q) if conn.is_none_or(|c| c == q.conn) => {
+                        conn = Some(q.conn);
+                        Ok(Sent {
+                            reply: q.reply,
+                            prev,
+                            last,
+                            empty,
+                            at: Instant::now(),
+                        })
+                    }
+                    Ok(_) => Err(CallError::Lost {
+                        addr: addr.clone(),
+                        reason: "the connection changed under a pipelined stream".into(),
+                    }),
+                    Err(e) => Err(e),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        }
+    };
+    // On openraft's runtime, so a node the simulation pauses sends nothing
+    // while paused. It ends once the stream is dropped (its receiver).
+    <firstseen_raft::runtime::GatedTokio as openraft::AsyncRuntime>::spawn(sender);
+    let out = futures::stream::unfold(Some(rx), move |state| {
+        let addr = addr.clone();
+        async move {
+            let mut rx = state?;
+            let sent = match rx.recv().await? {
+                Ok(sent) => sent,
+                Err(e) => return Some((Err(call_error(e)), None)),
+            };
+            let answer: Result<
+                AppendEntriesResponse<TypeConfig>,
+                RPCError<TypeConfig, RaftError<TypeConfig>>,
+            > = match sent.reply.await {
+                Ok(Reply::AppendEntries(Ok(r))) => Ok(r),
+                Ok(Reply::AppendEntries(Err(e))) => {
+                    Err(RPCError::RemoteError(RemoteError::new(target, e)))
+                }
+                Ok(Reply::Refused(reason)) => Err(refused_error(&addr, reason)),
+                Ok(_) => Err(unexpected_error(&addr)),
+                Err(e) => Err(call_error(e)),
+            };
+            let r = match answer.decompose_infallible() {
+                Ok(r) => r,
+                Err(e) => return Some((Err(e), None)),
+            };
+            let kind = if sent.empty { "empty" } else { "entries" };
+            metrics::counter!("firstseen_raft_appends_total", "kind" => kind).increment(1);
+            let leg = if sent.empty { "heartbeat" } else { "append" };
+            metrics::histogram!("firstseen_commit_leg_seconds", "leg" => leg)
+                .record(sent.at.elapsed().as_secs_f64());
+            // Part of it only: what follows would leave a gap.
+            let partial = matches!(&r, AppendEntriesResponse::PartialSuccess(m) if *m != sent.last);
+            let r = r.into_stream_result(sent.prev, sent.last);
+            let go_on = r.is_ok() && !partial;
+            Some((Ok(r), go_on.then_some(rx)))
+        }
+    });
+    Box::pin(out)
 }
 
 /// A chunk of a snapshot, when openraft sets no size: what 0.9 sent.

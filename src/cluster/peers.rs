@@ -106,6 +106,37 @@ pub trait Call: Send + Sync + 'static {
         request: &'a Request,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Reply, CallError>>;
+
+    /// Sends `request` and returns once it is on its way, with its reply to
+    /// come. Requests queued one after another on the same connection
+    /// (`Queued::conn`) reach the peer in that order. Without a transport
+    /// that keeps order, each request is its own connection, so a caller
+    /// that relies on order waits for each reply.
+    fn queue<'a>(
+        &'a self,
+        node: NodeId,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Queued, CallError>> {
+        static ALONE: AtomicU64 = AtomicU64::new(1 << 63);
+        let conn = ALONE.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async move {
+            let reply = self.call(node, addr, request, timeout).await;
+            Ok(Queued {
+                conn,
+                reply: Box::pin(async move { reply }),
+            })
+        })
+    }
+}
+
+/// A request on its way ([`Call::queue`]).
+pub struct Queued {
+    /// The connection carrying it.
+    pub conn: u64,
+    /// Its reply, or why there is none, within the call's timeout.
+    pub reply: BoxFuture<'static, Result<Reply, CallError>>,
 }
 
 impl Call for Peers {
@@ -118,7 +149,20 @@ impl Call for Peers {
     ) -> BoxFuture<'a, Result<Reply, CallError>> {
         Box::pin(Peers::call(self, node, addr, request, timeout))
     }
+
+    fn queue<'a>(
+        &'a self,
+        node: NodeId,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Queued, CallError>> {
+        Box::pin(Peers::queue(self, node, addr, request, timeout))
+    }
 }
+
+/// Numbers connections, so a caller can tell when its requests changed one.
+static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 
 type Waiter = oneshot::Sender<Result<Reply, CallError>>;
 
@@ -132,6 +176,8 @@ struct Conn {
     frames: mpsc::Sender<Vec<u8>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
+    /// This connection's number ([`Queued::conn`]).
+    serial: u64,
     /// Cancelled when either half fails.
     closed: CancellationToken,
     /// The peer's node id, from the handshake.
@@ -392,6 +438,7 @@ impl Peers {
             frames,
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            serial: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
             closed: closed.clone(),
             peer,
             last_frame: Mutex::new(Instant::now()),
@@ -445,6 +492,18 @@ impl Peers {
                     })
                 });
         }
+        self.queue(node, addr, request, timeout).await?.reply.await
+    }
+
+    /// Sends `request` on the peer's connection and returns once it is
+    /// queued for writing, with its reply to come ([`Call::queue`]).
+    pub async fn queue(
+        &self,
+        node: NodeId,
+        addr: &str,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<Queued, CallError> {
         let link = self.link(node, addr);
         let conn = self.connection(&link).await?;
         let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
@@ -455,7 +514,8 @@ impl Peers {
             })?;
         let (tx, rx) = oneshot::channel();
         lock(&conn.pending).insert(id, tx);
-        let lost = || CallError::Lost {
+        let addr = addr.to_string();
+        let lost = |addr: &str| CallError::Lost {
             addr: addr.into(),
             reason: "connection closed".into(),
         };
@@ -463,38 +523,33 @@ impl Peers {
         if !matches!(sent, Ok(Ok(()))) {
             lock(&conn.pending).remove(&id);
             return Err(match sent {
-                Err(_) => CallError::Timeout {
-                    addr: addr.into(),
-                    timeout,
-                },
-                _ => lost(),
+                Err(_) => CallError::Timeout { addr, timeout },
+                _ => lost(&addr),
             });
         }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(_)) => Err(lost()),
-            Err(_) => {
-                lock(&conn.pending).remove(&id);
-                // Nothing at all came back for a while: the connection is
-                // dead without knowing it. Drop it so the next request dials
-                // again.
-                if lock(&conn.last_frame).elapsed() >= timeout.max(SILENT_DEAD) {
-                    conn.closed.cancel();
+        let serial = conn.serial;
+        let reply = async move {
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(_)) => Err(lost(&addr)),
+                Err(_) => {
+                    lock(&conn.pending).remove(&id);
+                    // Nothing at all came back for a while: the connection is
+                    // dead without knowing it. Drop it so the next request
+                    // dials again.
+                    if lock(&conn.last_frame).elapsed() >= timeout.max(SILENT_DEAD) {
+                        conn.closed.cancel();
+                    }
+                    Err(CallError::Timeout { addr, timeout })
                 }
-                Err(CallError::Timeout {
-                    addr: addr.into(),
-                    timeout,
-                })
             }
-        }
+        };
+        Ok(Queued {
+            conn: serial,
+            reply: Box::pin(reply),
+        })
     }
-}
 
-impl Peers {
-    /// One request on a connection of its own, closed after the answer: for
-    /// a request a node of an older release may not decode. Such a node
-    /// closes the connection it came on, and the shared one carries every
-    /// Raft RPC to it.
     async fn call_alone(
         &self,
         node: NodeId,

@@ -8,9 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use firstseen_raft::{NodeId, Raft};
+use firstseen_raft::{NodeId, Raft, TypeConfig};
 use firstseen_store::{Batch, Outcome};
 use futures::future::BoxFuture;
+use openraft::error::RaftError;
 use openraft::raft::AppendEntriesResponse;
 use openraft_legacy::network_v1::{
     ChunkedSnapshotReceiver, InstallSnapshotError, SnapshotMismatch, SnapshotSegmentId,
@@ -224,6 +225,9 @@ async fn connection(
     let handlers = TaskTracker::new();
     let writer = handlers.spawn(write_frames(wr, seal, out, done.clone()));
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN));
+    // This connection's appends reach Raft in the order they arrived.
+    let (lane, lane_task) = super::lane::Lane::new(svc.clone(), done.clone());
+    handlers.spawn(lane_task);
     let mut incoming = FrameReader::new(rd, check);
     let result = loop {
         let read = tokio::select! {
@@ -240,10 +244,23 @@ async fn connection(
             break Ok(());
         };
         let (svc, replies, gone) = (svc.clone(), replies.clone(), done.clone());
+        // Queued here, on the reader, so that the lane has them in order.
+        let laned = match env.body {
+            Request::AppendEntries(r) => Ok(lane.submit(r)),
+            other => Err(other),
+        };
         handlers.spawn(async move {
             let _slot = slot;
+            let serve = async {
+                match laned {
+                    // A lane that ended answers nothing: the connection is
+                    // closing.
+                    Ok(answer) => answer.await.ok(),
+                    Err(request) => Some(dispatch(&svc, request).await),
+                }
+            };
             let reply = tokio::select! {
-                r = dispatch(&svc, env.body) => r,
+                Some(r) = serve => r,
                 // The reply would have nowhere to go. What the request
                 // started goes on without it: openraft still applies an
                 // append, the coalescer still commits a forward, and the
@@ -299,6 +316,44 @@ async fn handshake(
     Ok((node, out, inn))
 }
 
+/// What a follower notes of an append it answered, however it reached Raft
+/// (`dispatch` or a connection's [`super::lane`]).
+pub(super) fn after_append(
+    svc: &PeerService,
+    entries: usize,
+    prev: Option<firstseen_raft::LogId>,
+    took: std::time::Duration,
+    result: &Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>,
+) {
+    if entries > 0 {
+        // The follower's side of an append: its log write and sync.
+        metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "follower_append")
+            .record(took.as_secs_f64());
+    }
+    // openraft's leader gives the whole append one heartbeat; one
+    // that takes longer here is lost to the leader and sent again.
+    if took > svc.timing.heartbeat {
+        metrics::counter!("firstseen_raft_slow_appends_total").increment(1);
+        tracing::debug!(
+            entries,
+            prev = ?prev,
+            took_ms = took.as_millis() as u64,
+            result = ?result.as_ref().map_err(|e| e.to_string()),
+            "append took longer than the leader waits"
+        );
+    }
+    // Accepted from a leader whose term this node follows (a
+    // conflict too: the leader is alive, only the logs differ).
+    if matches!(
+        result,
+        Ok(AppendEntriesResponse::Success
+            | AppendEntriesResponse::PartialSuccess(_)
+            | AppendEntriesResponse::Conflict)
+    ) {
+        svc.liveness.leader_contact();
+    }
+}
+
 /// Serves one request from an authenticated peer. Public for the
 /// whole-cluster simulation, whose network hands requests straight to it.
 pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
@@ -325,34 +380,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             let started = std::time::Instant::now();
             let (entries, prev) = (r.entries.len(), r.prev_log_id);
             let result = svc.raft.append_entries(r).await;
-            let took = started.elapsed();
-            if entries > 0 {
-                // The follower's side of an append: its log write and sync.
-                metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "follower_append")
-                    .record(took.as_secs_f64());
-            }
-            // openraft's leader gives the whole append one heartbeat; one
-            // that takes longer here is lost to the leader and sent again.
-            if took > svc.timing.heartbeat {
-                metrics::counter!("firstseen_raft_slow_appends_total").increment(1);
-                tracing::debug!(
-                    entries,
-                    prev = ?prev,
-                    took_ms = took.as_millis() as u64,
-                    result = ?result.as_ref().map_err(|e| e.to_string()),
-                    "append took longer than the leader waits"
-                );
-            }
-            // Accepted from a leader whose term this node follows (a
-            // conflict too: the leader is alive, only the logs differ).
-            if matches!(
-                result,
-                Ok(AppendEntriesResponse::Success
-                    | AppendEntriesResponse::PartialSuccess(_)
-                    | AppendEntriesResponse::Conflict)
-            ) {
-                svc.liveness.leader_contact();
-            }
+            after_append(svc, entries, prev, started.elapsed(), &result);
             Reply::AppendEntries(result)
         }
         // Rejoining with a set-aside log: a vote could elect a candidate
