@@ -69,7 +69,7 @@ use std::time::Duration;
 use firstseen::clock::Clock;
 use firstseen::cluster::liveness::Liveness;
 use firstseen::cluster::network::Network;
-use firstseen::cluster::peers::{Call, CallError, SILENT_DEAD};
+use firstseen::cluster::peers::{Call, CallError, Queued, SILENT_DEAD};
 use firstseen::cluster::server::{dispatch, PeerService};
 use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
 use firstseen::cluster::Group;
@@ -165,6 +165,12 @@ struct World {
     calls: BTreeMap<NodeId, u64>,
     /// Nodes whose Raft the harness stops on purpose.
     stopping: BTreeSet<NodeId>,
+    /// Each connection's pipe of appends (see `pipe`), by (from, to), with
+    /// its number; and the next number.
+    pipes: BTreeMap<(NodeId, NodeId), (u64, mpsc::UnboundedSender<Piped>)>,
+    next_pipe: u64,
+    /// Appends a pipelined stream queued without waiting (for the trace).
+    queued: u64,
     /// Nodes whose openraft stopped its core on its own race, each with
     /// the life it stopped in and when it starts again: their storage
     /// watchdog exits them, and the harness restarts them as their
@@ -323,30 +329,172 @@ enum Leg {
     Refused,
 }
 
+/// What the network does to one leg from `from` to `to`.
+fn leg(world: &Shared, from: NodeId, to: NodeId) -> Leg {
+    let mut w = lock(world);
+    if w.down.contains(&to) {
+        return Leg::Refused;
+    }
+    if w.cut.contains(&to) || w.cut.contains(&from) {
+        return Leg::Lost;
+    }
+    if w.apart.contains(&to) != w.apart.contains(&from) {
+        return Leg::Lost;
+    }
+    let loss = w.loss;
+    if w.rng.below(1_000) < loss {
+        return Leg::Lost;
+    }
+    // Mostly a millisecond or two; now and then a stall.
+    if w.rng.below(50) == 0 {
+        Leg::Delay(w.rng.ms(20, 150))
+    } else {
+        Leg::Delay(w.rng.ms(0, 2))
+    }
+}
+
+/// One append on a pipe, with where its reply goes.
+struct Piped {
+    req: openraft::raft::AppendEntriesRequest<firstseen_raft::TypeConfig>,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// One connection's appends from `from` to `to`, in order, as TCP carries
+/// them: each waits behind the one before it (a stall holds up the rest),
+/// a lost one breaks the connection (nothing after it arrives, and its
+/// callers time out and close it), and on arrival each goes to the
+/// receiving node's lane (`cluster::lane`), as the peer server hands a
+/// connection's appends over. Replies travel back on legs of their own.
+async fn pipe(
+    world: Shared,
+    services: Services,
+    from: NodeId,
+    to: NodeId,
+    id: u64,
+    mut rx: mpsc::UnboundedReceiver<Piped>,
+) {
+    let mut broken = false;
+    // A broken pipe takes no more: the next append opens a new one, as a
+    // client redials (and a pipelined stream that sees the change ends).
+    let close = |world: &Shared| {
+        let mut w = lock(world);
+        if w.pipes.get(&(from, to)).is_some_and(|(n, _)| *n == id) {
+            w.pipes.remove(&(from, to));
+        }
+    };
+    let mut held = Vec::new();
+    let mut lane: Option<(Arc<PeerService>, firstseen::cluster::lane::Lane)> = None;
+    while let Some(item) = rx.recv().await {
+        if !broken {
+            match leg(&world, from, to) {
+                Leg::Refused => {
+                    // The node is down: the reply sender is dropped, and
+                    // the caller hears the connection closed.
+                    broken = true;
+                }
+                Leg::Lost => broken = true,
+                Leg::Delay(d) => tokio::time::sleep(d).await,
+            }
+        }
+        if broken {
+            close(&world);
+            held.push(item);
+            continue;
+        }
+        running(pause_of(&world, to)).await;
+        let Some(service) = lock(&services).get(&to).cloned() else {
+            broken = true;
+            held.push(item);
+            continue;
+        };
+        if !lane.as_ref().is_some_and(|(s, _)| Arc::ptr_eq(s, &service)) {
+            // A node that restarted has a new lane (a new process).
+            let Some(life) = lock(&world).lives.get(&to).cloned() else {
+                broken = true;
+                held.push(item);
+                continue;
+            };
+            let (l, task) = firstseen::cluster::lane::Lane::new(service.clone(), life);
+            let gate = || Gate(pause_of(&world, to));
+            tokio::spawn(gate().scope(gate().run(task)));
+            lane = Some((service, l));
+        }
+        let (_, l) = lane.as_ref().expect("set above");
+        let answer = l.submit(item.req);
+        let world = world.clone();
+        tokio::spawn(async move {
+            let Ok(reply) = answer.await else {
+                return;
+            };
+            match leg(&world, to, from) {
+                Leg::Refused => return,
+                Leg::Lost => std::future::pending::<()>().await,
+                Leg::Delay(d) => tokio::time::sleep(d).await,
+            }
+            let _ = item.reply.send(reply);
+        });
+    }
+    drop(held);
+}
+
 impl SimCall {
     fn leg(&self, to: NodeId) -> Leg {
-        let mut w = lock(&self.world);
-        if w.down.contains(&to) {
-            return Leg::Refused;
-        }
-        if w.cut.contains(&to) || w.cut.contains(&self.from) {
-            return Leg::Lost;
-        }
-        if w.apart.contains(&to) != w.apart.contains(&self.from) {
-            return Leg::Lost;
-        }
-        let loss = w.loss;
-        if w.rng.below(1_000) < loss {
-            return Leg::Lost;
-        }
-        // Mostly a millisecond or two; now and then a stall.
-        if w.rng.below(50) == 0 {
-            Leg::Delay(w.rng.ms(20, 150))
-        } else {
-            Leg::Delay(w.rng.ms(0, 2))
-        }
+        leg(&self.world, self.from, to)
     }
 
+    /// Puts an append on the connection's pipe to `to` (see `pipe`):
+    /// the pipe's number and the reply to come.
+    fn pipe_send(
+        &self,
+        addr: &str,
+        to: NodeId,
+        req: openraft::raft::AppendEntriesRequest<firstseen_raft::TypeConfig>,
+    ) -> Result<(u64, oneshot::Receiver<Reply>), CallError> {
+        let (reply, rx) = oneshot::channel();
+        let mut w = lock(&self.world);
+        let (id, tx) = match w.pipes.get(&(self.from, to)) {
+            Some((id, tx)) if !tx.is_closed() => (*id, tx.clone()),
+            _ => {
+                let id = w.next_pipe;
+                w.next_pipe += 1;
+                let (tx, prx) = mpsc::unbounded_channel();
+                tokio::spawn(pipe(
+                    self.world.clone(),
+                    self.services.clone(),
+                    self.from,
+                    to,
+                    id,
+                    prx,
+                ));
+                w.pipes.insert((self.from, to), (id, tx.clone()));
+                (id, tx)
+            }
+        };
+        tx.send(Piped { req, reply }).map_err(|_| CallError::Lost {
+            addr: addr.into(),
+            reason: "connection closed".into(),
+        })?;
+        Ok((id, rx))
+    }
+
+    /// An append on the connection's pipe to `to`, and its reply.
+    async fn exchange_append(
+        &self,
+        addr: &str,
+        to: NodeId,
+        req: openraft::raft::AppendEntriesRequest<firstseen_raft::TypeConfig>,
+    ) -> Result<Reply, CallError> {
+        let (_, rx) = self.pipe_send(addr, to, req)?;
+        let reply = rx.await.map_err(|_| CallError::Lost {
+            addr: addr.into(),
+            reason: "connection closed".into(),
+        })?;
+        self.liveness.peer_seen(to);
+        Ok(reply)
+    }
+}
+
+impl SimCall {
     async fn exchange(&self, addr: &str, request: &Request) -> Result<Reply, CallError> {
         let lost = || CallError::Lost {
             addr: addr.into(),
@@ -364,6 +512,22 @@ impl SimCall {
             addr: addr.into(),
             reason: e.to_string(),
         })?;
+        if let Request::AppendEntries(_) = request {
+            // Through the wire codec, as every request goes.
+            let Envelope {
+                body: Request::AppendEntries(req),
+                ..
+            } = wire::decode::<Envelope<Request>>(&frame[4..]).map_err(|e| {
+                CallError::Protocol {
+                    addr: addr.into(),
+                    reason: e.to_string(),
+                }
+            })?
+            else {
+                unreachable!("an append decodes as one");
+            };
+            return self.exchange_append(addr, to, req).await;
+        }
         match self.leg(to) {
             Leg::Refused => {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -457,22 +621,32 @@ impl SimCall {
     }
 
     fn heard(&self, to: NodeId) {
-        if let Some(c) = lock(&self.world).connections.get_mut(&(self.from, to)) {
-            c.last_frame = Instant::now();
-        }
+        heard(&self.world, self.from, to)
     }
 
     fn timed_out(&self, to: NodeId, timeout: Duration) {
-        let mut w = lock(&self.world);
-        let Some(c) = w.connections.get_mut(&(self.from, to)) else {
-            return;
-        };
-        if c.last_frame.elapsed() >= timeout.max(SILENT_DEAD) {
-            c.closed.send_modify(|epoch| *epoch += 1);
-            c.last_frame = Instant::now();
-            let line = format!("node {}: connection to node {to} silent, closed", self.from);
-            w.log(line);
-        }
+        timed_out(&self.world, self.from, to, timeout)
+    }
+}
+
+fn heard(world: &Shared, from: NodeId, to: NodeId) {
+    if let Some(c) = lock(world).connections.get_mut(&(from, to)) {
+        c.last_frame = Instant::now();
+    }
+}
+
+fn timed_out(world: &Shared, from: NodeId, to: NodeId, timeout: Duration) {
+    let mut w = lock(world);
+    let Some(c) = w.connections.get_mut(&(from, to)) else {
+        return;
+    };
+    if c.last_frame.elapsed() >= timeout.max(SILENT_DEAD) {
+        c.closed.send_modify(|epoch| *epoch += 1);
+        c.last_frame = Instant::now();
+        // Its appends' pipe closes with it.
+        w.pipes.remove(&(from, to));
+        let line = format!("node {from}: connection to node {to} silent, closed");
+        w.log(line);
     }
 }
 
@@ -522,6 +696,89 @@ impl Call for SimCall {
                     reason: "the sender died".into(),
                 }),
             }
+        })
+    }
+
+    fn queue<'a>(
+        &'a self,
+        node: NodeId,
+        addr: &'a str,
+        request: &'a Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Queued, CallError>> {
+        Box::pin(async move {
+            let (Request::AppendEntries(_), Some(to)) = (request, node_of(addr)) else {
+                // Only appends keep their order: anything else is a call of
+                // its own, on a connection of its own.
+                let conn = {
+                    let mut w = lock(&self.world);
+                    w.next_pipe += 1;
+                    w.next_pipe
+                };
+                let reply = self.call(node, addr, request, timeout).await;
+                return Ok(Queued {
+                    conn,
+                    reply: Box::pin(async move { reply }),
+                });
+            };
+            {
+                let mut w = lock(&self.world);
+                *w.calls.entry(self.from).or_default() += 1;
+                w.queued += 1;
+            }
+            running(pause_of(&self.world, self.from)).await;
+            // Through the wire codec, as every request goes.
+            let protocol = |e: wire::FrameError| CallError::Protocol {
+                addr: addr.into(),
+                reason: e.to_string(),
+            };
+            let frame = wire::encode(&Envelope {
+                id: 0,
+                body: request,
+            })
+            .map_err(protocol)?;
+            let Envelope {
+                body: Request::AppendEntries(req),
+                ..
+            } = wire::decode::<Envelope<Request>>(&frame[4..]).map_err(protocol)?
+            else {
+                unreachable!("an append decodes as one");
+            };
+            let mut closed = self.connection(to);
+            let (conn, rx) = self.pipe_send(addr, to, req)?;
+            let (world, life, liveness, from) = (
+                self.world.clone(),
+                self.life.clone(),
+                self.liveness.clone(),
+                self.from,
+            );
+            let addr = addr.to_string();
+            let reply = async move {
+                let lost = |reason: &str| CallError::Lost {
+                    addr: addr.clone(),
+                    reason: reason.into(),
+                };
+                tokio::select! {
+                    r = tokio::time::timeout(timeout, rx) => match r {
+                        Ok(Ok(reply)) => {
+                            heard(&world, from, to);
+                            liveness.peer_seen(to);
+                            Ok(reply)
+                        }
+                        Ok(Err(_)) => Err(lost("connection closed")),
+                        Err(_) => {
+                            timed_out(&world, from, to, timeout);
+                            Err(CallError::Timeout { addr: addr.clone(), timeout })
+                        }
+                    },
+                    _ = closed.changed() => Err(lost("connection closed")),
+                    _ = life.cancelled() => Err(lost("the sender died")),
+                }
+            };
+            Ok(Queued {
+                conn,
+                reply: Box::pin(reply),
+            })
         })
     }
 }
@@ -827,6 +1084,12 @@ struct Running {
     routes: Arc<firstseen::ingest::route::LiveRoutes>,
 }
 
+/// Whether leaders pipeline their appends (`cluster.pipeline_appends`):
+/// unless `SIM_PIPELINE=0`.
+fn pipelined() -> bool {
+    std::env::var("SIM_PIPELINE").map_or(true, |v| v != "0")
+}
+
 fn config(id: NodeId, dir: &Path, secret: &Path) -> Config {
     let mut members = String::new();
     for m in 1..=NODES {
@@ -868,6 +1131,7 @@ pulsar_topic = "{topic_b}"
 listen = "{listen}"
 secret_file = "{secret}"
 snapshot_logs = 40
+pipeline_appends = {pipeline}
 
 [dedup]
 window_secs = {window}
@@ -878,6 +1142,7 @@ window_secs = {window}
         listen = addr(id),
         secret = secret.display(),
         window = WINDOW.as_secs(),
+        pipeline = pipelined(),
     );
     Config::parse(&text, Path::new("sim.toml"), Vec::new()).expect("the simulation's config")
 }
@@ -1589,6 +1854,9 @@ fn new_world(rng: Rng) -> Shared {
         loss: 0,
         calls: BTreeMap::new(),
         stopping: BTreeSet::new(),
+        pipes: BTreeMap::new(),
+        next_pipe: 1,
+        queued: 0,
         exited: Vec::new(),
         raced: BTreeSet::new(),
         skews: BTreeMap::new(),
@@ -2025,7 +2293,11 @@ fn run_seed(
         .await;
         heal(&mut heals, &mut nodes, &configs, &world, &services, true).await;
         publisher.await.expect("publisher");
-        lock(&world).log("faults over".into());
+        {
+            let mut w = lock(&world);
+            let line = format!("faults over ({} appends pipelined)", w.queued);
+            w.log(line);
+        }
         let settle = Instant::now() + SETTLE_WITHIN;
         let mut outboxes = outboxes_of(&nodes);
         // And until the level rose (every member runs this release): the
