@@ -1084,10 +1084,16 @@ struct Running {
     routes: Arc<firstseen::ingest::route::LiveRoutes>,
 }
 
-/// Whether leaders pipeline their appends (`cluster.pipeline_appends`):
-/// unless `SIM_PIPELINE=0`.
-fn pipelined() -> bool {
-    std::env::var("SIM_PIPELINE").map_or(true, |v| v != "0")
+/// `cluster.pipeline_appends` for every node: on from the start (every
+/// node runs this release, and the faults meet pipelined streams; the level
+/// rises only after most of them), unless `SIM_PIPELINE=level` (unset: on
+/// once the cluster level reaches 4) or `SIM_PIPELINE=0` (off).
+fn pipeline_setting() -> &'static str {
+    match std::env::var("SIM_PIPELINE").as_deref() {
+        Ok("0") => "pipeline_appends = false",
+        Ok("level") => "",
+        _ => "pipeline_appends = true",
+    }
 }
 
 fn config(id: NodeId, dir: &Path, secret: &Path) -> Config {
@@ -1131,7 +1137,7 @@ pulsar_topic = "{topic_b}"
 listen = "{listen}"
 secret_file = "{secret}"
 snapshot_logs = 40
-pipeline_appends = {pipeline}
+{pipeline}
 
 [dedup]
 window_secs = {window}
@@ -1142,7 +1148,7 @@ window_secs = {window}
         listen = addr(id),
         secret = secret.display(),
         window = WINDOW.as_secs(),
-        pipeline = pipelined(),
+        pipeline = pipeline_setting(),
     );
     Config::parse(&text, Path::new("sim.toml"), Vec::new()).expect("the simulation's config")
 }

@@ -101,11 +101,15 @@ pub struct ClusterConfig {
     pub upgrade: UpgradeMode,
     /// Whether a leader sends a follower its next append before the
     /// previous one is answered (openraft 0.10's pipelined replication):
-    /// one round trip less per commit between zones. Every member must run
-    /// a release whose peer server hands a connection's appends to Raft in
-    /// order (`cluster::lane`). Off until a cluster level says so.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub pipeline_appends: bool,
+    /// one round trip less per commit between zones. Unset: once the
+    /// cluster level is 4 ([`firstseen_store::level::PIPELINED`]), when
+    /// every member's peer server hands a connection's appends to Raft in
+    /// order (`cluster::lane`). `false` keeps it off; `true` turns it on
+    /// before that (a member of an older release then refuses appends that
+    /// overtook each other, and the leader starts its stream again: safe,
+    /// and slow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_appends: Option<bool>,
 }
 
 impl Default for ClusterConfig {
@@ -123,7 +127,7 @@ impl Default for ClusterConfig {
             election_timeout_min_ms: None,
             election_timeout_max_ms: None,
             upgrade: Default::default(),
-            pipeline_appends: false,
+            pipeline_appends: None,
         }
     }
 }

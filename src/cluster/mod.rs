@@ -261,7 +261,10 @@ impl Group {
         };
         let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
         network.appends = Some(storage.log.append_clock());
-        network.pipeline = section.pipeline_appends;
+        network.pipeline = network::Pipelining {
+            set: section.pipeline_appends,
+            level: Some(storage.state.level_cell()),
+        };
         let faults = storage.log.faults();
         let incoming = storage.state_machine.incoming();
         let raft = Raft::new(

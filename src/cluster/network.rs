@@ -37,7 +37,29 @@ pub struct Network {
     /// (`firstseen_commit_leg_seconds`). Set once the log is open.
     pub appends: Option<AppendClock>,
     /// Whether appends are pipelined (`cluster.pipeline_appends`).
-    pub pipeline: bool,
+    pub pipeline: Pipelining,
+}
+
+/// Whether a leader pipelines its appends: as set, or once the cluster
+/// level says every member can take them (`cluster.pipeline_appends`).
+#[derive(Clone, Debug, Default)]
+pub struct Pipelining {
+    pub set: Option<bool>,
+    /// The cluster level as this node applied it last; none before the
+    /// storage is open.
+    pub level: Option<firstseen_store::level::LevelCell>,
+}
+
+impl Pipelining {
+    /// Read when an append stream starts, so a stream started before the
+    /// level rose stays as it began.
+    pub fn on(&self) -> bool {
+        self.set.unwrap_or_else(|| {
+            self.level
+                .as_ref()
+                .is_some_and(|l| l.get() >= firstseen_store::level::PIPELINED)
+        })
+    }
 }
 
 impl Network {
@@ -45,7 +67,7 @@ impl Network {
         Self {
             peers,
             appends: None,
-            pipeline: false,
+            pipeline: Pipelining::default(),
         }
     }
 }
@@ -61,7 +83,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             appends: self.appends.clone(),
             answered_at: None,
             sent_upto: 0,
-            pipeline: self.pipeline,
+            pipeline: self.pipeline.clone(),
         })
     }
 }
@@ -80,7 +102,7 @@ pub struct PeerClient {
     /// counts each entry's first send only.
     sent_upto: u64,
     /// Whether appends are pipelined (`cluster.pipeline_appends`).
-    pipeline: bool,
+    pipeline: Pipelining,
 }
 
 /// The shortest time an RPC that writes on the peer (an append with
@@ -213,7 +235,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let empty = rpc.entries.is_empty();
         // Pipelined, the stream does not wait behind a commit-only append,
         // so every one is waited for (and a lease counts only replies).
-        if empty && !self.pipeline && self.heard_lately(option.hard_ttl()) {
+        if empty && !self.pipeline.on() && self.heard_lately(option.hard_ttl()) {
             return Err(self.send_unawaited(rpc, option.hard_ttl()));
         }
         if let (Some(first), Some(last)) = (rpc.entries.first(), rpc.entries.last()) {
@@ -351,7 +373,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
-        if !self.0.pipeline {
+        if !self.0.pipeline.on() {
             return stream_append_sequential(self, input, option);
         }
         Box::pin(async move { Ok(pipelined(&mut self.0, input, option)) })

@@ -18,6 +18,11 @@
 //!   one ([`crate::topic::canonical`]): the leader writes copies' topics so,
 //!   apply names topics so, and the rise moves what the state held under
 //!   another spelling (`state/names.rs`).
+//! - **Level 4** ([`PIPELINED`]): every member's peer server hands a
+//!   connection's appends to Raft in the order they arrived
+//!   (`cluster::lane` in the `firstseen` crate), so a leader sends the next
+//!   append before the previous one is answered. Nothing in the state
+//!   changes.
 
 /// The level of a cluster that never agreed on one: every release reads it.
 pub const BASE: u32 = 1;
@@ -30,8 +35,11 @@ pub const KINDS: u32 = 2;
 /// the outbox, the sequences and the publishers.
 pub const NAMES: u32 = 3;
 
+/// Leaders pipeline their appends (openraft 0.10's `stream_append`).
+pub const PIPELINED: u32 = 4;
+
 /// The highest level this release runs.
-pub const SUPPORTED: u32 = NAMES;
+pub const SUPPORTED: u32 = PIPELINED;
 
 /// The lowest level this release runs: it reads every format of the
 /// release before levels.
