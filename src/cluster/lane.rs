@@ -126,7 +126,9 @@ async fn serve(
                         &reply,
                     );
                     let stopped = matches!(reply, Err(RaftError::Fatal(_)));
-                    let _ = job.answer.send(Reply::AppendEntries(reply));
+                    let _ = job
+                        .answer
+                        .send(super::server::on_the_wire(reply, Reply::AppendEntries));
                     if stopped {
                         // No new stream would be answered either.
                         for job in waiting.drain(..) {

@@ -316,6 +316,28 @@ async fn handshake(
     Ok((node, out, inn))
 }
 
+/// A reply carrying Raft's answer, as the peer link can carry it. A core
+/// that stopped or panicked encodes the same in every release; openraft
+/// 0.10's storage error does not (0.9's was an enum, 0.10's is a struct),
+/// and a reply the other side cannot decode closes the whole link and
+/// fails every call on it. So a storage error goes as a refusal in words,
+/// which every release reads: the leader backs off as from an unreachable
+/// node, which a node whose core is gone is.
+pub(super) fn on_the_wire<T, E>(
+    result: Result<T, RaftError<TypeConfig, E>>,
+    reply: impl FnOnce(Result<T, RaftError<TypeConfig, E>>) -> Reply,
+) -> Reply
+where
+    E: std::error::Error,
+{
+    match result {
+        Err(RaftError::Fatal(openraft::error::Fatal::StorageError(e))) => {
+            Reply::Refused(format!("raft stopped on a storage error: {e}"))
+        }
+        other => reply(other),
+    }
+}
+
 /// What a follower notes of an append it answered, however it reached Raft
 /// (`dispatch` or a connection's [`super::lane`]).
 pub(super) fn after_append(
@@ -381,14 +403,14 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             let (entries, prev) = (r.entries.len(), r.prev_log_id);
             let result = svc.raft.append_entries(r).await;
             after_append(svc, entries, prev, started.elapsed(), &result);
-            Reply::AppendEntries(result)
+            on_the_wire(result, Reply::AppendEntries)
         }
         // Rejoining with a set-aside log: a vote could elect a candidate
         // that lacks an entry this node had acknowledged.
         Request::Vote(_) if svc.liveness.abstaining() => {
             Reply::Vote(Ok(super::elect::refuse_vote(&svc.raft)))
         }
-        Request::Vote(r) => Reply::Vote(svc.raft.vote(r.into()).await),
+        Request::Vote(r) => on_the_wire(svc.raft.vote(r.into()).await, Reply::Vote),
         Request::InstallSnapshot(r) => {
             let id = r.meta.snapshot_id.clone();
             let checked = firstseen_store::lock::lock(&svc.snapshot).accept(
@@ -418,7 +440,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             if result.is_ok() {
                 svc.liveness.leader_contact();
             }
-            Reply::InstallSnapshot(result)
+            on_the_wire(result, Reply::InstallSnapshot)
         }
         Request::Forward(batch) => Reply::Forward(svc.forwarded.commit(batch).await),
         Request::ForwardKinds { mut batch, kinds } => {
@@ -445,6 +467,38 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
 #[cfg(test)]
 mod tests {
     use crate::telemetry::refusal_kind;
+
+    /// A dead core's storage error crosses the link as words every release
+    /// reads; a stopped core's refusal keeps openraft's bytes (the same in
+    /// 0.9 and 0.10), and an answer is untouched.
+    #[test]
+    fn a_storage_error_goes_as_words_and_nothing_else_changes() {
+        use super::{on_the_wire, Reply};
+        use firstseen_raft::TypeConfig;
+        use openraft::error::{Fatal, RaftError};
+        use openraft::raft::AppendEntriesResponse;
+        use openraft::{ErrorSubject, ErrorVerb, StorageError};
+        let failed: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
+            Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
+                ErrorSubject::Logs,
+                ErrorVerb::Write,
+                std::io::Error::other("disk gone"),
+            ))));
+        match on_the_wire(failed, Reply::AppendEntries) {
+            Reply::Refused(why) => assert!(why.contains("disk gone"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let stopped: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
+            Err(RaftError::Fatal(Fatal::Stopped));
+        assert!(matches!(
+            on_the_wire(stopped, Reply::AppendEntries),
+            Reply::AppendEntries(Err(RaftError::Fatal(Fatal::Stopped)))
+        ));
+        assert!(matches!(
+            on_the_wire(Ok(AppendEntriesResponse::Success), Reply::AppendEntries),
+            Reply::AppendEntries(Ok(AppendEntriesResponse::Success))
+        ));
+    }
 
     #[test]
     fn refusals_of_one_kind_share_a_kind_whatever_the_node_or_numbers() {
