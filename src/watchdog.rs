@@ -1,5 +1,4 @@
-//! Ends the process when its storage can no longer be trusted, or when
-//! openraft has stopped its core.
+//! Ends the process when its storage can no longer be trusted.
 //!
 //! Two things leave a node running but useless, and both were found under
 //! faults rather than imagined:
@@ -19,12 +18,15 @@
 //! recovery that every power-loss test exercises. Nothing acked is lost by
 //! exiting, since an ack waits for a completed sync.
 //!
-//! openraft 0.9 also stops its core on an error of its own (a leader asking
-//! a replication stream that has just ended for a snapshot; see
-//! `firstseen_raft::faults`). The storage is sound then, but the core is
-//! gone all the same, and a restart is the only way to a new one: the node
-//! exits with [`EXIT_RAFT`] instead, and says that the disk is not in doubt.
-//! The storage's error count ([`StoreFaults`]) tells the two apart.
+//! openraft 0.9 also stops its core on an error it makes itself: a leader
+//! that asks a replication stream for a snapshot just after the stream
+//! ended on a higher vote reports "Read Snapshot(None): replication channel
+//! closed" (see `firstseen_raft::faults`). The disk is sound then, but the
+//! core is gone all the same and only a restart brings a new one, so the
+//! exit is the same. The reason names how many storage errors the node's
+//! storage handed openraft: a lower bound (a panic or an answer openraft
+//! itself finds wanting counts none), so it informs the operator and
+//! decides nothing.
 
 use std::time::Duration;
 
@@ -41,67 +43,30 @@ pub const STUCK_LIMIT: Duration = Duration::from_secs(20);
 /// Exit status of a node whose storage failed (`EX_IOERR` in sysexits.h).
 pub const EXIT_STORAGE: i32 = 74;
 
-/// Exit status of a node whose openraft core stopped on an error of its own
-/// while the storage reported none (`EX_SOFTWARE` in sysexits.h).
-pub const EXIT_RAFT: i32 = 70;
-
-/// Why the node must stop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stop {
-    /// The storage failed or is wedged: restart from stable storage.
-    Storage(String),
-    /// openraft stopped its core with the storage sound: restart for a new
-    /// core.
-    Raft(String),
-}
-
-impl Stop {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            Stop::Storage(_) => EXIT_STORAGE,
-            Stop::Raft(_) => EXIT_RAFT,
-        }
-    }
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::Storage(r) | Stop::Raft(r) => f.write_str(r),
-        }
-    }
-}
-
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Why the node must stop, if it must: the pure rule. `store_errors` is how
-/// many storage errors openraft had been handed when `raft_failure` was
-/// read; read after it, so an error that stopped the core is counted.
+/// Why the node must stop, if it must: the pure rule. `store_errors` is
+/// how many storage errors openraft had been handed, read after
+/// `raft_failure`.
 pub fn verdict(
     raft_failure: Option<String>,
     store_errors: u64,
     stuck: &[(&str, Option<Duration>)],
     limit: Duration,
-) -> Option<Stop> {
-    let wedged = stuck.iter().find_map(|(db, running)| {
+) -> Option<String> {
+    if let Some(r) = raft_failure {
+        return Some(format!(
+            "openraft stopped its core: {r} (storage errors counted: {store_errors})"
+        ));
+    }
+    stuck.iter().find_map(|(db, running)| {
         running.filter(|d| *d >= limit).map(|d| {
             format!(
                 "the {db} database has not completed a sync for {} s",
                 d.as_secs()
             )
         })
-    });
-    match (raft_failure, wedged) {
-        (Some(r), _) if store_errors > 0 => Some(Stop::Storage(format!(
-            "raft stopped on a storage failure: {r}"
-        ))),
-        // A wedged disk puts the disk in doubt whatever else happened.
-        (_, Some(w)) => Some(Stop::Storage(w)),
-        (Some(r), None) => Some(Stop::Raft(format!(
-            "raft stopped on an error of its own, with no storage error reported (the disk is not in doubt): {r}"
-        ))),
-        (None, None) => None,
-    }
+    })
 }
 
 /// What openraft's metrics say about its core: a stop for any reason other
@@ -133,24 +98,13 @@ pub async fn watch(raft: Raft, faults: StoreFaults, log: Db, state: Db, stop: Ca
                 ("state", state.sync_stuck_for()),
             ];
             let failure = raft_failure(&raft);
-            match verdict(failure, faults.count(), &stuck, STUCK_LIMIT) {
-                None => {}
-                Some(stop @ Stop::Storage(_)) => {
-                    tracing::error!(
-                        reason = %stop,
-                        exit_code = stop.exit_code(),
-                        "storage can no longer be trusted: exiting now so that the supervisor restarts the node from what is on stable storage"
-                    );
-                    std::process::exit(stop.exit_code());
-                }
-                Some(stop @ Stop::Raft(_)) => {
-                    tracing::error!(
-                        reason = %stop,
-                        exit_code = stop.exit_code(),
-                        "openraft stopped its core: exiting now so that the supervisor restarts the node with a new one"
-                    );
-                    std::process::exit(stop.exit_code());
-                }
+            if let Some(reason) = verdict(failure, faults.count(), &stuck, STUCK_LIMIT) {
+                tracing::error!(
+                    reason = %reason,
+                    exit_code = EXIT_STORAGE,
+                    "storage can no longer be trusted: exiting now so that the supervisor restarts the node from what is on stable storage"
+                );
+                std::process::exit(EXIT_STORAGE);
             }
         }
     });
@@ -177,37 +131,14 @@ mod tests {
             limit,
         );
         assert_eq!(
-            stuck,
-            Some(Stop::Storage(
-                "the log database has not completed a sync for 21 s".into()
-            ))
+            stuck.as_deref(),
+            Some("the log database has not completed a sync for 21 s")
         );
-        let stop = verdict(Some("disk full".into()), 1, &[], limit).unwrap();
-        assert_eq!(stop.exit_code(), EXIT_STORAGE);
-        assert!(stop.to_string().contains("disk full"));
-    }
-
-    /// openraft 0.9 stops its core on its own replication race with no
-    /// storage error behind it: the node still exits (only a restart gives
-    /// it a new core), but not as a storage failure.
-    #[test]
-    fn a_core_stopped_with_no_storage_error_is_not_called_a_storage_failure() {
-        let limit = Duration::from_secs(20);
-        let stop = verdict(
-            Some("when Read Snapshot(None): replication channel closed".into()),
-            0,
-            &[],
-            limit,
-        )
-        .unwrap();
-        assert!(matches!(stop, Stop::Raft(_)), "{stop:?}");
-        assert_eq!(stop.exit_code(), EXIT_RAFT);
-        assert!(stop.to_string().contains("not in doubt"), "{stop}");
-        // A wedged sync beside it puts the disk in doubt after all.
-        let stuck = [("log", Some(Duration::from_secs(30)))];
-        assert!(matches!(
-            verdict(Some("x".into()), 0, &stuck, limit),
-            Some(Stop::Storage(_))
-        ));
+        let dead = verdict(Some("disk full".into()), 1, &[], limit).unwrap();
+        assert!(dead.contains("disk full"), "{dead}");
+        assert!(dead.contains("storage errors counted: 1"), "{dead}");
+        // openraft 0.9's own race stops the node too: only a restart gives
+        // it a new core.
+        assert!(verdict(Some("replication channel closed".into()), 0, &[], limit).is_some());
     }
 }

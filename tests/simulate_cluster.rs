@@ -163,10 +163,12 @@ struct World {
     calls: BTreeMap<NodeId, u64>,
     /// Nodes whose Raft the harness stops on purpose.
     stopping: BTreeSet<NodeId>,
-    /// Nodes whose openraft stopped its core on an error of its own: their
-    /// storage watchdog exits them, and the harness restarts them as their
-    /// supervisor would (`supervise`).
-    exited: BTreeSet<NodeId>,
+    /// Nodes whose openraft stopped its core on its own race, each with
+    /// the life it stopped in: their storage watchdog exits them, and the
+    /// harness restarts them as their supervisor would (`supervise`).
+    exited: Vec<(NodeId, CancellationToken)>,
+    /// Nodes that met openraft's race in this seed (see `openraft_race`).
+    raced: BTreeSet<NodeId>,
     /// Milliseconds each node's clock is off. Any number of them at once:
     /// no set of wrong clocks may move the window faster than real time.
     skews: BTreeMap<NodeId, i64>,
@@ -890,7 +892,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         world: world.clone(),
         services: services.clone(),
         liveness: liveness.clone(),
-        life,
+        life: life.clone(),
     });
     // The crashed life's last handles (a call it was serving) may still
     // hold the databases' locks for a moment of simulated time, and sled's
@@ -995,6 +997,7 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
         id,
         group.raft.clone(),
         group.faults.clone(),
+        life,
         world.clone(),
     )));
     Running {
@@ -1041,6 +1044,7 @@ async fn watch_leadership(
     id: NodeId,
     raft: Raft,
     faults: firstseen_raft::StoreFaults,
+    life: CancellationToken,
     world: Shared,
 ) {
     let mut rx = raft.metrics();
@@ -1056,33 +1060,61 @@ async fn watch_leadership(
         }
         if rx.changed().await.is_err() {
             // Raft stopped, and not by a crash (that drops this task
-            // first). The node's storage watchdog exits it either way
-            // (`src/watchdog.rs`). After a storage error that is a defect
-            // here: nothing in the simulation fails the disk. openraft 0.9
-            // also stops its core on its own race, with the storage sound
-            // (`firstseen_raft::faults`); the node's supervisor restarts
-            // it, and the checker holds the restart to every guarantee.
-            let why = match &rx.borrow().running_state {
+            // first). The node's storage watchdog exits it
+            // (`src/watchdog.rs`) and its supervisor restarts it. Nothing
+            // here fails the disk, so a stop is a defect, but for one:
+            // openraft 0.9's own race (`firstseen_raft::faults`).
+            let fatal = rx.borrow().running_state.clone();
+            let was_leader = last.is_some_and(|(_, leader)| leader == Some(id));
+            let why = match &fatal {
                 Err(fatal) => fatal.to_string(),
                 Ok(()) => "no error given".to_string(),
             };
             let mut w = lock(&world);
-            if !w.stopping.contains(&id) {
-                if faults.count() > 0 {
-                    let line =
-                        format!("node {id}: openraft stopped by itself on a storage error: {why}");
-                    w.problems.push(line.clone());
-                    w.log(line);
-                } else {
-                    w.log(format!(
-                        "node {id}: openraft stopped by itself, no storage error: {why}; its watchdog exits it"
-                    ));
-                    w.exited.insert(id);
-                }
+            if w.stopping.contains(&id) {
+                return;
+            }
+            let race = openraft_race(&fatal, was_leader, faults.count());
+            if race && w.raced.insert(id) {
+                w.log(format!(
+                    "node {id}: openraft stopped its core on its own race ({why}); its watchdog exits it"
+                ));
+                w.exited.push((id, life));
+            } else {
+                let line = format!(
+                    "node {id}: openraft stopped by itself: {why} (storage errors counted: {}{})",
+                    faults.count(),
+                    if race { "; its race a second time" } else { "" }
+                );
+                w.problems.push(line.clone());
+                w.log(line);
             }
             return;
         }
     }
+}
+
+/// Whether a stopped core is openraft 0.9's own race: a leader asked a
+/// replication stream that had just ended on a higher vote for a snapshot
+/// (`raft_core.rs`, `Command::Replicate`, 0.9.25). openraft reports it as a
+/// storage error and exposes neither its subject nor its verb, and its
+/// "snapshot not found" (a leader whose storage lost its snapshot) has the
+/// same ones, so only its words tell the race apart: matched here, in the
+/// harness, to recognise one known bug of openraft's, never in the
+/// product. The storage must have handed openraft no error, and the node
+/// must have been leading; once per node and seed, since a defect of ours
+/// that looked like it would come back.
+// openraft's `Fatal` is large by its design, and this only reads one.
+#[allow(clippy::result_large_err)]
+fn openraft_race(
+    fatal: &Result<(), openraft::error::Fatal<NodeId>>,
+    was_leader: bool,
+    store_errors: u64,
+) -> bool {
+    const RACE: &str = "when Read Snapshot(None): replication channel closed";
+    matches!(fatal, Err(openraft::error::Fatal::StorageError(e)) if e.to_string() == RACE)
+        && was_leader
+        && store_errors == 0
 }
 
 /// The process dies: every task is dropped where it stands, openraft's
@@ -1549,7 +1581,8 @@ fn new_world(rng: Rng) -> Shared {
         loss: 0,
         calls: BTreeMap::new(),
         stopping: BTreeSet::new(),
-        exited: BTreeSet::new(),
+        exited: Vec::new(),
+        raced: BTreeSet::new(),
         skews: BTreeMap::new(),
         connections: BTreeMap::new(),
         lives: BTreeMap::new(),
@@ -2001,6 +2034,17 @@ fn run_seed(
             supervise(&mut nodes, &configs, &world, &services).await;
             outboxes = outboxes_of(&nodes);
         }
+        {
+            // A core that stopped after the last look was never restarted.
+            let mut w = lock(&world);
+            for (id, life) in std::mem::take(&mut w.exited) {
+                if !life.is_cancelled() {
+                    let line = format!("node {id}'s core stopped as the run ended");
+                    w.problems.push(line.clone());
+                    w.log(line);
+                }
+            }
+        }
         let windows = windows_of(&nodes);
         let beyond = beyond_the_survivor(&lock(&world));
         for (id, node) in std::mem::take(&mut nodes) {
@@ -2053,9 +2097,10 @@ async fn heal_until(
 /// watchdog checks every second.
 const SUPERVISOR_EVERY: Duration = Duration::from_millis(100);
 
-/// Restarts every node that exited by itself, as its supervisor would
-/// (`Restart=on-failure`): the process is gone, and a new one starts on the
-/// same directory.
+/// Restarts every node whose core stopped on openraft's race, as its
+/// watchdog and supervisor would (`Restart=on-failure`): the process is
+/// gone, and a new one starts on the same directory. A stop seen in a life
+/// that has ended since (a crash, a recover) is done with.
 async fn supervise(
     nodes: &mut BTreeMap<NodeId, Running>,
     configs: &BTreeMap<NodeId, Config>,
@@ -2063,16 +2108,16 @@ async fn supervise(
     services: &Services,
 ) {
     let exited = std::mem::take(&mut lock(world).exited);
-    for id in exited {
+    for (id, life) in exited {
+        if life.is_cancelled() {
+            continue;
+        }
         let Some(node) = nodes.remove(&id) else {
             continue;
         };
         lock(world).pauses[&id].send_replace(false);
         lock(world).down.insert(id);
         crash(id, node, services, world).await;
-        if lock(world).lost.contains(&id) {
-            continue;
-        }
         lock(world).down.remove(&id);
         let node = start(id, &configs[&id], world, services).await;
         nodes.insert(id, node);
@@ -2224,4 +2269,26 @@ fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
         "{sent} requests in 3 simulated seconds from a node whose Raft stopped"
     );
     eprintln!("{sent} requests in 3 simulated seconds from the node whose Raft stopped");
+}
+
+/// The race is told by openraft's own words for it, built here as
+/// openraft 0.9.25 builds them (`raft_core.rs`, `Command::Replicate`), and
+/// nothing else passes: not its "snapshot not found", not a node that was
+/// not leading, not a node whose storage had handed openraft an error.
+#[test]
+#[allow(clippy::result_large_err)]
+fn only_openraft_s_own_race_is_taken_for_it() {
+    use openraft::{AnyError, StorageError, StorageIOError};
+    let stop = |why: &str| -> Result<(), openraft::error::Fatal<NodeId>> {
+        Err(openraft::error::Fatal::StorageError(StorageError::IO {
+            source: StorageIOError::read_snapshot(None, AnyError::error(why)),
+        }))
+    };
+    let race = stop("replication channel closed");
+    assert!(openraft_race(&race, true, 0));
+    assert!(!openraft_race(&race, false, 0), "not leading");
+    assert!(!openraft_race(&race, true, 1), "a storage error counted");
+    assert!(!openraft_race(&stop("snapshot not found"), true, 0));
+    assert!(!openraft_race(&Err(openraft::error::Fatal::Panicked), true, 0));
+    assert!(!openraft_race(&Ok(()), true, 0));
 }

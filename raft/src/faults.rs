@@ -1,5 +1,4 @@
-//! Which storage errors this crate handed openraft, so that a stopped core
-//! can be told apart: stopped by the storage, or by openraft itself.
+//! How many storage errors this crate handed openraft.
 //!
 //! openraft 0.9 stops its core for good on any `StorageError`, and it makes
 //! some of its own: when the core asks a replication stream for a snapshot
@@ -8,15 +7,23 @@
 //! (`raft_core.rs`, `Command::Replicate`, 0.9.25; 0.10 ignores the closed
 //! channel). The whole-cluster simulation met it (seed 1796571256026, a
 //! leader snapshotting a follower that resumed from a pause with a higher
-//! term). Both end the same way, with the node restarted from what is on
-//! stable storage, but only a storage error says the disk is in doubt; the
-//! watchdog tells the operator which one it was, and the simulation counts
-//! only the storage's as a defect of firstseen.
+//! term). A node exits on either (`src/watchdog.rs`) and its supervisor
+//! restarts it; the simulation restarts a node for that race only when this
+//! count says the storage handed openraft no error, and fails the seed on
+//! any other stop.
 //!
-//! Every error is counted where openraft receives it: the [`Watched`]
+//! The count is a lower bound on the storage's trouble, never proof of a
+//! sound disk: a panic in the storage code, or an answer that openraft
+//! itself finds wanting (no snapshot where it needs one, a short range of
+//! entries), reaches openraft without passing through here. So it decides
+//! nothing in a running node; the watchdog only reports it.
+//!
+//! Errors are counted where openraft receives them: the [`Watched`]
 //! wrapper around the log store, its reader, the state machine and its
 //! snapshot builder, and the log's group commit, which reports a failed
-//! sync through openraft's callback rather than as a return value.
+//! sync through openraft's callback rather than as a return value. Reading
+//! a snapshot's data file goes through openraft's own calls on the file and
+//! is not counted.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;

@@ -32,8 +32,9 @@
 //!   in the log.
 //! - [`damage`]: which errors and panics mean a damaged file, and the
 //!   marker that asks the next start to rebuild the state.
-//! - [`faults`]: counts the storage errors openraft is handed, so that a
-//!   core openraft stopped by itself is not taken for a storage failure.
+//! - [`faults`]: counts the storage errors openraft is handed (a lower
+//!   bound), so that the simulation can tell openraft 0.9's own race from a
+//!   storage defect.
 //! - [`appends`]: when recent entries were written, for the commit path's
 //!   telemetry.
 //! - [`runtime`]: the runtime openraft's tasks run on (tokio; in the
