@@ -84,6 +84,17 @@ impl RaftLogReader<TypeConfig> for Watched<LogStore> {
         let r = self.inner.try_get_log_entries(range).await;
         self.faults.pass(r)
     }
+
+    // Forwarded although `LogStore` keeps openraft's default: one it
+    // overrode later would otherwise be bypassed here without a word.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let r = self.inner.limited_get_log_entries(start, end).await;
+        self.faults.pass(r)
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for Watched<LogStore> {

@@ -516,8 +516,21 @@ mod tests {
         // An Option's tag, then the id's term, node and index.
         let some_id = |term, node, index| [vec![1u8], le(term), le(node), le(index)].concat();
         let text = |s: &str| [le(s.len() as u64), s.as_bytes().to_vec()].concat();
-        fn bytes<T: Serialize>(v: &T) -> Vec<u8> {
-            bincode::serialize(v).expect("encodes")
+        // The whole frame as `encode` writes it (length, then the envelope
+        // with its id, then the body), and the expected bytes decoded back
+        // into the same frame: the codec's options are pinned with the
+        // types.
+        fn check<T: Serialize + for<'de> Deserialize<'de>>(msg: &T, body: Vec<u8>, what: &str) {
+            let frame = encode(&Envelope { id: 7, body: msg }).expect("encodes");
+            let want = [
+                ((8 + body.len()) as u32).to_be_bytes().to_vec(),
+                7u64.to_le_bytes().to_vec(),
+                body,
+            ]
+            .concat();
+            assert_eq!(frame, want, "{what}");
+            let back: Envelope<T> = decode(&want[4..]).expect("decodes");
+            assert_eq!(encode(&back).expect("encodes"), want, "{what}, decoded");
         }
 
         let ask = Request::Vote(VoteRequest {
@@ -525,7 +538,7 @@ mod tests {
             last_log_id: Some(id(4, 1, 9)),
         });
         let want = [tag(1), vote(5, 2, false), some_id(4, 1, 9)].concat();
-        assert_eq!(bytes(&ask), want, "vote request");
+        check(&ask, want, "vote request");
 
         let granted = Reply::Vote(Ok(VoteResponse::new(
             Vote::new_committed(5, 2),
@@ -533,7 +546,7 @@ mod tests {
             true,
         )));
         let want = [tag(1), tag(0), vote(5, 2, true), vec![1], some_id(4, 1, 9)].concat();
-        assert_eq!(bytes(&granted), want, "vote reply");
+        check(&granted, want, "vote reply");
 
         let append = Request::AppendEntries(AppendEntriesRequest {
             vote: Vote::new_committed(5, 2),
@@ -554,14 +567,14 @@ mod tests {
             vec![0],
         ]
         .concat();
-        assert_eq!(bytes(&append), want, "append request");
+        check(&append, want, "append request");
 
         // A node whose core stopped answers every append with this.
         let stopped = Reply::AppendEntries(Err(RaftError::Fatal(Fatal::Stopped)));
-        assert_eq!(
-            bytes(&stopped),
+        check(
+            &stopped,
             [tag(0), tag(1), tag(1), tag(2)].concat(),
-            "append refused: raft stopped"
+            "append refused: raft stopped",
         );
 
         let chunk = Request::InstallSnapshot(InstallSnapshotRequest {
@@ -589,15 +602,15 @@ mod tests {
             vec![1],
         ]
         .concat();
-        assert_eq!(bytes(&chunk), want, "snapshot chunk");
+        check(&chunk, want, "snapshot chunk");
 
         let taken = Reply::InstallSnapshot(Ok(InstallSnapshotResponse {
             vote: Vote::new_committed(5, 2),
         }));
-        assert_eq!(
-            bytes(&taken),
+        check(
+            &taken,
             [tag(2), tag(0), vote(5, 2, true)].concat(),
-            "snapshot chunk taken"
+            "snapshot chunk taken",
         );
 
         let mismatch = Reply::InstallSnapshot(Err(RaftError::APIError(
@@ -623,7 +636,76 @@ mod tests {
             le(7),
         ]
         .concat();
-        assert_eq!(bytes(&mismatch), want, "snapshot chunk out of place");
+        check(&mismatch, want, "snapshot chunk out of place");
+
+        // What a follower answers an append.
+        let answers = [
+            (AppendEntriesResponse::Success, tag(0)),
+            (
+                AppendEntriesResponse::PartialSuccess(Some(id(5, 2, 9))),
+                [tag(1), some_id(5, 2, 9)].concat(),
+            ),
+            (AppendEntriesResponse::Conflict, tag(2)),
+            (
+                AppendEntriesResponse::HigherVote(Vote::new(6, 3)),
+                [tag(3), vote(6, 3, false)].concat(),
+            ),
+        ];
+        for (answer, body) in answers {
+            let what = format!("append answer {answer:?}");
+            check(
+                &Reply::AppendEntries(Ok(answer)),
+                [tag(0), tag(0), body].concat(),
+                &what,
+            );
+        }
+
+        // A membership entry: the members and where they live.
+        let member = firstseen_raft::Member {
+            addr: "a:1".into(),
+            zone: "z".into(),
+            http: "h:2".into(),
+        };
+        let membership = openraft::Membership::new(
+            vec![[1u64].into_iter().collect()],
+            std::collections::BTreeMap::from([(1u64, member)]),
+        );
+        let append = Request::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(5, 2),
+            prev_log_id: None,
+            entries: vec![openraft::Entry {
+                log_id: id(5, 2, 1),
+                payload: openraft::EntryPayload::Membership(membership),
+            }],
+            leader_commit: Some(id(5, 2, 1)),
+        });
+        let entry = [
+            le(5),
+            le(2),
+            le(1),
+            tag(2),
+            // configs: one config of one member
+            le(1),
+            le(1),
+            le(1),
+            // nodes: member 1 and where it lives
+            le(1),
+            le(1),
+            text("a:1"),
+            text("z"),
+            text("h:2"),
+        ]
+        .concat();
+        let want = [
+            tag(0),
+            vote(5, 2, true),
+            vec![0],
+            le(1),
+            entry,
+            some_id(5, 2, 1),
+        ]
+        .concat();
+        check(&append, want, "membership append");
     }
 
     #[test]
