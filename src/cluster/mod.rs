@@ -43,8 +43,6 @@ pub struct Cluster {
     pub outbox: firstseen_raft::Outbox,
     /// Both databases and their durability.
     pub disk: firstseen_store::disk::Disk,
-    /// Storage errors openraft was handed, for the storage watchdog.
-    pub faults: firstseen_raft::StoreFaults,
     pub node_id: NodeId,
     pub peers: Peers,
     pub key: ClusterKey,
@@ -219,9 +217,6 @@ pub struct Group {
     pub outbox: firstseen_raft::Outbox,
     pub disk: firstseen_store::disk::Disk,
     pub reaper: firstseen_raft::log_store::Reaper,
-    /// Storage errors openraft was handed: whether a core that stopped by
-    /// itself stopped on the storage or on openraft's own error.
-    pub faults: firstseen_raft::StoreFaults,
 }
 
 impl Group {
@@ -249,13 +244,12 @@ impl Group {
         };
         let storage = firstseen_raft::open_with(&cx.data_dir.join("raft"), on_damaged_log).await?;
         network.appends = Some(storage.log.append_clock());
-        let faults = storage.log.faults();
         let raft = Raft::new(
             cx.id,
             Arc::new(raft_config(section, cx.id)?),
             network,
-            firstseen_raft::Watched::new(storage.log, faults.clone()),
-            firstseen_raft::Watched::new(storage.state_machine, faults.clone()),
+            storage.log,
+            storage.state_machine,
         )
         .await
         .map_err(|e| Error::raft("start", e))?;
@@ -283,7 +277,6 @@ impl Group {
             outbox: storage.outbox,
             disk: storage.disk,
             reaper: storage.reaper,
-            faults,
         })
     }
 }
@@ -324,7 +317,6 @@ impl Cluster {
             state: group.state,
             outbox: group.outbox,
             disk: group.disk,
-            faults: group.faults,
             node_id: cx.id,
             peers,
             key,

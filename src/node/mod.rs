@@ -275,7 +275,6 @@ pub async fn run(
     );
     let watching = crate::watchdog::watch(
         cluster.raft.clone(),
-        cluster.faults.clone(),
         cluster.disk.log.clone(),
         cluster.disk.state.clone(),
         stop,
