@@ -293,6 +293,29 @@ async fn handshake(
     Ok((node, out, inn))
 }
 
+/// A reply carrying Raft's answer, as every release can read it. A core
+/// that stopped or panicked encodes the same in openraft 0.9 and 0.10; a
+/// storage error does not (0.9's is an enum, 0.10's a struct), and a reply
+/// the other side cannot decode closes the whole link and fails every call
+/// on it. So a storage error goes as a refusal in words: the leader backs
+/// off as from an unreachable node, which a node whose core is gone is.
+/// This lands a release before any move to 0.10, so that a rolling upgrade
+/// never meets the other release's bytes.
+fn on_the_wire<T, E>(
+    result: Result<T, openraft::error::RaftError<NodeId, E>>,
+    reply: impl FnOnce(Result<T, openraft::error::RaftError<NodeId, E>>) -> Reply,
+) -> Reply
+where
+    E: std::error::Error,
+{
+    match result {
+        Err(openraft::error::RaftError::Fatal(openraft::error::Fatal::StorageError(e))) => {
+            Reply::Refused(format!("raft stopped on a storage error: {e}"))
+        }
+        other => reply(other),
+    }
+}
+
 /// Serves one request from an authenticated peer. Public for the
 /// whole-cluster simulation, whose network hands requests straight to it.
 pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
@@ -347,14 +370,14 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             ) {
                 svc.liveness.leader_contact();
             }
-            Reply::AppendEntries(result)
+            on_the_wire(result, Reply::AppendEntries)
         }
         // Rejoining with a set-aside log: a vote could elect a candidate
         // that lacks an entry this node had acknowledged.
         Request::Vote(_) if svc.liveness.abstaining() => {
             Reply::Vote(Ok(super::elect::refuse_vote(&svc.raft)))
         }
-        Request::Vote(r) => Reply::Vote(svc.raft.vote(r).await),
+        Request::Vote(r) => on_the_wire(svc.raft.vote(r).await, Reply::Vote),
         Request::InstallSnapshot(r) => {
             let id = r.meta.snapshot_id.clone();
             let checked = firstseen_store::lock::lock(&svc.snapshot).accept(
@@ -381,7 +404,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
             if result.is_ok() {
                 svc.liveness.leader_contact();
             }
-            Reply::InstallSnapshot(result)
+            on_the_wire(result, Reply::InstallSnapshot)
         }
         Request::Forward(batch) => Reply::Forward(svc.forwarded.commit(batch).await),
         Request::ForwardKinds { mut batch, kinds } => {
@@ -408,6 +431,40 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
 #[cfg(test)]
 mod tests {
     use crate::telemetry::refusal_kind;
+
+    /// A dead core's storage error crosses the link as words every release
+    /// reads; a stopped core's refusal keeps openraft's bytes (the same in
+    /// 0.9 and 0.10), and an answer is untouched.
+    #[test]
+    fn a_storage_error_goes_as_words_and_nothing_else_changes() {
+        use super::{on_the_wire, Reply};
+        use firstseen_raft::NodeId;
+        use openraft::error::{Fatal, RaftError};
+        use openraft::raft::AppendEntriesResponse;
+        use openraft::{ErrorSubject, ErrorVerb, StorageIOError};
+        type Answer = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
+        let failed: Answer = Err(RaftError::Fatal(Fatal::StorageError(
+            StorageIOError::new(
+                ErrorSubject::Logs,
+                ErrorVerb::Write,
+                openraft::AnyError::error("disk gone"),
+            )
+            .into(),
+        )));
+        match on_the_wire(failed, Reply::AppendEntries) {
+            Reply::Refused(why) => assert!(why.contains("disk gone"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let stopped: Answer = Err(RaftError::Fatal(Fatal::Stopped));
+        assert!(matches!(
+            on_the_wire(stopped, Reply::AppendEntries),
+            Reply::AppendEntries(Err(RaftError::Fatal(Fatal::Stopped)))
+        ));
+        assert!(matches!(
+            on_the_wire(Ok(AppendEntriesResponse::Success), Reply::AppendEntries),
+            Reply::AppendEntries(Ok(AppendEntriesResponse::Success))
+        ));
+    }
 
     #[test]
     fn refusals_of_one_kind_share_a_kind_whatever_the_node_or_numbers() {
