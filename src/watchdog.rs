@@ -21,16 +21,15 @@
 //! openraft 0.9 also stops its core on an error it makes itself: a leader
 //! that asks a replication stream for a snapshot just after the stream
 //! ended on a higher vote reports "Read Snapshot(None): replication channel
-//! closed" (see `firstseen_raft::faults`). The disk is sound then, but the
-//! core is gone all the same and only a restart brings a new one, so the
-//! exit is the same. The reason names how many storage errors the node's
-//! storage handed openraft: a lower bound (a panic or an answer openraft
-//! itself finds wanting counts none), so it informs the operator and
-//! decides nothing.
+//! closed" (0.9.25's `raft_core.rs`, `Command::Replicate`; 0.10 ignores
+//! the closed stream). The disk is sound then, but the core is gone all the
+//! same and only a restart brings a new one, so the exit is the same; the
+//! reason gives openraft's words, and docs/operations.md tells the two
+//! apart for the operator.
 
 use std::time::Duration;
 
-use firstseen_raft::{Raft, StoreFaults};
+use firstseen_raft::Raft;
 use firstseen_store::disk::Db;
 use tokio_util::sync::CancellationToken;
 
@@ -45,19 +44,14 @@ pub const EXIT_STORAGE: i32 = 74;
 
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Why the node must stop, if it must: the pure rule. `store_errors` is
-/// how many storage errors openraft had been handed, read after
-/// `raft_failure`.
+/// Why the node must stop, if it must: the pure rule.
 pub fn verdict(
     raft_failure: Option<String>,
-    store_errors: u64,
     stuck: &[(&str, Option<Duration>)],
     limit: Duration,
 ) -> Option<String> {
     if let Some(r) = raft_failure {
-        return Some(format!(
-            "openraft stopped its core: {r} (storage errors counted: {store_errors})"
-        ));
+        return Some(format!("openraft stopped its core: {r}"));
     }
     stuck.iter().find_map(|(db, running)| {
         running.filter(|d| *d >= limit).map(|d| {
@@ -89,7 +83,7 @@ fn raft_failure(raft: &Raft) -> Option<String> {
 /// on a full disk (`tests/durability.rs`,
 /// `a_node_whose_storage_fails_exits_for_its_supervisor_and_recovers`, once
 /// in a clean-clone run).
-pub async fn watch(raft: Raft, faults: StoreFaults, log: Db, state: Db, stop: CancellationToken) {
+pub async fn watch(raft: Raft, log: Db, state: Db, stop: CancellationToken) {
     let checks = tokio::task::spawn_blocking(move || {
         while !stop.is_cancelled() {
             std::thread::sleep(EVERY);
@@ -97,8 +91,7 @@ pub async fn watch(raft: Raft, faults: StoreFaults, log: Db, state: Db, stop: Ca
                 ("log", log.sync_stuck_for()),
                 ("state", state.sync_stuck_for()),
             ];
-            let failure = raft_failure(&raft);
-            if let Some(reason) = verdict(failure, faults.count(), &stuck, STUCK_LIMIT) {
+            if let Some(reason) = verdict(raft_failure(&raft), &stuck, STUCK_LIMIT) {
                 tracing::error!(
                     reason = %reason,
                     exit_code = EXIT_STORAGE,
@@ -120,13 +113,9 @@ mod tests {
     fn a_wedged_sync_or_a_dead_core_stops_the_node_and_nothing_else_does() {
         let limit = Duration::from_secs(20);
         let ok = Some(Duration::from_secs(3));
-        assert_eq!(
-            verdict(None, 0, &[("log", None), ("state", ok)], limit),
-            None
-        );
+        assert_eq!(verdict(None, &[("log", None), ("state", ok)], limit), None);
         let stuck = verdict(
             None,
-            0,
             &[("log", Some(Duration::from_secs(21))), ("state", None)],
             limit,
         );
@@ -134,11 +123,10 @@ mod tests {
             stuck.as_deref(),
             Some("the log database has not completed a sync for 21 s")
         );
-        let dead = verdict(Some("disk full".into()), 1, &[], limit).unwrap();
+        let dead = verdict(Some("disk full".into()), &[], limit).unwrap();
         assert!(dead.contains("disk full"), "{dead}");
-        assert!(dead.contains("storage errors counted: 1"), "{dead}");
         // openraft 0.9's own race stops the node too: only a restart gives
         // it a new core.
-        assert!(verdict(Some("replication channel closed".into()), 0, &[], limit).is_some());
+        assert!(verdict(Some("replication channel closed".into()), &[], limit).is_some());
     }
 }

@@ -133,13 +133,12 @@ async fn a_restored_leader_answers_its_whole_log_not_a_rewound_commit_index() {
         enable_elect: false,
         ..Default::default()
     };
-    let faults = storage.log.faults();
     let raft = Raft::new(
         1,
         Arc::new(config.validate().unwrap()),
         HeartbeatsOnly,
-        firstseen_raft::Watched::new(storage.log, faults.clone()),
-        firstseen_raft::Watched::new(storage.state_machine, faults),
+        storage.log,
+        storage.state_machine,
     )
     .await
     .unwrap();

@@ -1272,7 +1272,6 @@ async fn start(id: NodeId, config: &Config, world: &Shared, services: &Services)
     tasks.push(tokio::spawn(watch_leadership(
         id,
         group.raft.clone(),
-        group.faults.clone(),
         life,
         world.clone(),
     )));
@@ -1316,13 +1315,7 @@ fn note_applied(w: &mut World) {
 
 /// Puts node `id`'s view of the leadership in the trace, and reports a
 /// core that openraft stopped by itself.
-async fn watch_leadership(
-    id: NodeId,
-    raft: Raft,
-    faults: firstseen_raft::StoreFaults,
-    life: CancellationToken,
-    world: Shared,
-) {
+async fn watch_leadership(id: NodeId, raft: Raft, life: CancellationToken, world: Shared) {
     let mut rx = raft.metrics();
     let mut last = None;
     loop {
@@ -1339,7 +1332,7 @@ async fn watch_leadership(
             // first). The node's storage watchdog exits it
             // (`src/watchdog.rs`) and its supervisor restarts it. Nothing
             // here fails the disk, so a stop is a defect, but for one:
-            // openraft 0.9's own race (`firstseen_raft::faults`).
+            // openraft 0.9's own race (`openraft_race`).
             let fatal = rx.borrow().running_state.clone();
             let was_leader = last.is_some_and(|(_, leader)| leader == Some(id));
             let term = last.map_or(0, |(term, _)| term);
@@ -1358,7 +1351,7 @@ async fn watch_leadership(
                 .rafts
                 .iter()
                 .any(|(n, r)| *n != id && r.metrics().borrow().current_term > term);
-            let race = openraft_race(&fatal, was_leader && higher, faults.count());
+            let race = openraft_race(&fatal, was_leader && higher);
             if race && w.raced.insert(id) {
                 // Its watchdog looks every second; its supervisor starts
                 // it 2 s after it exits (as the nemesis's does). Until then
@@ -1370,9 +1363,12 @@ async fn watch_leadership(
                 w.exited.push((id, life, back));
             } else {
                 let line = format!(
-                    "node {id}: openraft stopped by itself: {why} (storage errors counted: {}{})",
-                    faults.count(),
-                    if race { "; its race a second time" } else { "" }
+                    "node {id}: openraft stopped by itself: {why}{}",
+                    if race {
+                        " (its race a second time)"
+                    } else {
+                        ""
+                    }
                 );
                 w.problems.push(line.clone());
                 w.log(line);
@@ -1389,7 +1385,6 @@ async fn watch_leadership(
 fn openraft_race(
     _fatal: &Result<(), openraft::error::Fatal<firstseen_raft::TypeConfig>>,
     _outvoted: bool,
-    _store_errors: u64,
 ) -> bool {
     false
 }
@@ -2043,10 +2038,7 @@ fn run_seed(
         let pulsar_stop = CancellationToken::new();
         let pulsar_disk = tokio::spawn(pulsar::disk(world.clone(), pulsar_stop.clone(), (1, 4), 8));
         let watcher = tokio::spawn(watch_applied(world.clone(), pulsar_stop.clone()));
-        let mut nodes: BTreeMap<NodeId, Running> = BTreeMap::new();
-        for id in 1..=NODES {
-            nodes.insert(id, start(id, &configs[&id], &world, &services).await);
-        }
+        let mut nodes = start_all(&configs, &world, &services).await;
         // The upstream publisher: every message to every node's session.
         let publisher = {
             let world = world.clone();
@@ -2505,6 +2497,54 @@ fn the_whole_cluster_keeps_every_acked_message_through_power_cuts() {
     check_seeds("simulate_cluster power_cuts", 20, FAULTS_FOR, run_power);
 }
 
+/// The three nodes started, as `run_seed` starts them.
+async fn start_all(
+    configs: &BTreeMap<NodeId, Config>,
+    world: &Shared,
+    services: &Services,
+) -> BTreeMap<NodeId, Running> {
+    let mut nodes = BTreeMap::new();
+    for id in 1..=NODES {
+        nodes.insert(id, start(id, &configs[&id], world, services).await);
+    }
+    nodes
+}
+
+/// Runs `test` on three started nodes, on a paused runtime of a thread of
+/// its own, and crashes them after; `None` if it did not end within
+/// `limit` of wall time (a node that spins stops the simulated clock).
+fn with_three_nodes<T, F>(seed: u64, limit: Duration, test: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: for<'a> FnOnce(
+            &'a mut BTreeMap<NodeId, Running>,
+            &'a BTreeMap<NodeId, Config>,
+            &'a Shared,
+            &'a Services,
+        ) -> futures::future::BoxFuture<'a, T>
+        + Send
+        + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (rt, disks, configs) = setup(false);
+        let out = rt.block_on(async move {
+            let world = new_world(Rng(seed));
+            let services: Services = Arc::new(Mutex::new(HashMap::new()));
+            let mut nodes = start_all(&configs, &world, &services).await;
+            let out = test(&mut nodes, &configs, &world, &services).await;
+            for (id, node) in std::mem::take(&mut nodes) {
+                crash(id, node, &services, &world).await;
+            }
+            out
+        });
+        drop(rt);
+        drop(disks);
+        let _ = tx.send(out);
+    });
+    rx.recv_timeout(limit).ok()
+}
+
 /// A follower whose Raft has stopped (as after a fatal storage error, until
 /// its storage watchdog stops the node) and that still has a batch to commit
 /// must back off, not retry at once forever. It did: the proposer took the
@@ -2514,16 +2554,8 @@ fn the_whole_cluster_keeps_every_acked_message_through_power_cuts() {
 /// hung until the wall-clock limit). Fixed in `propose::metrics_changed`.
 #[test]
 fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (rt, disks, configs) = setup(false);
-        let sent = rt.block_on(async move {
-            let world = new_world(Rng(42));
-            let services: Services = Arc::new(Mutex::new(HashMap::new()));
-            let mut nodes = BTreeMap::new();
-            for id in 1..=NODES {
-                nodes.insert(id, start(id, &configs[&id], &world, &services).await);
-            }
+    let sent = with_three_nodes(42, Duration::from_secs(60), |nodes, _, world, _| {
+        Box::pin(async move {
             let leader = loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let views: BTreeSet<Option<NodeId>> = nodes
@@ -2535,30 +2567,21 @@ fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
                 }
             };
             let follower = (1..=NODES).find(|id| *id != leader).expect("a follower");
-            lock(&world).stopping.insert(follower);
+            lock(world).stopping.insert(follower);
             nodes[&follower].raft.shutdown().await.expect("raft stops");
-            let before = lock(&world).calls.get(&follower).copied().unwrap_or(0);
+            let before = lock(world).calls.get(&follower).copied().unwrap_or(0);
             {
-                let mut w = lock(&world);
+                let mut w = lock(world);
                 let s = w.sessions.get_mut(&follower).expect("a session");
                 for m in 0..20 {
                     s.offer(m);
                 }
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let sent = lock(&world).calls.get(&follower).copied().unwrap_or(0) - before;
-            for (id, node) in std::mem::take(&mut nodes) {
-                crash(id, node, &services, &world).await;
-            }
-            sent
-        });
-        drop(rt);
-        drop(disks);
-        let _ = tx.send(sent);
-    });
-    let sent = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the node spun: 3 simulated seconds did not pass within 60 s of wall time");
+            lock(world).calls.get(&follower).copied().unwrap_or(0) - before
+        })
+    })
+    .expect("the node spun: 3 simulated seconds did not pass within 60 s of wall time");
     // Backing off from 50 ms to 2 s, a batch is tried about 6 times in 3 s;
     // each try is one forward.
     assert!(
@@ -2573,49 +2596,37 @@ fn a_node_whose_raft_stopped_backs_off_instead_of_spinning() {
 /// life ended meanwhile (here: one crashed and started again by hand).
 #[test]
 fn a_node_that_exited_is_restarted_once_when_its_time_comes() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (rt, disks, configs) = setup(false);
-        let lines = rt.block_on(async move {
-            let world = new_world(Rng(7));
-            let services: Services = Arc::new(Mutex::new(HashMap::new()));
-            let mut nodes = BTreeMap::new();
-            for id in 1..=NODES {
-                nodes.insert(id, start(id, &configs[&id], &world, &services).await);
-            }
-            let life = |id: NodeId| lock(&world).lives[&id].clone();
-            let now = Instant::now();
-            let (one, two) = (life(1), life(2));
-            {
-                let mut w = lock(&world);
-                w.exited.push((1, one, now + Duration::from_secs(2)));
-                // Its life ends before its time: nothing to restart.
-                w.exited.push((2, two, now + Duration::from_secs(2)));
-            }
-            let node = nodes.remove(&2).expect("node 2");
-            crash(2, node, &services, &world).await;
-            nodes.insert(2, start(2, &configs[&2], &world, &services).await);
-            let mut heals = Vec::new();
-            let until = now + Duration::from_secs(1);
-            heal_until(until, &mut heals, &mut nodes, &configs, &world, &services).await;
-            let early = lock(&world).trace.clone();
-            let until = now + Duration::from_secs(4);
-            heal_until(until, &mut heals, &mut nodes, &configs, &world, &services).await;
-            let restarted = nodes[&1].raft.metrics().borrow().running_state.is_ok();
-            let trace = lock(&world).trace.clone();
-            for (id, node) in std::mem::take(&mut nodes) {
-                crash(id, node, &services, &world).await;
-            }
-            let left = lock(&world).exited.len();
-            (early, trace, restarted, left)
-        });
-        drop(rt);
-        drop(disks);
-        let _ = tx.send(lines);
-    });
-    let (early, trace, running, left) = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("4 simulated seconds passed within 120 s of wall time");
+    let found = with_three_nodes(
+        7,
+        Duration::from_secs(120),
+        |nodes, configs, world, services| {
+            Box::pin(async move {
+                let life = |id: NodeId| lock(world).lives[&id].clone();
+                let now = Instant::now();
+                let (one, two) = (life(1), life(2));
+                {
+                    let mut w = lock(world);
+                    w.exited.push((1, one, now + Duration::from_secs(2)));
+                    // Its life ends before its time: nothing to restart.
+                    w.exited.push((2, two, now + Duration::from_secs(2)));
+                }
+                let node = nodes.remove(&2).expect("node 2");
+                crash(2, node, services, world).await;
+                nodes.insert(2, start(2, &configs[&2], world, services).await);
+                let mut heals = Vec::new();
+                let until = now + Duration::from_secs(1);
+                heal_until(until, &mut heals, nodes, configs, world, services).await;
+                let early = lock(world).trace.clone();
+                let until = now + Duration::from_secs(4);
+                heal_until(until, &mut heals, nodes, configs, world, services).await;
+                let restarted = nodes[&1].raft.metrics().borrow().running_state.is_ok();
+                let w = lock(world);
+                (early, w.trace.clone(), restarted, w.exited.len())
+            })
+        },
+    );
+    let (early, trace, running, left) =
+        found.expect("4 simulated seconds passed within 120 s of wall time");
     let restarts = |lines: &[String], id: NodeId| {
         let needle = format!("node {id} restarted by its supervisor");
         lines.iter().filter(|l| l.ends_with(&needle)).count()

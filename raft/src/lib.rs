@@ -32,9 +32,6 @@
 //!   in the log.
 //! - [`damage`]: which errors and panics mean a damaged file, and the
 //!   marker that asks the next start to rebuild the state.
-//! - [`faults`]: counts the storage errors openraft is handed (a lower
-//!   bound), so that the simulation can tell openraft 0.9's own race from a
-//!   storage defect.
 //! - [`appends`]: when recent entries were written, for the commit path's
 //!   telemetry.
 //! - [`runtime`]: the runtime openraft's tasks run on (tokio; in the
@@ -47,7 +44,6 @@
 pub mod appends;
 pub mod cover;
 pub mod damage;
-pub mod faults;
 pub mod guard;
 pub mod log_store;
 pub mod outbox;
@@ -60,7 +56,6 @@ pub mod storage;
 pub mod typ;
 
 pub use appends::AppendClock;
-pub use faults::{StoreFaults, Watched};
 pub use firstseen_store::{Command, NodeId, Response, StateStore};
 pub use log_store::LogStore;
 pub use outbox::Outbox;

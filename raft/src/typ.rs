@@ -71,7 +71,7 @@ pub fn log_id(term: u64, node_id: NodeId, index: u64) -> LogId {
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, tokio::fs::File>;
 
 /// The Raft handle the rest of firstseen uses.
-pub type Raft = openraft::Raft<TypeConfig, crate::Watched<crate::StateMachine>>;
+pub type Raft = openraft::Raft<TypeConfig, crate::StateMachine>;
 
 /// Everything that can go wrong in this crate outside openraft's own errors.
 #[derive(Debug, thiserror::Error)]

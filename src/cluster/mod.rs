@@ -44,8 +44,6 @@ pub struct Cluster {
     pub outbox: firstseen_raft::Outbox,
     /// Both databases and their durability.
     pub disk: firstseen_store::disk::Disk,
-    /// Storage errors openraft was handed, for the storage watchdog.
-    pub faults: firstseen_raft::StoreFaults,
     pub node_id: NodeId,
     pub peers: Peers,
     pub key: ClusterKey,
@@ -228,9 +226,6 @@ pub struct Group {
     pub outbox: firstseen_raft::Outbox,
     pub disk: firstseen_store::disk::Disk,
     pub reaper: firstseen_raft::log_store::Reaper,
-    /// Storage errors openraft was handed: whether a core that stopped by
-    /// itself stopped on the storage or on openraft's own error.
-    pub faults: firstseen_raft::StoreFaults,
     /// Where the peer server names the snapshot it receives, for the state
     /// machine to check it against (`firstseen_raft::state_machine`).
     pub incoming: firstseen_raft::state_machine::Incoming,
@@ -265,14 +260,13 @@ impl Group {
             set: section.pipeline_appends,
             level: Some(storage.state.level_cell()),
         };
-        let faults = storage.log.faults();
         let incoming = storage.state_machine.incoming();
         let raft = Raft::new(
             cx.id,
             Arc::new(raft_config(section, cx.id)?),
             network,
-            firstseen_raft::Watched::new(storage.log, faults.clone()),
-            firstseen_raft::Watched::new(storage.state_machine, faults.clone()),
+            storage.log,
+            storage.state_machine,
         )
         .await
         .map_err(|e| Error::raft("start", e))?;
@@ -300,7 +294,6 @@ impl Group {
             outbox: storage.outbox,
             disk: storage.disk,
             reaper: storage.reaper,
-            faults,
             incoming,
         })
     }
@@ -342,7 +335,6 @@ impl Cluster {
             state: group.state,
             outbox: group.outbox,
             disk: group.disk,
-            faults: group.faults,
             node_id: cx.id,
             peers,
             key,

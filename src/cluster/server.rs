@@ -478,12 +478,13 @@ mod tests {
         use openraft::error::{Fatal, RaftError};
         use openraft::raft::AppendEntriesResponse;
         use openraft::{ErrorSubject, ErrorVerb, StorageError};
-        let failed: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
-            Err(RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
+        let failed: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> = Err(
+            RaftError::Fatal(Fatal::StorageError(StorageError::from_io_error(
                 ErrorSubject::Logs,
                 ErrorVerb::Write,
                 std::io::Error::other("disk gone"),
-            ))));
+            ))),
+        );
         match on_the_wire(failed, Reply::AppendEntries) {
             Reply::Refused(why) => assert!(why.contains("disk gone"), "{why}"),
             other => panic!("{other:?}"),

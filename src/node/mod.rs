@@ -276,7 +276,6 @@ pub async fn run(
     );
     let watching = crate::watchdog::watch(
         cluster.raft.clone(),
-        cluster.faults.clone(),
         cluster.disk.log.clone(),
         cluster.disk.state.clone(),
         stop,

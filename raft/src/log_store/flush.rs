@@ -8,7 +8,6 @@ use openraft::storage::IOFlushed;
 
 use firstseen_store::disk::Db;
 
-use crate::faults::StoreFaults;
 use crate::guard::Guard;
 use crate::{lock, LogId, TypeConfig};
 
@@ -38,9 +37,6 @@ pub(super) struct Flusher {
     pub(super) guard: Arc<Mutex<Guard>>,
     pub(super) written: Arc<Mutex<Written>>,
     pub(super) queue: Mutex<FlushQueue>,
-    /// A failed sync reaches openraft through the callbacks, not as a
-    /// returned error, so it is counted here.
-    pub(super) faults: StoreFaults,
 }
 
 #[derive(Default)]
@@ -94,9 +90,6 @@ impl Flusher {
             let result = self.db.sync();
             metrics::counter!("firstseen_raft_log_flushes_total").increment(1);
             let synced = result.is_ok();
-            if !synced {
-                self.faults.note();
-            }
             let synced_at = Instant::now();
             // The commit path's `flush` leg: an append written until the
             // sync that makes it durable (docs/metrics.md).

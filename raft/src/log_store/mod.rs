@@ -21,7 +21,6 @@ use firstseen_store::disk::Db;
 use firstseen_store::{Command, StateStore, StoreError};
 
 use crate::cover::SnapshotCover;
-use crate::faults::StoreFaults;
 use crate::guard::{Guard, Marks};
 use crate::{lock, Entry, LogId, RaftError, StorageResult, TypeConfig, Vote};
 
@@ -231,7 +230,6 @@ impl LogStore {
             guard: guard.clone(),
             written: written.clone(),
             queue: Mutex::new(FlushQueue::default()),
-            faults: StoreFaults::default(),
         });
         let first_kept = Arc::new(AtomicU64::new(purged.map_or(0, |l| l.index + 1)));
         let (reaper, wake) = mpsc::unbounded_channel();
@@ -356,12 +354,6 @@ impl LogStore {
             .await
             .map_err(io_err)?
             .map_err(io_err)
-    }
-
-    /// The count of storage errors openraft was handed by this log and the
-    /// state machine over it (see [`crate::faults`]).
-    pub fn faults(&self) -> StoreFaults {
-        self.flusher.faults.clone()
     }
 
     /// Number of entries currently held (after purges), for status.
