@@ -67,10 +67,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use firstseen::clock::Clock;
+use firstseen::cluster::answer::{dispatch, PeerService};
 use firstseen::cluster::liveness::Liveness;
 use firstseen::cluster::network::Network;
 use firstseen::cluster::peers::{Call, CallError, Queued, SILENT_DEAD};
-use firstseen::cluster::server::{dispatch, PeerService};
 use firstseen::cluster::wire::{self, ClusterKey, Envelope, Reply, Request};
 use firstseen::cluster::Group;
 use firstseen::config::Config;

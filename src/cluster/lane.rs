@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use firstseen_raft::TypeConfig;
 
-use super::server::PeerService;
+use super::answer::{self, PeerService};
 use super::wire::Reply;
 
 /// The sending half of a connection's lane.
@@ -118,7 +118,7 @@ async fn serve(
                             (Err(RaftError::Fatal(openraft::error::Fatal::Stopped)), true)
                         }
                     };
-                    super::server::after_append(
+                    answer::after_append(
                         &svc,
                         job.req.entries.len(),
                         job.req.prev_log_id,
@@ -128,7 +128,7 @@ async fn serve(
                     let stopped = matches!(reply, Err(RaftError::Fatal(_)));
                     let _ = job
                         .answer
-                        .send(super::server::on_the_wire(reply, Reply::AppendEntries));
+                        .send(answer::on_the_wire(reply, Reply::AppendEntries));
                     if stopped {
                         // No new stream would be answered either.
                         for job in waiting.drain(..) {

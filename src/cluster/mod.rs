@@ -1,12 +1,14 @@
 //! The Raft group as the rest of the node sees it: start it, bootstrap it
 //! idempotently, change membership, elect leaders ([`elect`]) and talk to
 //! peers ([`wire`] the protocol, [`frames`] reading it off a connection,
-//! [`server`], [`peers`], and openraft's [`network`] over them); and
+//! [`server`] the listener and [`answer`] what it answers, [`lane`] a
+//! connection's appends in order, [`peers`], and openraft's [`network`] over them); and
 //! [`services`] the ones that run on the open group (the peer service,
 //! elections, the lease watch). Proposing is not here: it is a step of the pipeline
 //! (`crate::propose`), which uses this network to forward batches; the
 //! network knows nothing of it.
 
+pub mod answer;
 pub mod config;
 pub mod elect;
 pub mod frames;

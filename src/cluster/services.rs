@@ -8,10 +8,10 @@ use firstseen_raft::Raft;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use super::answer::{Forwarded, PeerService};
 use super::config::ClusterConfig;
 use super::liveness::Liveness;
 use super::peers::Call;
-use super::server::{Forwarded, PeerService};
 use super::{elect, timing};
 use crate::context::NodeCx;
 use crate::secret::ClusterKey;

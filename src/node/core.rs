@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, port::Acks};
 use crate::clock::SharedClock;
+use crate::cluster::answer::PeerService;
 use crate::cluster::liveness::Liveness;
 use crate::cluster::peers::Call;
-use crate::cluster::server::PeerService;
 use crate::cluster::services;
 use crate::config::Config;
 use crate::diskspace::DiskSpace;

@@ -2,7 +2,7 @@
 //!
 //! Everything the node appends goes through here: a batch of observations
 //! from the batcher ([`Proposer::propose`]), a batch a follower forwarded
-//! (served by the peer listener through [`crate::cluster::server::Forwarded`]),
+//! (served by the peer listener through [`crate::cluster::answer::Forwarded`]),
 //! and the publisher's receipts ([`Proposer::watermark`]). On the leader the
 //! [`coalesce`] task merges what waits into one entry and stamps it; a
 //! follower forwards its batch to the leader and waits for the commit there.
@@ -290,7 +290,7 @@ impl Proposer {
     }
 }
 
-impl crate::cluster::server::Forwarded for Proposer {
+impl crate::cluster::answer::Forwarded for Proposer {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<Vec<Outcome>, ForwardError>> {
         Box::pin(self.commit_here(batch))
     }
