@@ -12,6 +12,7 @@ use super::port::{Acks, Commit};
 use super::{BatchPolicy, Pending};
 use crate::ingest::ack::AckToken;
 use crate::ingest::Received;
+use crate::propose::spacing::{self, Room, Spacing};
 use crate::propose::ProposeError;
 use crate::telemetry::{self, Leg};
 use firstseen_store::{Outcome, StateStore};
@@ -32,14 +33,20 @@ pub struct Batcher {
     pub shutdown: CancellationToken,
 }
 
-/// Batches proposed and not yet committed, at most. With one, a batch that
-/// filled (or lingered out) while the previous one committed waited for that
+/// Batches proposed and not yet committed. With one, a batch that filled
+/// (or lingered out) while the previous one committed waited for that
 /// commit before it could leave: at 2,000 msg/s most of the receive leg's
 /// time (docs/benchmarks.md, "Where a message's 16.6 ms go"). A second one
 /// in flight goes while the first commits; the leader's coalescer may merge
-/// them into one entry. Acks still go out in receive order: batches are
+/// them into one entry. More (up to eight) go only while the newest has
+/// waited 5 ms ([`crate::propose::spacing`]): between zones, where a commit
+/// takes two round trips. Acks still go out in receive order: batches are
 /// settled oldest first whatever order they commit in (G4).
-pub const IN_FLIGHT: usize = 2;
+pub const IN_FLIGHT: Spacing = Spacing {
+    base: 2,
+    most: 8,
+    gap: Duration::from_millis(5),
+};
 
 /// Runs until every ingest task has dropped its sender and the last batch is
 /// committed and acked.
@@ -49,8 +56,11 @@ pub async fn run(b: Batcher, mut rx: mpsc::Receiver<Received>) {
     // ones before it, so that its acks never pass theirs.
     let mut in_flight = FuturesOrdered::new();
     let mut closed = false;
+    // When the newest batch in flight left (for [`IN_FLIGHT`]).
+    let mut newest: Option<Instant> = None;
     loop {
-        let room = in_flight.len() < IN_FLIGHT;
+        let slot = IN_FLIGHT.room(in_flight.len(), newest, Instant::now());
+        let room = slot == Room::Now;
         let due = pending.deadline(&b.policy);
         let ready = !pending.is_empty()
             && (pending.is_full(&b.policy) || closed || due.is_some_and(|d| d <= Instant::now()));
@@ -65,6 +75,7 @@ pub async fn run(b: Batcher, mut rx: mpsc::Receiver<Received>) {
                 }
             }
             in_flight.push_back(commit(&b, pending.take()));
+            newest = Some(Instant::now());
             continue;
         }
         if closed && pending.is_empty() && in_flight.is_empty() {
@@ -92,6 +103,9 @@ pub async fn run(b: Batcher, mut rx: mpsc::Receiver<Received>) {
                 Some(None) | None => break,
             },
             _ = sleep_until_some(due), if room && !pending.is_empty() => {}
+            // A slot beyond the first two opens with time, not only when a
+            // commit ends.
+            _ = spacing::until(slot), if !pending.is_empty() => {}
         }
     }
     tracing::info!("batcher stopped");

@@ -25,12 +25,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::clocks::Clocks;
 use super::slim;
+use super::spacing::{self, Room, Spacing};
 use crate::cluster::wire::ForwardError;
 
-/// Entries being committed at once. One merges the most: with two, the
-/// benchmark's peak made 511 entries/s and p99 47 ms; with one, 427 and
-/// 43 ms (docs/benchmarks.md).
-const IN_FLIGHT: usize = 1;
+/// Entries being committed at once. One merges the most: with two always,
+/// the benchmark's peak made 511 entries/s and p99 47 ms; with one, 427 and
+/// 43 ms (docs/benchmarks.md). A second (up to four) goes only once the
+/// newest has waited 5 ms ([`spacing`]): between zones a commit takes a
+/// round trip or more, and what arrived meanwhile need not wait for it.
+const IN_FLIGHT: Spacing = Spacing {
+    base: 1,
+    most: 4,
+    gap: Duration::from_millis(5),
+};
 
 /// Where a batch's answer goes, and when the batch reached the coalescer
 /// (the start of its `queue` leg, `firstseen_commit_leg_seconds`).
@@ -190,6 +197,8 @@ async fn run(
 ) {
     let mut queue: VecDeque<(Batch, Reply)> = VecDeque::new();
     let mut entries = JoinSet::new();
+    // When the newest entry in flight was proposed (for [`IN_FLIGHT`]).
+    let mut newest: Option<Instant> = None;
     let mut watermarks = JoinSet::new();
     let mut clocks = Clocks::default();
     // The log's last stamp, read once per term (see [`window_clock`]).
@@ -214,9 +223,12 @@ async fn run(
                 }
             }
         }
-        while entries.len() < IN_FLIGHT && !queue.is_empty() {
+        while !queue.is_empty()
+            && IN_FLIGHT.room(entries.len(), newest, Instant::now()) == Room::Now
+        {
             let parts = next_entry(&mut queue, settings.max_bytes);
             let now = Instant::now();
+            newest = Some(now);
             let queued = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "queue");
             for (b, (_, arrived)) in &parts {
                 clocks.saw(&b.observations, now);
@@ -250,6 +262,7 @@ async fn run(
                 parts,
             ));
         }
+        let room = IN_FLIGHT.room(entries.len(), newest, Instant::now());
         tokio::select! {
             Some(done) = entries.join_next(), if !entries.is_empty() => {
                 if let Err(e) = done {
@@ -258,6 +271,7 @@ async fn run(
                     }
                 }
             }
+            _ = spacing::until(room), if !queue.is_empty() => {}
             Some(_) = watermarks.join_next(), if !watermarks.is_empty() => {}
             _ = window_tick.tick() => {
                 if let Ok(t) = state.totals() {
@@ -433,8 +447,8 @@ async fn propose(raft: &Raft, cmd: Command, total: usize) -> Result<Vec<Outcome>
 /// Why: openraft 0.9 answers a write when its entry is applied, and fails it
 /// when the entry is truncated; nothing else drains its responders. A leader
 /// that steps down and then installs a snapshot covering its entry imports
-/// that entry without applying it, so the write waits forever. With one
-/// entry in flight ([`IN_FLIGHT`]), every later batch through this node then
+/// that entry without applying it, so the write waits forever. With its
+/// entries in flight ([`IN_FLIGHT`]) stuck so, every later batch through this node then
 /// waited too, once it led again (nemesis seed 288942358, release replay:
 /// node 2 led in term 6, installed three snapshots in term 9, led again in
 /// term 10, and every forward to it timed out for the rest of the run).

@@ -12,11 +12,14 @@
 //! - [`coalesce`]: the leader's merging task, with its pure grouping rule.
 //! - [`level`]: the leader raises the cluster level once every member's
 //!   release has the next one.
+//! - [`spacing`]: the pure rule for how many proposals may be in flight (the
+//!   batcher's batches, the coalescer's entries).
 
 pub mod clocks;
 pub mod coalesce;
 pub mod level;
 pub mod slim;
+pub mod spacing;
 
 use std::sync::Arc;
 use std::time::Duration;
