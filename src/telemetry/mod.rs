@@ -70,9 +70,11 @@ pub fn install_metrics(node: u64, zone: &str, upstreams: &[String]) -> Option<Pr
     ];
     // The legs are each a few milliseconds at the HSL peak: finer buckets
     // there, so that a bench run reads their medians, not just their tails.
+    // Between zones they are one or two round trips: 20-60 ms at 10 ms
+    // apart, where 30 and 50 alone put every median near 40.
     let legs = [
-        0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
-        1.0, 2.5, 5.0, 10.0,
+        0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04,
+        0.045, 0.05, 0.06, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     ];
     let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
     let builder = PrometheusBuilder::new()
