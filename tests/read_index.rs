@@ -301,6 +301,16 @@ async fn a_state_behind_its_snapshot_comes_back_whole_at_start() {
     assert_eq!(current.meta.last_log_id, Some(id(40)), "the premise");
 
     let outbox = storage.outbox.clone();
+    let snapshot_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path().join("snapshots"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = snapshot_files();
     let config = openraft::Config {
         heartbeat_interval: 100,
         election_timeout_min: 400,
@@ -317,12 +327,16 @@ async fn a_state_behind_its_snapshot_comes_back_whole_at_start() {
     )
     .await
     .unwrap();
+    // The start-up install ran: it writes the snapshot anew under a new
+    // name (a replay from the log alone would leave the files as they were).
+    let installed = snapshot_files();
     let caught_up = raft
         .wait(Some(Duration::from_secs(30)))
         .applied_index_at_least(Some(50), "replayed to the commit index")
         .await;
     raft.shutdown().await.unwrap();
     caught_up.expect("the node applied every committed entry");
+    assert_ne!(before, installed, "the snapshot was not installed at start");
     let read = outbox.read("restored", 1, 100).unwrap();
     let payloads: Vec<String> = read
         .iter()
@@ -330,10 +344,8 @@ async fn a_state_behind_its_snapshot_comes_back_whole_at_start() {
         .collect();
     let expected: Vec<String> = (1..=50).map(|i| format!("message {i}")).collect();
     assert_eq!(payloads, expected, "every committed message once, in order");
-    let strays: Vec<_> = std::fs::read_dir(tmp.path().join("snapshots"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+    let strays: Vec<_> = snapshot_files()
+        .into_iter()
         .filter(|name| name.starts_with("incoming"))
         .collect();
     assert!(

@@ -305,10 +305,15 @@ mod tests {
     /// sending message `tag` at each `(ms, tag)`, and returns each proposal
     /// as (ms, messages).
     async fn proposals(sends: &[(u64, u8)]) -> Vec<(u128, usize)> {
+        proposals_committed_in(8, sends).await
+    }
+
+    /// [`proposals`] with commits that take `commit_ms`.
+    async fn proposals_committed_in(commit_ms: u64, sends: &[(u64, u8)]) -> Vec<(u128, usize)> {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::Config::new().temporary(true).open().unwrap();
         let group = Arc::new(Slow {
-            commit: Duration::from_millis(8),
+            commit: Duration::from_millis(commit_ms),
             proposed: Mutex::new(Vec::new()),
         });
         let batcher = Batcher {
@@ -361,6 +366,29 @@ mod tests {
             proposals(&[(0, 1), (3, 2), (6, 3), (7, 4)]).await,
             vec![(2, 1), (5, 1), (10, 2)]
         );
+    }
+
+    /// Commits of 100 ms, as between zones: beyond the first two slots a
+    /// batch leaves once the newest in flight has waited 5 ms, not when a
+    /// commit ends, and never more than eight are out. With two slots and
+    /// nothing else (before), the third batch waited for the first commit,
+    /// at 102 ms.
+    #[tokio::test(start_paused = true)]
+    async fn with_long_commits_more_batches_leave_one_gap_apart_up_to_eight() {
+        let sends: Vec<(u64, u8)> = [0, 3, 6, 11, 16, 21, 26, 31, 36]
+            .iter()
+            .zip(1u8..)
+            .map(|(at, tag)| (*at, tag))
+            .collect();
+        let at: Vec<u128> = proposals_committed_in(100, &sends)
+            .await
+            .into_iter()
+            .map(|(ms, n)| {
+                assert_eq!(n, 1);
+                ms
+            })
+            .collect();
+        assert_eq!(at, vec![2, 5, 10, 15, 20, 25, 30, 35, 102]);
     }
 
     /// A group whose first commit takes 20 ms and every later one 1 ms.

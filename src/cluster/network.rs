@@ -2,6 +2,7 @@
 //! peer links of [`super::peers`], with the time each may take and the
 //! mapping of link failures to what openraft backs off on.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,7 +83,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             appends: self.appends.clone(),
             answered_at: None,
-            sent_upto: 0,
+            sent_upto: Arc::default(),
             pipeline: self.pipeline.clone(),
         })
     }
@@ -99,8 +100,10 @@ pub struct PeerClient {
     /// When an append this client waited for was last accepted by the peer.
     answered_at: Option<Instant>,
     /// The highest index this client has sent, so that the `to_send` leg
-    /// counts each entry's first send only.
-    sent_upto: u64,
+    /// counts each entry's first send only; shared with its pipelined
+    /// streams' senders, so that a stream restarted after a conflict does
+    /// not count its resends as first sends.
+    sent_upto: Arc<AtomicU64>,
     /// Whether appends are pipelined (`cluster.pipeline_appends`).
     pipeline: Pipelining,
 }
@@ -144,17 +147,17 @@ fn unexpected_error<E: std::error::Error>(addr: &str) -> RPCError<TypeConfig, E>
 
 /// Records the `to_send` leg for the entries `first..=last`, each at its
 /// first send (`sent_upto` is the highest sent so far).
-fn note_first_sends(appends: Option<&AppendClock>, sent_upto: &mut u64, first: u64, last: u64) {
+fn note_first_sends(appends: Option<&AppendClock>, sent_upto: &AtomicU64, first: u64, last: u64) {
+    let before = sent_upto.fetch_max(last, Ordering::Relaxed);
     if let Some(appends) = appends {
         let now = Instant::now();
         let h = metrics::histogram!("firstseen_commit_leg_seconds", "leg" => "to_send");
-        for index in first.max(*sent_upto + 1)..=last {
+        for index in first.max(before + 1)..=last {
             if let Some(at) = appends.written_at(index) {
                 h.record(now.into_std().saturating_duration_since(at).as_secs_f64());
             }
         }
     }
-    *sent_upto = (*sent_upto).max(last);
 }
 
 impl PeerClient {
@@ -217,7 +220,7 @@ impl PeerClient {
     /// Records the `to_send` leg for the entries `first..=last` this client
     /// sends for the first time.
     fn note_sent(&mut self, first: u64, last: u64) {
-        note_first_sends(self.appends.as_ref(), &mut self.sent_upto, first, last);
+        note_first_sends(self.appends.as_ref(), &self.sent_upto, first, last);
     }
 
     fn unexpected<E: std::error::Error>(&self) -> RPCError<TypeConfig, E> {
@@ -414,22 +417,34 @@ where
 {
     let (peers, target, addr) = (client.peers.clone(), client.target, client.addr.clone());
     let ttl = option.hard_ttl().max(WRITE_TTL_FLOOR);
-    metrics::counter!("firstseen_raft_append_streams_total", "kind" => "pipelined").increment(1);
+    metrics::counter!("firstseen_raft_append_streams_total").increment(1);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sent, CallError>>(PIPELINE);
     let appends = client.appends.clone();
-    let from = client.sent_upto;
+    let sent_upto = client.sent_upto.clone();
     let sender = {
         let addr = addr.clone();
         async move {
             let mut conn = None;
-            let mut sent_upto = from;
-            while let Some(req) = input.next().await {
+            loop {
+                // Ends as soon as the stream is dropped, not at the next
+                // request: openraft holds its replication's stream lock
+                // while it waits to hand one over, and the next session
+                // needs that lock (and must not race one more append from
+                // this stream on the wire).
+                let req = tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    req = input.next() => match req {
+                        Some(req) => req,
+                        None => return,
+                    },
+                };
                 let (prev, empty) = (req.prev_log_id, req.entries.is_empty());
                 let last = req.entries.last().map(|e| e.log_id).or(prev);
                 if let (Some(first), Some(l)) = (req.entries.first(), req.entries.last()) {
                     note_first_sends(
                         appends.as_ref(),
-                        &mut sent_upto,
+                        &sent_upto,
                         first.log_id.index,
                         l.log_id.index,
                     );

@@ -284,6 +284,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Appends the leader sent to followers, per kind: entries, empty (a heartbeat or a new commit index, waited for), unawaited (empty, sent without waiting for the reply because the follower answered within half a heartbeat)",
     ),
     (
+        "firstseen_raft_append_streams_total",
+        "counter",
+        "Pipelined append streams the leader opened to followers (cluster level 4): openraft opens one per replication session and one per heartbeat, so a steady count rising with the heartbeats is normal, and a faster one means streams ending on refusals, conflicts or a changed connection",
+    ),
+    (
         "firstseen_publish_batch_seconds",
         "histogram",
         "Time to send a publish batch and receive every receipt",
