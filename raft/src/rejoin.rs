@@ -34,7 +34,8 @@
 //! does not know its last vote and is refused instead, as before.
 //!
 //! The leader notices that the follower's log went back and starts its
-//! replication over (openraft's feature `loosen-follower-log-revert`).
+//! replication over (openraft's `Config::allow_log_reversion`, set in
+//! `cluster::raft_config`; 0.9's feature `loosen-follower-log-revert`).
 
 use std::path::Path;
 
