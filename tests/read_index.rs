@@ -85,6 +85,27 @@ impl RaftNetwork<TypeConfig> for HeartbeatsOnly {
     }
 }
 
+/// Starts node 1's Raft on `storage`, with followers that only answer
+/// heartbeats and no elections.
+async fn start(storage: firstseen_raft::Storage) -> Raft {
+    let config = openraft::Config {
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        enable_elect: false,
+        ..Default::default()
+    };
+    Raft::new(
+        1,
+        Arc::new(config.validate().unwrap()),
+        HeartbeatsOnly,
+        storage.log,
+        storage.state_machine,
+    )
+    .await
+    .unwrap()
+}
+
 /// Nodes 1 to 3, each in its own zone.
 fn three_members() -> Membership {
     let nodes: BTreeMap<NodeId, Member> = (1..=3)
@@ -135,22 +156,7 @@ async fn a_restored_leader_answers_its_whole_log_not_a_rewound_commit_index() {
         .unwrap();
     storage.log.save_committed(Some(id(10))).await.unwrap();
 
-    let config = openraft::Config {
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
-        enable_elect: false,
-        ..Default::default()
-    };
-    let raft = Raft::new(
-        1,
-        Arc::new(config.validate().unwrap()),
-        HeartbeatsOnly,
-        storage.log,
-        storage.state_machine,
-    )
-    .await
-    .unwrap();
+    let raft = start(storage).await;
     let timing = Timing {
         heartbeat: Duration::from_millis(100),
         election_min: Duration::from_millis(400),
@@ -311,22 +317,7 @@ async fn a_state_behind_its_snapshot_comes_back_whole_at_start() {
         names
     };
     let before = snapshot_files();
-    let config = openraft::Config {
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
-        enable_elect: false,
-        ..Default::default()
-    };
-    let raft = Raft::new(
-        1,
-        Arc::new(config.validate().unwrap()),
-        HeartbeatsOnly,
-        storage.log,
-        storage.state_machine,
-    )
-    .await
-    .unwrap();
+    let raft = start(storage).await;
     // The start-up install ran: it writes the snapshot anew under a new
     // name (a replay from the log alone would leave the files as they were).
     let installed = snapshot_files();
