@@ -31,6 +31,19 @@ fn three_zones_keep_exactly_one_copy_per_key() {
     let (code, report) = verify(&pulsar, &topic, Some(HFP_DISTINCT), &c.secret_file());
     assert_eq!(code, 0, "{report}");
 
+    // A fresh cluster starts at the base level and raises it to pipelined
+    // appends a few seconds in; the leader's streams to both followers run
+    // pipelined from then on, with the same leader. (Whether a stream was
+    // opened before the rise, which is what the eighth stop's switch is
+    // for, depends on timing here; the network's unit test
+    // `a_leader_s_stream_ends_once_the_pipelined_level_is_applied` pins it.)
+    wait_until(
+        Duration::from_secs(30),
+        "the leader's streams pipelined",
+        || c.nodes[(leader - 1) as usize].metric("firstseen_raft_append_streams_total") >= 2.0,
+    );
+    assert_eq!(c.wait_leader(None, Duration::from_secs(5)), leader);
+
     // Every zone got the whole feed: each saw (nearly) every key. Followers'
     // last batches (duplicates only) may still be committing once the leader
     // has published every first copy, so wait for all copies.

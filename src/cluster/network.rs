@@ -377,6 +377,8 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         if !self.0.pipeline.on() {
+            let pipeline = self.0.pipeline.clone();
+            let input = until_switched(input, move || pipeline.on());
             return stream_append_sequential(self, input, option);
         }
         Box::pin(async move { Ok(pipelined(&mut self.0, input, option)) })
@@ -386,6 +388,33 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
     fn backoff(&self) -> Option<Backoff> {
         Some(Backoff::new(std::iter::repeat(Duration::from_millis(500))))
     }
+}
+
+/// `input` until `switched` says so, asked before each request is taken.
+/// A stream that began one request at a time (the cluster level below
+/// [`firstseen_store::level::PIPELINED`]) thus ends at a request boundary
+/// once the level rises, and openraft opens its next session where this one
+/// ended, pipelined. Without it, a stream begun at start-up (a fresh
+/// cluster starts at the base level and raises it some seconds later) or
+/// before a rolling upgrade finished stayed one request at a time until
+/// the leader changed: every entry waited for the reply to the one before,
+/// which was the `to_send` leg's 14 ms at zones 10 ms apart (seventh stop).
+/// Dropping openraft's request future between requests is safe: each new
+/// session sets what it sends from what the follower acknowledged.
+fn until_switched<S, F>(
+    mut input: S,
+    switched: F,
+) -> impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    F: Fn() -> bool + Send + Unpin + 'static,
+{
+    futures::stream::poll_fn(move |cx| {
+        if switched() {
+            return std::task::Poll::Ready(None);
+        }
+        input.poll_next_unpin(cx)
+    })
 }
 
 /// How many appends a pipelined stream has on their way at most; openraft
@@ -673,6 +702,63 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    /// A stream begun one request at a time ends, between requests, once
+    /// pipelining is switched on, and takes no request after that: the
+    /// next session (pipelined) starts where it ended.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_begun_one_at_a_time_ends_when_pipelining_comes_on() {
+        use std::sync::atomic::AtomicBool;
+        let on = Arc::new(AtomicBool::new(false));
+        let taken = Arc::new(AtomicU64::new(0));
+        let counted = taken.clone();
+        let requests = futures::stream::iter((0..5).map(|_| append(1))).map(move |r| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            r
+        });
+        let switch = on.clone();
+        let mut input = until_switched(Box::pin(requests), move || switch.load(Ordering::Relaxed));
+        assert!(input.next().await.is_some());
+        assert!(input.next().await.is_some());
+        on.store(true, Ordering::Relaxed);
+        assert!(input.next().await.is_none());
+        assert_eq!(
+            taken.load(Ordering::Relaxed),
+            2,
+            "no request taken after the switch"
+        );
+    }
+
+    /// The same, wired: a stream a leader opened below the pipelined level
+    /// takes no request once the level is applied; it ends, and the next
+    /// session openraft opens goes pipelined. Without the switch (before
+    /// the eighth stop) the second request went one at a time like the
+    /// first, and so did every later one until the leader changed.
+    #[tokio::test]
+    async fn a_leader_s_stream_ends_once_the_pipelined_level_is_applied() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let state = firstseen_store::StateStore::open(&db).unwrap();
+        let mut network = Network::new(Arc::new(Accepting::default()));
+        network.pipeline = Pipelining {
+            set: None,
+            level: Some(state.level_cell()),
+        };
+        let mut peer = network.new_client(2, &Member::default()).await;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        tx.unbounded_send(append(1)).unwrap();
+        let option = RPCOption::new(Duration::from_millis(100));
+        let mut answers = peer.stream_append(rx, option).await.unwrap();
+        assert!(matches!(answers.next().await, Some(Ok(Ok(_)))));
+        let level = firstseen_store::level::PIPELINED;
+        state
+            .apply(Some(&firstseen_store::Command::Level { level }), 1, b"1")
+            .unwrap();
+        tx.unbounded_send(append(1)).unwrap();
+        assert!(
+            answers.next().await.is_none(),
+            "the stream went on one at a time"
+        );
     }
 
     /// The replication stream's empty appends do not hold the next entry a
