@@ -2315,6 +2315,15 @@ fn run_seed(
             supervise(&mut nodes, &configs, &world, &services).await;
             outboxes = outboxes_of(&nodes);
         }
+        if !(drained(&outboxes) && risen(&nodes)) {
+            // What each Raft thought at the end: which follower a leader
+            // could not bring up to date, and where each one stands.
+            let mut w = lock(&world);
+            for (id, n) in &nodes {
+                let m = n.raft.metrics().borrow().clone();
+                w.log(format!("node {id}'s Raft at the end: {m}"));
+            }
+        }
         {
             // A core that stopped after the last look was never restarted.
             let mut w = lock(&world);
@@ -2485,6 +2494,12 @@ async fn heal(
 
 #[test]
 fn the_whole_cluster_keeps_every_acked_message_exactly_once_under_seeded_faults() {
+    // `RUST_LOG` (with `--nocapture`) shows the nodes' logs; nothing unless
+    // set. It changes the timing, so a seed may then run differently.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     check_seeds("simulate_cluster", 150, FAULTS_FOR, run);
 }
 

@@ -19,7 +19,7 @@ use openraft::errors::decompose::DecomposeResult;
 use openraft::errors::{ReplicationClosed, StreamingError};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::Backoff;
-use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::SnapshotResponse;
 use openraft::raft::StreamAppendResult;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
@@ -377,9 +377,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         if !self.0.pipeline.on() {
-            let pipeline = self.0.pipeline.clone();
-            let input = until_switched(input, move || pipeline.on());
-            return stream_append_sequential(self, input, option);
+            return Box::pin(async move { Ok(one_at_a_time(&mut self.0, input, option)) });
         }
         Box::pin(async move { Ok(pipelined(&mut self.0, input, option)) })
     }
@@ -390,31 +388,64 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
     }
 }
 
-/// `input` until `switched` says so, asked before each request is taken.
-/// A stream that began one request at a time (the cluster level below
-/// [`firstseen_store::level::PIPELINED`]) thus ends at a request boundary
-/// once the level rises, and openraft opens its next session where this one
-/// ended, pipelined. Without it, a stream begun at start-up (a fresh
-/// cluster starts at the base level and raises it some seconds later) or
-/// before a rolling upgrade finished stayed one request at a time until
-/// the leader changed: every entry waited for the reply to the one before,
-/// which was the `to_send` leg's 14 ms at zones 10 ms apart (seventh stop).
-/// Dropping openraft's request future between requests is safe: each new
-/// session sets what it sends from what the follower acknowledged.
-fn until_switched<S, F>(
-    mut input: S,
-    switched: F,
-) -> impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static
+/// openraft's appends to one follower, one at a time: each sent once the
+/// one before it is answered, as openraft 0.9 sent them (a cluster below
+/// [`firstseen_store::level::PIPELINED`], where a member may not keep a
+/// connection's appends in order).
+///
+/// Before it takes each request it asks whether appends are pipelined now;
+/// once they are, it ends with a network error instead. openraft then
+/// starts the follower's replication afresh (a new stream, pipelined, from
+/// what the follower acknowledged), as after any network error: a single
+/// one costs no backoff. Without the question, a stream begun at start-up
+/// (a fresh cluster starts at the base level and raises it a few seconds
+/// in) or during a rolling upgrade stayed one at a time until the leader
+/// changed, and every entry waited for the reply to the one before: the
+/// `to_send` leg's 14 ms at zones 10 ms apart (seventh stop). Ending it
+/// cleanly instead, with nothing said, let the replication task go on
+/// with a payload the leader no longer had in flight: in the whole-cluster
+/// simulation a follower restored from a snapshot was then sent nothing
+/// but empty appends below its snapshot, for good.
+fn one_at_a_time<'s, S>(
+    client: &'s mut PeerClient,
+    input: S,
+    option: RPCOption,
+) -> BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
-    F: Fn() -> bool + Send + Unpin + 'static,
 {
-    futures::stream::poll_fn(move |cx| {
-        if switched() {
-            return std::task::Poll::Ready(None);
+    let out = futures::stream::unfold(Some((client, input)), move |state| {
+        let option = option.clone();
+        async move {
+            let (client, mut input) = state?;
+            if client.pipeline.on() {
+                let e = CallError::Protocol {
+                    addr: client.addr.clone(),
+                    reason: "appends are pipelined from now on; this one-at-a-time stream ends"
+                        .into(),
+                };
+                return Some((Err(RPCError::Network(NetworkError::new(&e))), None));
+            }
+            let req = input.next().await?;
+            let prev = req.prev_log_id;
+            let last = req.entries.last().map(|e| e.log_id).or(prev);
+            let answer = RaftNetwork::append_entries(client, req, option)
+                .await
+                .decompose_infallible();
+            match answer {
+                Ok(r) => {
+                    // Part of it only: what follows would leave a gap.
+                    let partial =
+                        matches!(&r, AppendEntriesResponse::PartialSuccess(m) if *m != last);
+                    let r = r.into_stream_result(prev, last);
+                    let go_on = r.is_ok() && !partial;
+                    Some((Ok(r), go_on.then_some((client, input))))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
         }
-        input.poll_next_unpin(cx)
-    })
+    });
+    Box::pin(out)
 }
 
 /// How many appends a pipelined stream has on their way at most; openraft
@@ -704,36 +735,10 @@ mod tests {
         }
     }
 
-    /// A stream begun one request at a time ends, between requests, once
-    /// pipelining is switched on, and takes no request after that: the
-    /// next session (pipelined) starts where it ended.
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_begun_one_at_a_time_ends_when_pipelining_comes_on() {
-        use std::sync::atomic::AtomicBool;
-        let on = Arc::new(AtomicBool::new(false));
-        let taken = Arc::new(AtomicU64::new(0));
-        let counted = taken.clone();
-        let requests = futures::stream::iter((0..5).map(|_| append(1))).map(move |r| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            r
-        });
-        let switch = on.clone();
-        let mut input = until_switched(Box::pin(requests), move || switch.load(Ordering::Relaxed));
-        assert!(input.next().await.is_some());
-        assert!(input.next().await.is_some());
-        on.store(true, Ordering::Relaxed);
-        assert!(input.next().await.is_none());
-        assert_eq!(
-            taken.load(Ordering::Relaxed),
-            2,
-            "no request taken after the switch"
-        );
-    }
-
-    /// The same, wired: a stream a leader opened below the pipelined level
-    /// takes no request once the level is applied; it ends, and the next
-    /// session openraft opens goes pipelined. Without the switch (before
-    /// the eighth stop) the second request went one at a time like the
+    /// A stream a leader opened below the pipelined level takes no request
+    /// once the level is applied: it ends with a network error, so that
+    /// openraft starts the follower's replication again, pipelined. Before
+    /// the eighth stop the second request went one at a time like the
     /// first, and so did every later one until the leader changed.
     #[tokio::test]
     async fn a_leader_s_stream_ends_once_the_pipelined_level_is_applied() {
@@ -746,18 +751,31 @@ mod tests {
         };
         let mut peer = network.new_client(2, &Member::default()).await;
         let (tx, rx) = futures::channel::mpsc::unbounded();
+        let taken = Arc::new(AtomicU64::new(0));
+        let counted = taken.clone();
+        let input = rx.map(move |r| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            r
+        });
         tx.unbounded_send(append(1)).unwrap();
         let option = RPCOption::new(Duration::from_millis(100));
-        let mut answers = peer.stream_append(rx, option).await.unwrap();
+        let mut answers = peer.stream_append(input, option).await.unwrap();
         assert!(matches!(answers.next().await, Some(Ok(Ok(_)))));
         let level = firstseen_store::level::PIPELINED;
         state
             .apply(Some(&firstseen_store::Command::Level { level }), 1, b"1")
             .unwrap();
         tx.unbounded_send(append(1)).unwrap();
+        let ended = answers.next().await;
         assert!(
-            answers.next().await.is_none(),
-            "the stream went on one at a time"
+            matches!(ended, Some(Err(RPCError::Network(_)))),
+            "the stream went on one at a time: {ended:?}"
+        );
+        assert!(answers.next().await.is_none());
+        assert_eq!(
+            taken.load(Ordering::Relaxed),
+            1,
+            "a request taken after the switch"
         );
     }
 
