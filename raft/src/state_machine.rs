@@ -28,11 +28,47 @@ use crate::{
 /// The applied position and membership, stored atomically with each apply.
 type AppliedMarker = (Option<LogId>, StoredMembership);
 
-/// The id of the snapshot the peer server is receiving, as its sender named
-/// it (`…-<blake3>`): openraft 0.10 hands the state machine a snapshot's
-/// metadata without one, and the hash in it is what the received file is
-/// checked against before it is installed.
-pub type Incoming = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+/// The ids of the snapshots the peer server received whole, as their
+/// senders named them (`…-<blake3>`), newest last: openraft 0.10 hands the
+/// state machine a snapshot's metadata without one, and the hash in it is
+/// what the received file is checked against before it is installed.
+///
+/// A list, not one slot: the server serves each request on a task of its
+/// own, so the last chunks of two transfers (a leader's snapshot and the
+/// newer one it built meanwhile) can pass each other. With one slot the
+/// second id overwrote the first before the first was installed, the
+/// file was checked against the other snapshot's hash, and the follower's
+/// Raft stopped on a "damaged" snapshot that was whole (whole-cluster
+/// simulation, seed 1796594863220 with `SIM_PIPELINE=level`). Each install
+/// takes the id whose hash its file has.
+#[derive(Clone, Default)]
+pub struct Incoming(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl Incoming {
+    /// Ids kept at most: a transfer that never reaches an install (openraft
+    /// refused it as older) must not stay for ever.
+    const KEPT: usize = 8;
+
+    /// Notes a snapshot received whole, before Raft installs it.
+    pub fn received(&self, snapshot_id: String) {
+        let mut ids = firstseen_store::lock::lock(&self.0);
+        if ids.len() == Self::KEPT {
+            ids.pop_front();
+        }
+        ids.push_back(snapshot_id);
+    }
+
+    /// Takes the id whose hash is `blake3`; else, when some were received,
+    /// the newest of them (the file is then not what any sender hashed).
+    /// `None` when nothing was received: a snapshot of this node's own.
+    fn take_for(&self, blake3: &str) -> Option<String> {
+        let mut ids = firstseen_store::lock::lock(&self.0);
+        match ids.iter().position(|id| id_hash(id) == Some(blake3)) {
+            Some(at) => ids.remove(at),
+            None => ids.back().cloned(),
+        }
+    }
+}
 
 /// openraft's view of the state machine.
 pub struct StateMachine {
@@ -158,6 +194,9 @@ impl StateMachine {
         // A snapshot whose bytes are not what the sender hashed is refused
         // before any of it reaches the disk's current snapshot or the state.
         let mut meta = meta.clone();
+        if let Some(sent) = self.incoming.take_for(&exported.blake3) {
+            meta.snapshot_id = sent;
+        }
         match id_hash(&meta.snapshot_id) {
             Some(want) if want != exported.blake3 => {
                 let _ = std::fs::remove_file(&exported.path);
@@ -362,14 +401,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &crate::SnapshotMeta,
         snapshot: tokio::fs::File,
     ) -> StorageResult<()> {
-        // The id its sender named it by, when it is the file received for
-        // it; else one of this node's, which `install` completes with the
-        // data's hash.
-        let sent = firstseen_store::lock::lock(&self.incoming).take();
-        let snapshot_id = sent.unwrap_or_else(|| match &meta.last_log_id {
+        // One of this node's names, which `install` replaces with the id
+        // its sender named it by (`Incoming`), or completes with the data's
+        // hash.
+        let snapshot_id = match &meta.last_log_id {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, unique_suffix()),
             None => format!("none-{}", unique_suffix()),
-        });
+        };
         let meta = Meta {
             last_log_id: meta.last_log_id,
             last_membership: meta.last_membership.clone(),

@@ -169,7 +169,10 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
         .meta
         .last_log_id;
     let wrong = "0".repeat(64);
-    *follower.state_machine.incoming().lock().unwrap() = Some(format!("T1-N1-100-{wrong}"));
+    follower
+        .state_machine
+        .incoming()
+        .received(format!("T1-N1-100-{wrong}"));
     let refused = follower
         .state_machine
         .install_snapshot(&meta, received)
@@ -197,12 +200,49 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
         .unwrap();
     received.read_to_end(&mut data).await.unwrap();
     let right = blake3::hash(&data).to_hex().to_string();
-    *follower.state_machine.incoming().lock().unwrap() = Some(format!("T1-N1-100-{right}"));
+    follower
+        .state_machine
+        .incoming()
+        .received(format!("T1-N1-100-{right}"));
     follower
         .state_machine
         .install_snapshot(&meta, received)
         .await
         .unwrap();
+    let current = follower
+        .state_machine
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(current.meta.last_log_id, Some(id(100)));
+}
+
+/// The last chunks of two transfers can pass each other on the peer server
+/// (each request on a task of its own): the second snapshot's id arrives
+/// before the first snapshot is installed. The first still installs under
+/// its own id. With one slot for the id (before), it was checked against
+/// the second snapshot's hash, refused as damaged, and the follower's Raft
+/// stopped.
+#[tokio::test]
+async fn two_transfers_passing_each_other_each_install_under_their_own_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut follower, meta, mut received) = follower_receiving(dir.path()).await;
+    let mut data = Vec::new();
+    tokio::io::AsyncSeekExt::seek(&mut received, std::io::SeekFrom::Start(0))
+        .await
+        .unwrap();
+    received.read_to_end(&mut data).await.unwrap();
+    let right = blake3::hash(&data).to_hex().to_string();
+    let incoming = follower.state_machine.incoming();
+    incoming.received(format!("T1-N1-100-{right}"));
+    // A newer snapshot's last chunk, served before this one's install.
+    incoming.received(format!("T2-N1-253-{}", "7".repeat(64)));
+    follower
+        .state_machine
+        .install_snapshot(&meta, received)
+        .await
+        .expect("installed under its own id");
     let current = follower
         .state_machine
         .get_current_snapshot()

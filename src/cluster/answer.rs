@@ -169,7 +169,7 @@ pub async fn dispatch(svc: &PeerService, request: Request) -> Reply {
                 )));
             }
             if r.done {
-                *firstseen_store::lock::lock(&svc.incoming) = Some(r.meta.snapshot_id.clone());
+                svc.incoming.received(r.meta.snapshot_id.clone());
             }
             let result = svc.raft.install_snapshot(r).await;
             if result.is_ok() {
