@@ -255,8 +255,11 @@ fn ack(b: &Batcher, items: &[Received]) {
 /// G5 backpressure: while the outbox and the batches in flight are over
 /// the quota, or this node's disk is below its reserve, nothing new is
 /// committed, so nothing is acked and the broker keeps the messages. A
-/// batch goes while the total is below the quota, so the outbox passes it
-/// by one batch at most (a batch larger than the quota still goes alone).
+/// batch goes while the total is below the quota, so on the leader the
+/// outbox passes it by one batch at most (a batch larger than the quota
+/// still goes alone). A follower reads its own outbox, which grows only as
+/// it applies: it may also pass by what its apply lags behind the commits
+/// it forwarded.
 /// Returns the batch's reservation, or `None` on shutdown.
 async fn wait_for_quota<'a>(
     b: &Batcher,

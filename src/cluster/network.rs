@@ -85,7 +85,20 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             answered_at: None,
             sent_upto: Arc::default(),
             pipeline: self.pipeline.clone(),
+            probes: false,
         })
+    }
+
+    /// openraft 0.10 sends its heartbeats, which keep the leader's lease
+    /// and confirm its leadership for reads, on a client it keeps for good.
+    /// Made by `new_client`, that client sent a heartbeat within half a
+    /// heartbeat of its last answer without waiting for the reply
+    /// ([`PeerClient::send_unawaited`]), and openraft counted nothing for
+    /// it: a lease or a read's confirmation waited for a later round.
+    async fn new_heartbeat_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
+        let mut client = self.new_client(target, node).await;
+        client.0.probes = true;
+        client
     }
 }
 
@@ -106,6 +119,9 @@ pub struct PeerClient {
     sent_upto: Arc<AtomicU64>,
     /// Whether appends are pipelined (`cluster.pipeline_appends`).
     pipeline: Pipelining,
+    /// Whether this client carries openraft's heartbeats: every one of
+    /// them is waited for, since what it proves is the reply.
+    probes: bool,
 }
 
 /// The shortest time an RPC that writes on the peer (an append with
@@ -193,7 +209,8 @@ impl PeerClient {
     /// at once. Once the follower has not answered for half a heartbeat,
     /// every request is waited for again, so a follower that went quiet is
     /// seen (and a leader's lease is never extended by a reply it did not
-    /// get). Leadership checks use clients of their own, which never skip.
+    /// get). Leadership checks and openraft 0.10's heartbeats use clients
+    /// of their own, which never skip.
     fn send_unawaited(
         &self,
         rpc: AppendEntriesRequest<TypeConfig>,
@@ -238,7 +255,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let empty = rpc.entries.is_empty();
         // Pipelined, the stream does not wait behind a commit-only append,
         // so every one is waited for (and a lease counts only replies).
-        if empty && !self.pipeline.on() && self.heard_lately(option.hard_ttl()) {
+        if empty && !self.probes && !self.pipeline.on() && self.heard_lately(option.hard_ttl()) {
             return Err(self.send_unawaited(rpc, option.hard_ttl()));
         }
         if let (Some(first), Some(last)) = (rpc.entries.first(), rpc.entries.last()) {
@@ -393,8 +410,9 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
 /// [`firstseen_store::level::PIPELINED`], where a member may not keep a
 /// connection's appends in order).
 ///
-/// Before it takes each request it asks whether appends are pipelined now;
-/// once they are, it ends with a network error instead. openraft then
+/// With each request openraft hands it, it asks whether appends are
+/// pipelined now; once they are, it ends with a network error instead of
+/// sending it. openraft then
 /// starts the follower's replication afresh (a new stream, pipelined, from
 /// what the follower acknowledged), as after any network error: a single
 /// one costs no backoff. Without the question, a stream begun at start-up
@@ -418,7 +436,12 @@ where
         let option = option.clone();
         async move {
             let (client, mut input) = state?;
+            // Taken first: an input that ended is openraft's own word (a
+            // payload done, or replaced), and ends the stream cleanly.
+            let req = input.next().await?;
             if client.pipeline.on() {
+                // Not sent: the leader's reset of this follower's progress
+                // sends it again, pipelined.
                 let e = CallError::Protocol {
                     addr: client.addr.clone(),
                     reason: "appends are pipelined from now on; this one-at-a-time stream ends"
@@ -426,7 +449,6 @@ where
                 };
                 return Some((Err(RPCError::Network(NetworkError::new(&e))), None));
             }
-            let req = input.next().await?;
             let prev = req.prev_log_id;
             let last = req.entries.last().map(|e| e.log_id).or(prev);
             let answer = RaftNetwork::append_entries(client, req, option)
@@ -735,7 +757,7 @@ mod tests {
         }
     }
 
-    /// A stream a leader opened below the pipelined level takes no request
+    /// A stream a leader opened below the pipelined level sends no request
     /// once the level is applied: it ends with a network error, so that
     /// openraft starts the follower's replication again, pipelined. Before
     /// the eighth stop the second request went one at a time like the
@@ -744,19 +766,14 @@ mod tests {
     async fn a_leader_s_stream_ends_once_the_pipelined_level_is_applied() {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let state = firstseen_store::StateStore::open(&db).unwrap();
-        let mut network = Network::new(Arc::new(Accepting::default()));
+        let peer_calls = Arc::new(Accepting::default());
+        let mut network = Network::new(peer_calls.clone());
         network.pipeline = Pipelining {
             set: None,
             level: Some(state.level_cell()),
         };
         let mut peer = network.new_client(2, &Member::default()).await;
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        let taken = Arc::new(AtomicU64::new(0));
-        let counted = taken.clone();
-        let input = rx.map(move |r| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            r
-        });
+        let (tx, input) = futures::channel::mpsc::unbounded();
         tx.unbounded_send(append(1)).unwrap();
         let option = RPCOption::new(Duration::from_millis(100));
         let mut answers = peer.stream_append(input, option).await.unwrap();
@@ -773,9 +790,9 @@ mod tests {
         );
         assert!(answers.next().await.is_none());
         assert_eq!(
-            taken.load(Ordering::Relaxed),
+            *peer_calls.with_entries.lock().unwrap(),
             1,
-            "a request taken after the switch"
+            "a request sent after the switch"
         );
     }
 
@@ -819,7 +836,22 @@ mod tests {
             .new_client(2, &Member::default())
             .await
             .0;
-        assert!(check.append_entries(append(0), heartbeat).await.is_ok());
+        assert!(check
+            .append_entries(append(0), heartbeat.clone())
+            .await
+            .is_ok());
+        // openraft 0.10's heartbeat client keeps hearing answers, and still
+        // waits for every one: its replies keep the lease.
+        let mut beats = Network::new(peer.clone())
+            .new_heartbeat_client(2, &Member::default())
+            .await
+            .0;
+        for _ in 0..3 {
+            assert!(beats
+                .append_entries(append(0), heartbeat.clone())
+                .await
+                .is_ok());
+        }
         assert_eq!(*peer.with_entries.lock().unwrap(), 1);
     }
 }
