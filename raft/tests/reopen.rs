@@ -194,12 +194,7 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
 
     let dir = tempfile::tempdir().unwrap();
     let (mut follower, meta, mut received) = follower_receiving(dir.path()).await;
-    let mut data = Vec::new();
-    tokio::io::AsyncSeekExt::seek(&mut received, std::io::SeekFrom::Start(0))
-        .await
-        .unwrap();
-    received.read_to_end(&mut data).await.unwrap();
-    let right = blake3::hash(&data).to_hex().to_string();
+    let right = hash_of(&mut received).await;
     follower
         .state_machine
         .incoming()
@@ -218,6 +213,16 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
     assert_eq!(current.meta.last_log_id, Some(id(100)));
 }
 
+/// The blake3 of what `received` holds, as its sender names it.
+async fn hash_of(received: &mut tokio::fs::File) -> String {
+    let mut data = Vec::new();
+    tokio::io::AsyncSeekExt::seek(received, std::io::SeekFrom::Start(0))
+        .await
+        .unwrap();
+    received.read_to_end(&mut data).await.unwrap();
+    blake3::hash(&data).to_hex().to_string()
+}
+
 /// The last chunks of two transfers can pass each other on the peer server
 /// (each request on a task of its own): the second snapshot's id arrives
 /// before the first snapshot is installed. The first still installs under
@@ -228,12 +233,7 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
 async fn two_transfers_passing_each_other_each_install_under_their_own_id() {
     let dir = tempfile::tempdir().unwrap();
     let (mut follower, meta, mut received) = follower_receiving(dir.path()).await;
-    let mut data = Vec::new();
-    tokio::io::AsyncSeekExt::seek(&mut received, std::io::SeekFrom::Start(0))
-        .await
-        .unwrap();
-    received.read_to_end(&mut data).await.unwrap();
-    let right = blake3::hash(&data).to_hex().to_string();
+    let right = hash_of(&mut received).await;
     let incoming = follower.state_machine.incoming();
     incoming.received(format!("T1-N1-100-{right}"));
     // A newer snapshot's last chunk, served before this one's install.

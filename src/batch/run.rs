@@ -439,6 +439,16 @@ mod tests {
         );
     }
 
+    /// Nine messages, a batch each: three within the first linger and
+    /// commit, then one every 5 ms.
+    fn nine_messages() -> Vec<(u64, u8)> {
+        [0, 3, 6, 11, 16, 21, 26, 31, 36]
+            .iter()
+            .zip(1u8..)
+            .map(|(at, tag)| (*at, tag))
+            .collect()
+    }
+
     /// Commits of 100 ms, as between zones: beyond the first two slots a
     /// batch leaves once the newest in flight has waited 5 ms, not when a
     /// commit ends, and never more than eight are out. With two slots and
@@ -446,11 +456,7 @@ mod tests {
     /// at 102 ms.
     #[tokio::test(start_paused = true)]
     async fn with_long_commits_more_batches_leave_one_gap_apart_up_to_eight() {
-        let sends: Vec<(u64, u8)> = [0, 3, 6, 11, 16, 21, 26, 31, 36]
-            .iter()
-            .zip(1u8..)
-            .map(|(at, tag)| (*at, tag))
-            .collect();
+        let sends = nine_messages();
         let at: Vec<u128> = proposals_committed_in(100, &sends)
             .await
             .into_iter()
@@ -471,11 +477,7 @@ mod tests {
     /// security test's CI failure at the seventh stop).
     #[tokio::test(start_paused = true)]
     async fn batches_in_flight_count_against_the_outbox_quota() {
-        let sends: Vec<(u64, u8)> = [0, 3, 6, 11, 16, 21, 26, 31, 36]
-            .iter()
-            .zip(1u8..)
-            .map(|(at, tag)| (*at, tag))
-            .collect();
+        let sends = nine_messages();
         let at: Vec<u128> = proposals_under_quota(1, 100, &sends)
             .await
             .into_iter()
