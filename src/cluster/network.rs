@@ -412,10 +412,9 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
 ///
 /// With each request openraft hands it, it asks whether appends are
 /// pipelined now; once they are, it ends with a network error instead of
-/// sending it. openraft then
-/// starts the follower's replication afresh (a new stream, pipelined, from
-/// what the follower acknowledged), as after any network error: a single
-/// one costs no backoff. Without the question, a stream begun at start-up
+/// sending it. openraft then starts the follower's replication afresh (a
+/// new stream, pipelined, from what the follower acknowledged), as after
+/// any network error: a single one costs no backoff. Without the question, a stream begun at start-up
 /// (a fresh cluster starts at the base level and raises it a few seconds
 /// in) or during a rolling upgrade stayed one at a time until the leader
 /// changed, and every entry waited for the reply to the one before: the
