@@ -133,13 +133,7 @@ async fn a_received_snapshot_is_on_disk_before_the_purge_it_came_with() {
             .expect("the purge ends once the snapshot is on disk")
             .unwrap()
             .unwrap();
-        let current = follower
-            .state_machine
-            .get_current_snapshot()
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(current.meta.last_log_id, Some(id(100)));
+        assert_eq!(current_last_log_id(&mut follower).await, Some(id(100)));
     }
     // The state database gone, as a damaged one is moved aside: rebuilt
     // from the snapshot, which covers the purge point.
@@ -160,14 +154,7 @@ async fn a_received_snapshot_is_on_disk_before_the_purge_it_came_with() {
 async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let (mut follower, meta, received) = follower_receiving(dir.path()).await;
-    let before = follower
-        .state_machine
-        .get_current_snapshot()
-        .await
-        .unwrap()
-        .unwrap()
-        .meta
-        .last_log_id;
+    let before = current_last_log_id(&mut follower).await;
     let wrong = "0".repeat(64);
     follower
         .state_machine
@@ -181,14 +168,7 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
         refused.is_err(),
         "a snapshot with the wrong hash was installed"
     );
-    let after = follower
-        .state_machine
-        .get_current_snapshot()
-        .await
-        .unwrap()
-        .unwrap()
-        .meta
-        .last_log_id;
+    let after = current_last_log_id(&mut follower).await;
     assert_eq!(after, before, "the snapshot on disk changed");
     drop(follower);
 
@@ -204,13 +184,13 @@ async fn a_received_snapshot_is_installed_only_if_it_hashes_to_its_name() {
         .install_snapshot(&meta, received)
         .await
         .unwrap();
-    let current = follower
-        .state_machine
-        .get_current_snapshot()
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(current.meta.last_log_id, Some(id(100)));
+    assert_eq!(current_last_log_id(&mut follower).await, Some(id(100)));
+}
+
+/// What the node's current snapshot covers.
+async fn current_last_log_id(storage: &mut Storage) -> Option<LogId> {
+    let current = storage.state_machine.get_current_snapshot().await.unwrap();
+    current.unwrap().meta.last_log_id
 }
 
 /// The blake3 of what `received` holds, as its sender names it.
@@ -243,11 +223,5 @@ async fn two_transfers_passing_each_other_each_install_under_their_own_id() {
         .install_snapshot(&meta, received)
         .await
         .expect("installed under its own id");
-    let current = follower
-        .state_machine
-        .get_current_snapshot()
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(current.meta.last_log_id, Some(id(100)));
+    assert_eq!(current_last_log_id(&mut follower).await, Some(id(100)));
 }
